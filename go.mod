@@ -1,0 +1,5 @@
+module github.com/ddstore-go/ddstore
+
+go 1.26
+
+require golang.org/x/sys v0.50.0 // indirect
