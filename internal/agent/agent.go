@@ -1,0 +1,479 @@
+// Package agent is the per-node process of ddstore: it owns the node's
+// shards in shared memory, serves the node's clients on a Unix socket and the
+// other nodes' agents over a Transport, and one agent per job (the
+// coordinator) turns the ranks' declarations into variables.
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/rendezvous"
+	"github.com/ddstore-go/ddstore/internal/shm"
+	"github.com/ddstore-go/ddstore/internal/transport"
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
+
+// Config is what an agent needs to know.
+type Config struct {
+	Namespace string // the job's namespace; agents and clients of other namespaces never meet
+	Node      string // this node's identity
+	Socket    string // Unix socket for the node's clients
+	// PeerListen is the TCP address to serve other agents on; empty means
+	// 127.0.0.1:0 for a single-node job and :0 otherwise.
+	PeerListen string
+	// Advertise is the address other agents dial; empty derives it from the
+	// listener.
+	Advertise string
+	// Rendezvous is a host:port served by the coordinator: the agent that
+	// can listen there is it, the others dial it.
+	Rendezvous string
+	// HandshakeDir is a directory on a shared filesystem where agents leave
+	// their addresses; the agent that serves rank 0 coordinates.
+	HandshakeDir string
+	// Timeout bounds a read from another node (never a hang); zero: 30 s.
+	Timeout time.Duration
+	// JoinTimeout bounds waiting for the coordinator to appear; zero: 5 min.
+	JoinTimeout time.Duration
+	// IdleExit stops the agent after that long without a client (agents
+	// started on demand use it); zero: never.
+	IdleExit     time.Duration
+	ConnsPerPeer int
+	Logger       *slog.Logger
+}
+
+// Agent is a running node agent.
+type Agent struct {
+	cfg    Config
+	log    *slog.Logger
+	lock   int // flock'ed file: one agent per namespace and node
+	ln     *net.UnixListener
+	peer   *transport.Server
+	pool   *transport.Pool
+	addr   string // advertised peer address
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	done   chan struct{}
+	closed sync.Once
+
+	// coord is set when this agent coordinates the job.
+	coord atomic.Pointer[coordinator]
+	// coordAddr is the coordinator's peer address when another agent is it
+	// (rendezvous mode); in handshake mode it is read from the directory.
+	coordAddr string
+	joinMu    sync.Mutex
+	joined    string // coordinator address this agent has joined
+
+	mu struct {
+		sync.Mutex
+		vars     map[string]*variable
+		sessions map[*session]struct{}
+		idleFrom time.Time
+	}
+	regions regions
+	stats   stats
+}
+
+type stats struct {
+	clientRequests atomic.Int64
+	readRows       atomic.Int64
+	servedRows     atomic.Int64
+	servedBytes    atomic.Int64
+	fetches        atomic.Int64
+	errors         atomic.Int64
+	badFrames      atomic.Int64
+}
+
+// Start runs an agent until Close (or its idle exit).
+func Start(cfg Config) (*Agent, error) {
+	if cfg.Namespace == "" || cfg.Node == "" || cfg.Socket == "" {
+		return nil, base.Errorf(base.ErrArgument, "agent needs a namespace, a node and a socket (got %q, %q, %q)", cfg.Namespace, cfg.Node, cfg.Socket)
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 30 * time.Second
+	}
+	if cfg.JoinTimeout <= 0 {
+		cfg.JoinTimeout = 5 * time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	a := &Agent{cfg: cfg, log: cfg.Logger.With("ns", cfg.Namespace, "node", cfg.Node), lock: -1, done: make(chan struct{})}
+	a.mu.vars = make(map[string]*variable)
+	a.mu.sessions = make(map[*session]struct{})
+	a.mu.idleFrom = time.Now()
+	a.regions.m = make(map[uint32]*region)
+	a.ctx, a.cancel = context.WithCancel(context.Background())
+	if err := a.start(); err != nil {
+		a.shutdown()
+		return nil, err
+	}
+	return a, nil
+}
+
+func (a *Agent) start() error {
+	cfg := a.cfg
+	if err := os.MkdirAll(filepath.Dir(cfg.Socket), 0o700); err != nil {
+		return fmt.Errorf("ddstore: socket directory: %w", err)
+	}
+	if err := checkPrivateDir(filepath.Dir(cfg.Socket)); err != nil {
+		return err
+	}
+	lock, err := unix.Open(cfg.Socket+".lock", unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("ddstore: agent lock: %w", err)
+	}
+	a.lock = lock
+	if err := unix.Flock(lock, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return base.Errorf(base.ErrExists, "an agent for namespace %q node %q already runs (lock %s.lock held)", cfg.Namespace, cfg.Node, cfg.Socket)
+	}
+	os.Remove(cfg.Socket) // a dead agent's socket: the lock says nobody serves it
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: cfg.Socket, Net: "unix"})
+	if err != nil {
+		return fmt.Errorf("ddstore: listen on %s: %w", cfg.Socket, err)
+	}
+	ln.SetUnlinkOnClose(true)
+	a.ln = ln
+	if err := os.Chmod(cfg.Socket, 0o600); err != nil {
+		return err
+	}
+
+	a.pool = transport.NewPool(transport.Options{ConnsPerPeer: cfg.ConnsPerPeer, Timeout: cfg.Timeout})
+	var pln net.Listener
+	switch {
+	case cfg.Rendezvous != "":
+		// Whoever can listen on the rendezvous address coordinates.
+		if l, err := net.Listen("tcp", cfg.Rendezvous); err == nil {
+			pln = l
+			a.coord.Store(newCoordinator())
+		} else {
+			a.coordAddr = cfg.Rendezvous
+		}
+	case cfg.HandshakeDir == "":
+		a.coord.Store(newCoordinator()) // a single-node job: this agent is the whole job
+	}
+	if pln == nil {
+		listen := cfg.PeerListen
+		if listen == "" {
+			listen = ":0"
+			if cfg.HandshakeDir == "" && (cfg.Rendezvous == "" || isLoopbackHost(cfg.Rendezvous)) {
+				listen = "127.0.0.1:0"
+			}
+		}
+		if pln, err = net.Listen("tcp", listen); err != nil {
+			return fmt.Errorf("ddstore: peer listen on %s: %w", listen, err)
+		}
+	}
+	a.addr = advertise(cfg, pln.Addr().(*net.TCPAddr))
+	a.peer = transport.NewServer(pln, (*peerHandler)(a), a.log, cfg.Timeout)
+	if c := a.coord.Load(); c != nil {
+		c.join(cfg.Node, a.addr)
+	}
+	if cfg.HandshakeDir != "" {
+		rec := nodeRecord{Node: cfg.Node, Addr: a.addr, Pid: os.Getpid()}
+		if err := rendezvous.WriteRecord(cfg.HandshakeDir, a.recordName("node."+shm.Escape(cfg.Node)), rec); err != nil {
+			return err
+		}
+	}
+	a.go_(a.acceptLoop)
+	if cfg.IdleExit > 0 {
+		a.go_(a.idleLoop)
+	}
+	a.log.Info("agent started", "socket", cfg.Socket, "peer", a.addr, "coordinator", a.coord.Load() != nil)
+	return nil
+}
+
+// nodeRecord is what an agent leaves in the handshake directory.
+type nodeRecord struct {
+	Node string `json:"node"`
+	Addr string `json:"addr"`
+	Pid  int    `json:"pid"`
+}
+
+func (a *Agent) recordName(what string) string {
+	return shm.Escape(a.cfg.Namespace) + "." + what + ".json"
+}
+
+// go_ starts a goroutine the agent owns: Close waits for it.
+func (a *Agent) go_(f func()) {
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		f()
+	}()
+}
+
+// Socket is the client socket's path.
+func (a *Agent) Socket() string { return a.cfg.Socket }
+
+// PeerAddr is the address other agents reach this one at.
+func (a *Agent) PeerAddr() string { return a.addr }
+
+// Done is closed once the agent has stopped.
+func (a *Agent) Done() <-chan struct{} { return a.done }
+
+// Close stops the agent: no new clients, connections closed, every
+// goroutine ended, segments unmapped and removed.
+func (a *Agent) Close() error {
+	a.shutdown()
+	<-a.done
+	return nil
+}
+
+func (a *Agent) shutdown() {
+	a.closed.Do(func() {
+		a.cancel()
+		if a.ln != nil {
+			a.ln.Close()
+		}
+		a.mu.Lock()
+		for s := range a.mu.sessions {
+			s.conn.Close()
+		}
+		a.mu.Unlock()
+		if a.peer != nil {
+			a.peer.Close()
+		}
+		if a.pool != nil {
+			a.pool.Close()
+		}
+		a.wg.Wait()
+		a.regions.closeAll()
+		a.mu.Lock()
+		for _, v := range a.mu.vars {
+			v.drop()
+		}
+		a.mu.vars = nil
+		a.mu.Unlock()
+		if a.cfg.HandshakeDir != "" {
+			rendezvous.RemoveRecord(a.cfg.HandshakeDir, a.recordName("node."+shm.Escape(a.cfg.Node)))
+			if a.coord.Load() != nil {
+				rendezvous.RemoveRecord(a.cfg.HandshakeDir, a.recordName("coordinator"))
+			}
+		}
+		if a.lock >= 0 {
+			unix.Close(a.lock)
+		}
+		a.log.Info("agent stopped")
+		close(a.done)
+	})
+}
+
+func (a *Agent) idleLoop() {
+	t := time.NewTicker(min(a.cfg.IdleExit/4+time.Millisecond, time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-a.ctx.Done():
+			return
+		case <-t.C:
+		}
+		a.mu.Lock()
+		idle := len(a.mu.sessions) == 0 && time.Since(a.mu.idleFrom) >= a.cfg.IdleExit
+		a.mu.Unlock()
+		if idle {
+			a.log.Info("no client for a while; stopping", "idle", a.cfg.IdleExit)
+			go a.shutdown() // shutdown waits for this goroutine
+			return
+		}
+	}
+}
+
+// becomeCoordinator is called when rank 0 says hello in handshake mode.
+func (a *Agent) becomeCoordinator() error {
+	if a.cfg.HandshakeDir == "" || a.coord.Load() != nil {
+		return nil
+	}
+	c := newCoordinator()
+	if !a.coord.CompareAndSwap(nil, c) {
+		return nil
+	}
+	c.join(a.cfg.Node, a.addr)
+	rec := nodeRecord{Node: a.cfg.Node, Addr: a.addr, Pid: os.Getpid()}
+	return rendezvous.WriteRecord(a.cfg.HandshakeDir, a.recordName("coordinator"), rec)
+}
+
+// coordinatorAddr finds the coordinator and joins it once; "" means this
+// agent is the coordinator.
+func (a *Agent) coordinatorAddr(ctx context.Context) (string, error) {
+	if a.coord.Load() != nil {
+		return "", nil
+	}
+	a.joinMu.Lock()
+	defer a.joinMu.Unlock()
+	if a.joined != "" {
+		return a.joined, nil
+	}
+	addr := a.coordAddr
+	if addr == "" {
+		var rec nodeRecord
+		err := rendezvous.WaitRecord(ctx, a.cfg.HandshakeDir, a.recordName("coordinator"), a.cfg.JoinTimeout, &rec)
+		if err != nil {
+			return "", fmt.Errorf("%w: waiting for the coordinator (the agent of rank 0) in %s: %w", base.ErrTimeout, a.cfg.HandshakeDir, err)
+		}
+		if a.coord.Load() != nil { // rank 0 said hello here meanwhile
+			return "", nil
+		}
+		addr = rec.Addr
+	}
+	j := wire.Join{Node: a.cfg.Node, Addr: a.addr}
+	if _, err := a.callUntil(ctx, addr, wire.OpJoin, j.Encode); err != nil {
+		return "", err
+	}
+	a.joined = addr
+	return addr, nil
+}
+
+// callUntil retries a control call while the coordinator is not up yet, so
+// that agents may start in any order.
+func (a *Agent) callUntil(ctx context.Context, addr string, op wire.Op, fill func(*wire.Encoder)) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.JoinTimeout)
+	defer cancel()
+	wait := 5 * time.Millisecond
+	for {
+		body, err := a.pool.Call(ctx, addr, op, fill)
+		if err == nil || !errors.Is(err, base.ErrPeer) || !isConnectError(err) {
+			return body, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: coordinator %s unreachable: %w", base.ErrTimeout, addr, err)
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 200*time.Millisecond)
+	}
+}
+
+func isConnectError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// Info is what `ddstore info` shows.
+type Info struct {
+	Namespace   string         `json:"namespace"`
+	Node        string         `json:"node"`
+	Pid         int            `json:"pid"`
+	Socket      string         `json:"socket"`
+	PeerAddr    string         `json:"peer_addr"`
+	Coordinator bool           `json:"coordinator"`
+	Clients     int            `json:"clients"`
+	Regions     int            `json:"recv_regions"`
+	MemoryBytes int64          `json:"memory_bytes"`
+	Variables   []VarInfo      `json:"variables"`
+	Counters    map[string]int `json:"counters"`
+	Nodes       []string       `json:"nodes,omitempty"`
+}
+
+// VarInfo describes one variable as this node sees it.
+type VarInfo struct {
+	Name       string   `json:"name"`
+	Published  bool     `json:"published"`
+	TotalRows  int64    `json:"total_rows"`
+	Disp       int64    `json:"disp"`
+	ItemSize   int64    `json:"itemsize"`
+	RowBytes   int64    `json:"row_bytes"`
+	ShardRows  []int64  `json:"shard_rows,omitempty"`
+	Owners     []string `json:"owners,omitempty"` // node of each rank
+	LocalRanks []int    `json:"local_ranks"`
+	LocalBytes int64    `json:"local_bytes"`
+}
+
+func (a *Agent) info() Info {
+	in := Info{Namespace: a.cfg.Namespace, Node: a.cfg.Node, Pid: os.Getpid(), Socket: a.cfg.Socket,
+		PeerAddr: a.addr, Coordinator: a.coord.Load() != nil, Regions: a.regions.count()}
+	a.mu.Lock()
+	in.Clients = len(a.mu.sessions)
+	for _, v := range a.mu.vars {
+		vi := v.info()
+		in.MemoryBytes += vi.LocalBytes
+		in.Variables = append(in.Variables, vi)
+	}
+	a.mu.Unlock()
+	sortVarInfos(in.Variables)
+	in.MemoryBytes += a.regions.bytes()
+	s := &a.stats
+	in.Counters = map[string]int{
+		"client_requests": int(s.clientRequests.Load()), "read_rows": int(s.readRows.Load()),
+		"served_rows": int(s.servedRows.Load()), "served_bytes": int(s.servedBytes.Load()),
+		"fetches": int(s.fetches.Load()), "errors": int(s.errors.Load()),
+		"bad_frames": int(s.badFrames.Load() + a.peer.BadFrames.Load()),
+	}
+	if c := a.coord.Load(); c != nil {
+		in.Nodes, _ = c.nodes()
+	}
+	return in
+}
+
+func (a *Agent) infoJSON() string {
+	b, _ := json.Marshal(a.info())
+	return string(b)
+}
+
+func checkPrivateDir(dir string) error {
+	st, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if st.Mode().Perm()&0o077 != 0 {
+		return base.Errorf(base.ErrArgument, "socket directory %s has mode %o: want 0700 (it must be private to the job's user)", dir, st.Mode().Perm())
+	}
+	if sys, ok := st.Sys().(*unix.Stat_t); ok && int(sys.Uid) != os.Geteuid() {
+		return base.Errorf(base.ErrArgument, "socket directory %s belongs to uid %d, not %d", dir, sys.Uid, os.Geteuid())
+	}
+	return nil
+}
+
+func isLoopbackHost(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// advertise picks the address peers dial: the configured one, the
+// listener's own if it is specific, else this host's outbound address.
+func advertise(cfg Config, l *net.TCPAddr) string {
+	if cfg.Advertise != "" {
+		return cfg.Advertise
+	}
+	if !l.IP.IsUnspecified() {
+		return l.String()
+	}
+	port := fmt.Sprint(l.Port)
+	if cfg.Rendezvous != "" {
+		if c, err := net.Dial("udp", cfg.Rendezvous); err == nil {
+			ip := c.LocalAddr().(*net.UDPAddr).IP
+			c.Close()
+			return net.JoinHostPort(ip.String(), port)
+		}
+	}
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, x := range addrs {
+			if n, ok := x.(*net.IPNet); ok && !n.IP.IsLoopback() && n.IP.To4() != nil {
+				return net.JoinHostPort(n.IP.String(), port)
+			}
+		}
+	}
+	return net.JoinHostPort("127.0.0.1", port)
+}
+
+func msDuration(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }

@@ -1,0 +1,232 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/layout"
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
+
+// coordinator is the job-wide part one agent plays: it learns every node's
+// address and turns the ranks' shard declarations into a variable's table.
+// A variable exists once every rank has published; until then nobody can
+// read it, and a geometry that ranks disagree on fails every rank.
+type coordinator struct {
+	mu struct {
+		sync.Mutex
+		nodes   map[string]string // node id → peer address
+		pending map[string]*collective
+		tables  map[string]*wire.Table
+		freed   map[string]map[string]bool // variable → nodes done with it
+	}
+}
+
+// collective gathers one variable's shards from all ranks.
+type collective struct {
+	size   int64
+	first  wire.Shard // the first shard to arrive sets the geometry
+	shards map[int64]wire.Shard
+	done   chan struct{} // closed when table or err is set
+	table  *wire.Table
+	err    error
+}
+
+func newCoordinator() *coordinator {
+	c := &coordinator{}
+	c.mu.nodes = make(map[string]string)
+	c.mu.pending = make(map[string]*collective)
+	c.mu.tables = make(map[string]*wire.Table)
+	c.mu.freed = make(map[string]map[string]bool)
+	return c
+}
+
+func (c *coordinator) join(node, addr string) {
+	c.mu.Lock()
+	c.mu.nodes[node] = addr
+	c.mu.Unlock()
+}
+
+func (col *collective) fail(err error) {
+	if col.err == nil && col.table == nil {
+		col.err = err
+		close(col.done)
+	}
+}
+
+// publish adds one rank's shard and waits until every rank's is there (the
+// table), a rank disagrees (an error for all), or ctx ends.
+func (c *coordinator) publish(ctx context.Context, sh wire.Shard) (*wire.Table, error) {
+	c.mu.Lock()
+	if _, ok := c.mu.tables[sh.Name]; ok {
+		c.mu.Unlock()
+		return nil, base.Errorf(base.ErrExists, "variable %q already exists", sh.Name)
+	}
+	col := c.mu.pending[sh.Name]
+	if col != nil && col.err != nil {
+		if _, again := col.shards[sh.Rank]; again {
+			// A rank retries after the collective failed: start afresh.
+			delete(c.mu.pending, sh.Name)
+			col = nil
+		}
+	}
+	if col == nil {
+		col = &collective{size: sh.Size, first: sh, shards: make(map[int64]wire.Shard), done: make(chan struct{})}
+		c.mu.pending[sh.Name] = col
+	}
+	err := col.check(sh)
+	if _, dup := col.shards[sh.Rank]; dup && err == nil {
+		err = base.Errorf(base.ErrExists, "variable %q: rank %d published twice", sh.Name, sh.Rank)
+	}
+	if err != nil {
+		col.fail(err)
+	}
+	if sh.Rank >= 0 && sh.Rank < col.size {
+		col.shards[sh.Rank] = sh
+	}
+	if col.err != nil {
+		err = col.err
+		if int64(len(col.shards)) >= col.size {
+			delete(c.mu.pending, sh.Name)
+		}
+		c.mu.Unlock()
+		return nil, err
+	}
+	if int64(len(col.shards)) == col.size {
+		t, err := c.tableLocked(col)
+		if err != nil {
+			col.fail(err)
+		} else {
+			col.table = t
+			c.mu.tables[sh.Name] = t
+			close(col.done)
+		}
+		delete(c.mu.pending, sh.Name)
+	}
+	c.mu.Unlock()
+
+	select {
+	case <-col.done:
+	case <-ctx.Done():
+		c.mu.Lock()
+		col.fail(base.Errorf(base.ErrTimeout, "variable %q: %s", sh.Name, col.missing()))
+		c.mu.Unlock()
+	}
+	if col.err != nil {
+		return nil, col.err
+	}
+	return col.table, nil
+}
+
+// check compares a shard with the collective's first: every rank must agree
+// on the world size and the row shape.
+func (col *collective) check(sh wire.Shard) error {
+	f := col.first
+	switch {
+	case sh.Rank < 0 || sh.Rank >= col.size:
+		return base.Errorf(base.ErrArgument, "variable %q: rank %d not in [0, %d)", sh.Name, sh.Rank, col.size)
+	case sh.Size != f.Size:
+		return base.Errorf(base.ErrGeometry, "variable %q: rank %d says the world has %d ranks, rank %d says %d", sh.Name, sh.Rank, sh.Size, f.Rank, f.Size)
+	case sh.Disp != f.Disp || sh.ItemSize != f.ItemSize:
+		return base.Errorf(base.ErrGeometry, "variable %q: rank %d has rows of disp %d, itemsize %d but rank %d has disp %d, itemsize %d",
+			sh.Name, sh.Rank, sh.Disp, sh.ItemSize, f.Rank, f.Disp, f.ItemSize)
+	}
+	return nil
+}
+
+func (col *collective) missing() string {
+	var miss []string
+	for r := int64(0); r < col.size && len(miss) < 16; r++ {
+		if _, ok := col.shards[r]; !ok {
+			miss = append(miss, fmt.Sprint(r))
+		}
+	}
+	return fmt.Sprintf("%d of %d ranks published before the timeout; missing ranks %s (on several nodes, set a handshake directory or a rendezvous address so that agents meet)",
+		len(col.shards), col.size, strings.Join(miss, ", "))
+}
+
+func (c *coordinator) tableLocked(col *collective) (*wire.Table, error) {
+	f := col.first
+	t := &wire.Table{Name: f.Name, Disp: f.Disp, ItemSize: f.ItemSize,
+		ShardRows: make([]int64, col.size), RankNode: make([]int64, col.size)}
+	nodeIndex := map[string]int64{}
+	for r := int64(0); r < col.size; r++ {
+		sh := col.shards[r]
+		t.ShardRows[r] = sh.Rows
+		i, ok := nodeIndex[sh.Node]
+		if !ok {
+			i = int64(len(t.Nodes))
+			nodeIndex[sh.Node] = i
+			addr, known := c.mu.nodes[sh.Node]
+			if !known {
+				return nil, base.Errorf(base.ErrInternal, "variable %q: node %q of rank %d never joined", f.Name, sh.Node, r)
+			}
+			t.Nodes = append(t.Nodes, sh.Node)
+			t.Addrs = append(t.Addrs, addr)
+		}
+		t.RankNode[r] = i
+	}
+	if _, err := layout.New(layout.Row{Disp: t.Disp, ItemSize: t.ItemSize}, t.ShardRows); err != nil {
+		return nil, fmt.Errorf("variable %q: %w", f.Name, err)
+	}
+	return t, nil
+}
+
+func (c *coordinator) lookup(name string) (*wire.Table, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t, ok := c.mu.tables[name]; ok {
+		return t, nil
+	}
+	names := make([]string, 0, len(c.mu.tables))
+	for n := range c.mu.tables {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	if len(names) > 20 {
+		names = append(names[:20], "...")
+	}
+	return nil, base.Errorf(base.ErrUnknown, "no variable %q (variables: %s)", name, strings.Join(names, ", "))
+}
+
+// free notes that a node has dropped its shards of a variable; once every
+// node that held one has, the name can be used again.
+func (c *coordinator) free(name, node string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t, ok := c.mu.tables[name]
+	if !ok {
+		return
+	}
+	f := c.mu.freed[name]
+	if f == nil {
+		f = map[string]bool{}
+		c.mu.freed[name] = f
+	}
+	f[node] = true
+	for _, n := range t.Nodes {
+		if !f[n] {
+			return
+		}
+	}
+	delete(c.mu.tables, name)
+	delete(c.mu.freed, name)
+}
+
+func (c *coordinator) nodes() (ids, addrs []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id := range c.mu.nodes {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		addrs = append(addrs, c.mu.nodes[id])
+	}
+	return ids, addrs
+}

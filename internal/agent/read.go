@@ -1,0 +1,212 @@
+package agent
+
+import (
+	"context"
+	"sync"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
+
+// fanout is a session's reusable scratch for splitting a batch by owner
+// node, so a read allocates nothing per row.
+type fanout struct {
+	nodes []nodeRows
+}
+
+type nodeRows struct {
+	globals []int64
+	dst     [][]byte
+	err     error
+}
+
+// read serves a client's Read: rows of this node are copied from the
+// segments, rows of other nodes are fetched from their agents concurrently,
+// one request per node, straight into the client's receive region.
+func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
+	v, err := a.lookup(ctx, m.Name)
+	if err != nil {
+		return err
+	}
+	reg, err := a.regions.use(m.Region)
+	if err != nil {
+		return err
+	}
+	defer reg.mu.RUnlock()
+	v.mu.RLock()
+	locked := true
+	defer func() {
+		if locked {
+			v.mu.RUnlock()
+		}
+	}()
+	if v.gone {
+		return base.Errorf(base.ErrFreed, "variable %q was freed", m.Name)
+	}
+	if err := v.lay.CheckAll(m.Globals); err != nil {
+		return err
+	}
+	rb := v.lay.Bytes()
+	size := int64(len(reg.mem))
+	t := v.table
+	f := &s.fan
+	for len(f.nodes) < len(t.Nodes) {
+		f.nodes = append(f.nodes, nodeRows{})
+	}
+	for i := range t.Nodes {
+		f.nodes[i].globals, f.nodes[i].dst, f.nodes[i].err = f.nodes[i].globals[:0], f.nodes[i].dst[:0], nil
+	}
+	for i, g := range m.Globals {
+		off := m.Offsets[i]
+		if off < 0 || off > size-rb {
+			return base.Errorf(base.ErrBuffer, "row %d of the read goes to offset %d of a %d-byte receive region (rows of %d bytes)", i, off, size, rb)
+		}
+		dst := reg.mem[off : off+rb : off+rb]
+		rank, local := v.lay.Owner(g)
+		if seg := v.byRank[rank]; seg != nil {
+			copy(dst, seg.Data[local*rb:(local+1)*rb])
+			continue
+		}
+		n := &f.nodes[t.RankNode[rank]]
+		n.globals = append(n.globals, g)
+		n.dst = append(n.dst, dst)
+	}
+	// The local copies are done; remote rows need only the table, not the
+	// segments, so let a Free of this node's shards proceed.
+	v.mu.RUnlock()
+	locked = false
+	a.stats.readRows.Add(int64(len(m.Globals)))
+
+	var wg sync.WaitGroup
+	first := -1
+	for i := range t.Nodes {
+		n := &f.nodes[i]
+		if len(n.globals) == 0 {
+			continue
+		}
+		a.stats.fetches.Add(1)
+		if first < 0 {
+			first = i
+			continue
+		}
+		wg.Add(1)
+		go func(addr string) {
+			defer wg.Done()
+			n.err = a.pool.Fetch(ctx, addr, m.Name, n.globals, n.dst)
+		}(t.Addrs[i])
+	}
+	if first >= 0 {
+		n := &f.nodes[first]
+		n.err = a.pool.Fetch(ctx, t.Addrs[first], m.Name, n.globals, n.dst)
+	}
+	wg.Wait()
+	for i := range t.Nodes {
+		if err := f.nodes[i].err; err != nil {
+			return err
+		}
+	}
+	for i := range t.Nodes {
+		clear(f.nodes[i].dst)
+	}
+	return nil
+}
+
+// peerHandler is the agent as seen by other agents.
+type peerHandler Agent
+
+// Rows serves a Fetch: slices of this node's segments, read-locked until
+// they are sent.
+func (h *peerHandler) Rows(name string, globals []int64, rows [][]byte) ([][]byte, func(), error) {
+	a := (*Agent)(h)
+	a.mu.Lock()
+	v := a.mu.vars[name]
+	a.mu.Unlock()
+	if v == nil {
+		return rows, nil, base.Errorf(base.ErrUnknown, "node %q holds no variable %q", a.cfg.Node, name)
+	}
+	v.mu.RLock()
+	if v.gone || v.table == nil {
+		v.mu.RUnlock()
+		return rows, nil, base.Errorf(base.ErrUnknown, "node %q holds no published variable %q", a.cfg.Node, name)
+	}
+	if err := v.lay.CheckAll(globals); err != nil {
+		v.mu.RUnlock()
+		return rows, nil, err
+	}
+	rb := v.lay.Bytes()
+	for _, g := range globals {
+		rank, local := v.lay.Owner(g)
+		seg := v.byRank[rank]
+		if seg == nil {
+			v.mu.RUnlock()
+			return rows[:0], nil, base.Errorf(base.ErrArgument, "row %d of %q belongs to rank %d on node %q, not on node %q",
+				g, name, rank, v.table.Nodes[v.table.RankNode[rank]], a.cfg.Node)
+		}
+		rows = append(rows, seg.Data[local*rb:(local+1)*rb])
+	}
+	a.stats.servedRows.Add(int64(len(globals)))
+	a.stats.servedBytes.Add(int64(len(globals)) * rb)
+	return rows, v.mu.RUnlock, nil
+}
+
+// Control answers the peer protocol's control ops.
+func (h *peerHandler) Control(ctx context.Context, op wire.Op, body []byte) (func(*wire.Encoder), error) {
+	a := (*Agent)(h)
+	c := a.coord.Load()
+	switch op {
+	case wire.OpJoin, wire.OpPeerPublish, wire.OpPeerLookup, wire.OpPeerFree, wire.OpPeerNodes:
+		if c == nil {
+			return nil, base.Errorf(base.ErrArgument, "node %q is not the coordinator of namespace %q", a.cfg.Node, a.cfg.Namespace)
+		}
+	}
+	switch op {
+	case wire.OpJoin:
+		m, err := wire.DecodeJoin(body)
+		if err != nil {
+			return nil, err
+		}
+		c.join(m.Node, m.Addr)
+		return nil, nil
+	case wire.OpPeerPublish:
+		m, err := wire.DecodeShard(body)
+		if err != nil {
+			return nil, err
+		}
+		timeout := a.cfg.JoinTimeout
+		if m.TimeoutMs > 0 {
+			timeout = min(timeout, msDuration(m.TimeoutMs))
+		}
+		pctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		t, err := c.publish(pctx, m)
+		if err != nil {
+			return nil, err
+		}
+		return t.Encode, nil
+	case wire.OpPeerLookup:
+		m, err := wire.DecodeName(body)
+		if err != nil {
+			return nil, err
+		}
+		t, err := c.lookup(m.Name)
+		if err != nil {
+			return nil, err
+		}
+		return t.Encode, nil
+	case wire.OpPeerFree:
+		m, err := wire.DecodeName(body)
+		if err != nil {
+			return nil, err
+		}
+		c.free(m.Name, m.Node)
+		return nil, nil
+	case wire.OpPeerNodes:
+		ids, addrs := c.nodes()
+		t := wire.Table{Nodes: ids, Addrs: addrs}
+		return t.Encode, nil
+	case wire.OpPeerInfo:
+		t := wire.Text{Text: a.infoJSON()}
+		return t.Encode, nil
+	}
+	return nil, base.Errorf(base.ErrProtocol, "unknown peer op %d", op)
+}

@@ -1,0 +1,477 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/shm"
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
+
+// session is one client connection. A client process may hold several (one
+// per thread reading at once); each is served by its own goroutine, one
+// request at a time.
+type session struct {
+	conn  *net.UnixConn
+	hello wire.Hello
+	said  bool
+	fds   []int // descriptors received and not yet claimed by a Register
+	oob   []byte
+	out   []byte
+	read  wire.Read
+	fan   fanout
+}
+
+func (a *Agent) acceptLoop() {
+	for {
+		c, err := a.ln.AcceptUnix()
+		if err != nil {
+			if a.ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
+				a.log.Error("client accept", "err", err)
+			}
+			return
+		}
+		s := &session{conn: c, oob: make([]byte, unix.CmsgSpace(4*4))}
+		a.mu.Lock()
+		if a.ctx.Err() != nil {
+			a.mu.Unlock()
+			c.Close()
+			return
+		}
+		a.mu.sessions[s] = struct{}{}
+		a.mu.Unlock()
+		a.go_(func() { a.serveSession(s) })
+	}
+}
+
+func (a *Agent) serveSession(s *session) {
+	defer func() {
+		a.regions.removeOwned(s)
+		for _, fd := range s.fds {
+			unix.Close(fd)
+		}
+		s.conn.Close()
+		a.mu.Lock()
+		delete(a.mu.sessions, s)
+		if len(a.mu.sessions) == 0 {
+			a.mu.idleFrom = time.Now()
+		}
+		a.mu.Unlock()
+	}()
+	var buf []byte
+	for {
+		h, body, err := s.readFrame(buf)
+		buf = body[:0]
+		if err != nil {
+			if errors.Is(err, base.ErrProtocol) {
+				a.stats.badFrames.Add(1)
+				a.log.Warn("client sent a malformed frame; dropping its connection", "err", err)
+			}
+			return
+		}
+		if h.Payload != 0 || h.Status != 0 {
+			a.stats.badFrames.Add(1)
+			a.log.Warn("client request with payload or status; dropping its connection", "op", h.Op)
+			return
+		}
+		a.stats.clientRequests.Add(1)
+		fill, err := a.handleClient(s, h.Op, body)
+		if err != nil {
+			a.stats.errors.Add(1)
+			if errors.Is(err, base.ErrProtocol) {
+				a.stats.badFrames.Add(1)
+				a.log.Warn("client sent a malformed request; dropping its connection", "op", h.Op, "err", err)
+				return
+			}
+			s.out = wire.AppendError(s.out[:0], h.Op, h.ID, err)
+		} else {
+			s.out = wire.AppendFrame(s.out[:0], h.Op, 0, h.ID, 0, fill)
+		}
+		if _, err := s.conn.Write(s.out); err != nil {
+			return
+		}
+	}
+}
+
+// readFrame reads one frame, collecting descriptors passed beside it.
+func (s *session) readFrame(buf []byte) (wire.Header, []byte, error) {
+	if cap(buf) < wire.HeaderSize {
+		buf = make([]byte, 0, 4096)
+	}
+	buf = buf[:wire.HeaderSize]
+	if err := s.readFull(buf); err != nil {
+		return wire.Header{}, buf, err
+	}
+	h, err := wire.ParseHeader(buf)
+	if err != nil {
+		return h, buf, err
+	}
+	if int(h.BodyLen) > cap(buf) {
+		buf = make([]byte, h.BodyLen)
+	}
+	buf = buf[:h.BodyLen]
+	if err := s.readFull(buf); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return h, buf, err
+	}
+	return h, buf, nil
+}
+
+func (s *session) readFull(b []byte) error {
+	for n := 0; n < len(b); {
+		m, oobn, _, _, err := s.conn.ReadMsgUnix(b[n:], s.oob)
+		if oobn > 0 {
+			s.takeFds(s.oob[:oobn])
+		}
+		n += m
+		if err != nil {
+			if n > 0 && err == io.EOF {
+				return io.ErrUnexpectedEOF
+			}
+			return err
+		}
+		if m == 0 && oobn == 0 {
+			return io.ErrUnexpectedEOF
+		}
+	}
+	return nil
+}
+
+func (s *session) takeFds(oob []byte) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return
+	}
+	for _, m := range msgs {
+		if fds, err := unix.ParseUnixRights(&m); err == nil {
+			s.fds = append(s.fds, fds...)
+		}
+	}
+}
+
+func (a *Agent) handleClient(s *session, op wire.Op, body []byte) (func(*wire.Encoder), error) {
+	if op != wire.OpHello && !s.said {
+		return nil, base.Errorf(base.ErrProtocol, "%s before hello", op)
+	}
+	ctx := a.ctx
+	switch op {
+	case wire.OpHello:
+		m, err := wire.DecodeHello(body)
+		if err != nil {
+			return nil, err
+		}
+		if m.Namespace != a.cfg.Namespace || m.Node != a.cfg.Node {
+			return nil, base.Errorf(base.ErrArgument, "client of namespace %q node %q reached the agent of namespace %q node %q", m.Namespace, m.Node, a.cfg.Namespace, a.cfg.Node)
+		}
+		if m.Rank == 0 {
+			if err := a.becomeCoordinator(); err != nil {
+				return nil, err
+			}
+		}
+		s.hello, s.said = m, true
+		r := wire.HelloReply{Node: a.cfg.Node, AgentPid: int64(os.Getpid())}
+		return r.Encode, nil
+	case wire.OpCreate:
+		m, err := wire.DecodeShard(body)
+		if err != nil {
+			return nil, err
+		}
+		p, err := a.createShard(m)
+		if err != nil {
+			return nil, err
+		}
+		r := wire.Path{Path: p}
+		return r.Encode, nil
+	case wire.OpPublish:
+		m, err := wire.DecodeShard(body)
+		if err != nil {
+			return nil, err
+		}
+		t, err := a.publish(ctx, m)
+		if err != nil {
+			return nil, err
+		}
+		return t.Encode, nil
+	case wire.OpLookup:
+		m, err := wire.DecodeName(body)
+		if err != nil {
+			return nil, err
+		}
+		v, err := a.lookup(ctx, m.Name)
+		if err != nil {
+			return nil, err
+		}
+		v.mu.RLock()
+		t := v.localTable()
+		v.mu.RUnlock()
+		return t.Encode, nil
+	case wire.OpRead:
+		if err := wire.DecodeRead(body, &s.read); err != nil {
+			return nil, err
+		}
+		return nil, a.read(ctx, s, &s.read)
+	case wire.OpRegister:
+		m, err := wire.DecodeRegion(body)
+		if err != nil {
+			return nil, err
+		}
+		if len(s.fds) == 0 {
+			return nil, base.Errorf(base.ErrArgument, "register without a descriptor")
+		}
+		fd := s.fds[0]
+		s.fds = s.fds[1:]
+		defer unix.Close(fd)
+		size, err := shm.FdSize(fd)
+		if err != nil || m.Size <= 0 || size < m.Size {
+			return nil, base.Errorf(base.ErrArgument, "receive region of %d bytes, descriptor has %d", m.Size, size)
+		}
+		mem, err := shm.MapFd(fd, int(m.Size))
+		if err != nil {
+			return nil, err
+		}
+		r := wire.Region{ID: a.regions.add(mem, s), Size: m.Size}
+		return r.Encode, nil
+	case wire.OpUnregister:
+		m, err := wire.DecodeRegion(body)
+		if err != nil {
+			return nil, err
+		}
+		return nil, a.regions.remove(m.ID, s)
+	case wire.OpFree:
+		m, err := wire.DecodeName(body)
+		if err != nil {
+			return nil, err
+		}
+		return nil, a.free(ctx, m.Name, int(m.Rank))
+	case wire.OpInfo:
+		t := wire.Text{Text: a.infoJSON()}
+		return t.Encode, nil
+	}
+	return nil, base.Errorf(base.ErrProtocol, "unknown client op %d", op)
+}
+
+// createShard makes the segment of one rank's shard, for its client to fill.
+func (a *Agent) createShard(m wire.Shard) (string, error) {
+	if err := checkShard(m); err != nil {
+		return "", err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.mu.vars == nil {
+		return "", base.Errorf(base.ErrClosed, "agent stopping")
+	}
+	v := a.mu.vars[m.Name]
+	if v == nil {
+		v = newVariable(m.Name)
+		a.mu.vars[m.Name] = v
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.table != nil {
+		return "", base.Errorf(base.ErrExists, "variable %q already exists", m.Name)
+	}
+	if _, ok := v.segs[int(m.Rank)]; ok {
+		return "", base.Errorf(base.ErrExists, "variable %q: rank %d has already created its shard", m.Name, m.Rank)
+	}
+	path := shm.SegmentPath(a.cfg.Namespace, a.cfg.Node, m.Name, int(m.Rank))
+	seg, err := shm.Create(path, shm.Header{Rank: m.Rank, Rows: m.Rows, Disp: m.Disp, ItemSize: m.ItemSize})
+	if err != nil {
+		if len(v.segs) == 0 {
+			delete(a.mu.vars, m.Name)
+		}
+		return "", err
+	}
+	v.segs[int(m.Rank)] = seg
+	return path, nil
+}
+
+func checkShard(m wire.Shard) error {
+	if m.Name == "" || len(m.Name) > 1024 {
+		return base.Errorf(base.ErrArgument, "variable name %q: want 1 to 1024 bytes", m.Name)
+	}
+	if m.Size < 1 || m.Rank < 0 || m.Rank >= m.Size {
+		return base.Errorf(base.ErrArgument, "rank %d of %d: want 0 <= rank < size", m.Rank, m.Size)
+	}
+	if m.Rows < 0 {
+		return base.Errorf(base.ErrGeometry, "variable %q: %d rows: want >= 0", m.Name, m.Rows)
+	}
+	if m.Disp < 1 {
+		return base.Errorf(base.ErrGeometry, "variable %q: disp %d: want >= 1", m.Name, m.Disp)
+	}
+	if m.ItemSize < 1 || m.ItemSize > 64 {
+		return base.Errorf(base.ErrGeometry, "variable %q: itemsize %d: want 1..64", m.Name, m.ItemSize)
+	}
+	if m.Rows > 0 && m.Disp*m.ItemSize > (1<<46)/m.Rows {
+		return base.Errorf(base.ErrGeometry, "variable %q: %d rows of %d bytes is too large for one shard", m.Name, m.Rows, m.Disp*m.ItemSize)
+	}
+	return nil
+}
+
+// publish declares a created shard complete and waits for the variable to
+// exist on every rank.
+func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) {
+	if err := checkShard(m); err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	v := a.mu.vars[m.Name]
+	a.mu.Unlock()
+	var seg *shm.Segment
+	if v != nil {
+		v.mu.RLock()
+		seg = v.segs[int(m.Rank)]
+		v.mu.RUnlock()
+	}
+	if seg == nil {
+		return nil, base.Errorf(base.ErrUnknown, "variable %q: rank %d publishes a shard it never created", m.Name, m.Rank)
+	}
+	if h := seg.Header; h.Rows != m.Rows || h.Disp != m.Disp || h.ItemSize != m.ItemSize {
+		return nil, base.Errorf(base.ErrGeometry, "variable %q: rank %d created %d rows of disp %d, itemsize %d but publishes %d rows of disp %d, itemsize %d",
+			m.Name, m.Rank, h.Rows, h.Disp, h.ItemSize, m.Rows, m.Disp, m.ItemSize)
+	}
+	m.Node = a.cfg.Node
+	timeout := time.Duration(m.TimeoutMs) * time.Millisecond
+	if timeout <= 0 {
+		timeout = a.cfg.JoinTimeout
+	}
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	t, err := a.coordPublish(pctx, m)
+	if err != nil {
+		// The variable does not exist: take this rank's shard back so that
+		// a corrected retry can create it again.
+		v.mu.Lock()
+		if v.table == nil && v.segs[int(m.Rank)] == seg {
+			delete(v.segs, int(m.Rank))
+			seg.Close()
+			shm.Remove(seg.Path)
+		}
+		v.mu.Unlock()
+		return nil, err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if err := v.setTable(t, a.cfg.Node); err != nil {
+		return nil, err
+	}
+	return v.localTable(), nil
+}
+
+func (a *Agent) coordPublish(ctx context.Context, m wire.Shard) (*wire.Table, error) {
+	addr, err := a.coordinatorAddr(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if addr == "" {
+		return a.coord.Load().publish(ctx, m)
+	}
+	body, err := a.pool.Call(ctx, addr, wire.OpPeerPublish, m.Encode)
+	if err != nil {
+		return nil, err
+	}
+	t, err := wire.DecodeTable(body)
+	return &t, err
+}
+
+// lookup returns a published variable, asking the coordinator for its table
+// if no client of this node has used it yet.
+func (a *Agent) lookup(ctx context.Context, name string) (*variable, error) {
+	a.mu.Lock()
+	v := a.mu.vars[name]
+	a.mu.Unlock()
+	if v != nil {
+		v.mu.RLock()
+		ok := v.table != nil
+		v.mu.RUnlock()
+		if ok {
+			return v, nil
+		}
+	}
+	var t *wire.Table
+	addr, err := a.coordinatorAddr(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m := wire.Name{Name: name}
+	if addr == "" {
+		t, err = a.coord.Load().lookup(name)
+	} else {
+		var body []byte
+		if body, err = a.pool.Call(ctx, addr, wire.OpPeerLookup, m.Encode); err == nil {
+			var tt wire.Table
+			tt, err = wire.DecodeTable(body)
+			t = &tt
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.mu.vars == nil {
+		return nil, base.Errorf(base.ErrClosed, "agent stopping")
+	}
+	v = a.mu.vars[name]
+	if v == nil {
+		v = newVariable(name)
+		a.mu.vars[name] = v
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if err := v.setTable(t, a.cfg.Node); err != nil {
+		return nil, fmt.Errorf("variable %q: %w", name, err)
+	}
+	return v, nil
+}
+
+// free drops one rank's hold on a variable; once every local rank has
+// freed it, the node's segments go and the coordinator is told.
+func (a *Agent) free(ctx context.Context, name string, rank int) error {
+	a.mu.Lock()
+	v := a.mu.vars[name]
+	if v == nil {
+		a.mu.Unlock()
+		return base.Errorf(base.ErrUnknown, "no variable %q on node %q", name, a.cfg.Node)
+	}
+	v.mu.Lock()
+	if rank >= 0 {
+		if _, ok := v.segs[rank]; ok {
+			v.freed[rank] = true
+		}
+	}
+	last := len(v.freed) == len(v.segs)
+	published := v.table != nil
+	v.mu.Unlock()
+	if last {
+		delete(a.mu.vars, name)
+	}
+	a.mu.Unlock()
+	if !last {
+		return nil
+	}
+	v.drop()
+	if !published {
+		return nil
+	}
+	addr, err := a.coordinatorAddr(ctx)
+	if err != nil {
+		return err
+	}
+	m := wire.Name{Name: name, Node: a.cfg.Node}
+	if addr == "" {
+		a.coord.Load().free(name, a.cfg.Node)
+		return nil
+	}
+	_, err = a.pool.Call(ctx, addr, wire.OpPeerFree, m.Encode)
+	return err
+}

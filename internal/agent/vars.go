@@ -1,0 +1,204 @@
+package agent
+
+import (
+	"slices"
+	"sort"
+	"sync"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/layout"
+	"github.com/ddstore-go/ddstore/internal/shm"
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
+
+// variable is one variable as this node holds it: the segments of the local
+// ranks' shards and, once every rank has published, the job-wide table.
+//
+// Lock order: Agent.mu, then variable.mu.
+type variable struct {
+	name string
+	// mu is read-locked while rows are read out of the segments (served to
+	// a peer or copied for a client) and write-locked to unmap them.
+	mu     sync.RWMutex
+	table  *wire.Table
+	lay    *layout.Layout
+	segs   map[int]*shm.Segment // local ranks' shards
+	byRank []*shm.Segment       // after publish: segment per rank, nil off this node
+	freed  map[int]bool
+	gone   bool
+}
+
+func newVariable(name string) *variable {
+	return &variable{name: name, segs: make(map[int]*shm.Segment), freed: make(map[int]bool)}
+}
+
+// setTable installs the published table; the caller holds v.mu.
+func (v *variable) setTable(t *wire.Table, node string) error {
+	if v.table != nil {
+		return nil
+	}
+	lay, err := layout.New(layout.Row{Disp: t.Disp, ItemSize: t.ItemSize}, t.ShardRows)
+	if err != nil {
+		return err
+	}
+	byRank := make([]*shm.Segment, len(t.ShardRows))
+	for r, n := range t.RankNode {
+		if t.Nodes[n] != node {
+			continue
+		}
+		seg := v.segs[r]
+		if seg == nil {
+			return base.Errorf(base.ErrInternal, "variable %q: rank %d is on this node but its shard was never created here", v.name, r)
+		}
+		byRank[r] = seg
+	}
+	v.table, v.lay, v.byRank = t, lay, byRank
+	return nil
+}
+
+// localTable is the table with the segment paths of this node's ranks, as
+// a client of this node needs it.
+func (v *variable) localTable() *wire.Table {
+	t := *v.table
+	t.Paths = make([]string, len(t.ShardRows))
+	for r, seg := range v.byRank {
+		if seg != nil {
+			t.Paths[r] = seg.Path
+		}
+	}
+	return &t
+}
+
+// drop unmaps and removes every local segment; the caller holds no lock on
+// v (it takes the write lock, so it waits for rows being served).
+func (v *variable) drop() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, seg := range v.segs {
+		seg.Close()
+		shm.Remove(seg.Path)
+	}
+	v.segs, v.byRank, v.gone = map[int]*shm.Segment{}, nil, true
+}
+
+func (v *variable) info() VarInfo {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	vi := VarInfo{Name: v.name, Published: v.table != nil}
+	for r, seg := range v.segs {
+		vi.LocalRanks = append(vi.LocalRanks, r)
+		vi.LocalBytes += int64(len(seg.Data))
+		vi.Disp, vi.ItemSize = seg.Header.Disp, seg.Header.ItemSize
+	}
+	slices.Sort(vi.LocalRanks)
+	if t := v.table; t != nil {
+		vi.Disp, vi.ItemSize, vi.TotalRows = t.Disp, t.ItemSize, v.lay.Total()
+		vi.ShardRows = t.ShardRows
+		for _, n := range t.RankNode {
+			vi.Owners = append(vi.Owners, t.Nodes[n])
+		}
+	}
+	vi.RowBytes = vi.Disp * vi.ItemSize
+	return vi
+}
+
+func sortVarInfos(vs []VarInfo) {
+	sort.Slice(vs, func(i, j int) bool { return vs[i].Name < vs[j].Name })
+}
+
+// regions are the receive buffers clients registered: memfd regions this
+// agent has mapped, where rows fetched from other nodes are written.
+type regions struct {
+	mu   sync.RWMutex
+	next uint32
+	m    map[uint32]*region
+}
+
+type region struct {
+	mu    sync.RWMutex // read-locked while rows are written in; write-locked to unmap
+	mem   []byte
+	owner *session
+}
+
+func (rs *regions) add(mem []byte, owner *session) uint32 {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	rs.next++
+	rs.m[rs.next] = &region{mem: mem, owner: owner}
+	return rs.next
+}
+
+// use returns a region read-locked; the caller RUnlocks it.
+func (rs *regions) use(id uint32) (*region, error) {
+	rs.mu.RLock()
+	r := rs.m[id]
+	rs.mu.RUnlock()
+	if r == nil {
+		return nil, base.Errorf(base.ErrArgument, "no receive region %d (unregistered, or its client disconnected)", id)
+	}
+	r.mu.RLock()
+	if r.mem == nil {
+		r.mu.RUnlock()
+		return nil, base.Errorf(base.ErrArgument, "receive region %d was unregistered", id)
+	}
+	return r, nil
+}
+
+func (rs *regions) remove(id uint32, owner *session) error {
+	rs.mu.Lock()
+	r := rs.m[id]
+	if r == nil || (owner != nil && r.owner != owner) {
+		rs.mu.Unlock()
+		return base.Errorf(base.ErrArgument, "no receive region %d of this client", id)
+	}
+	delete(rs.m, id)
+	rs.mu.Unlock()
+	r.mu.Lock()
+	shm.Unmap(r.mem)
+	r.mem = nil
+	r.mu.Unlock()
+	return nil
+}
+
+// removeOwned drops every region of a session that ended.
+func (rs *regions) removeOwned(owner *session) {
+	rs.mu.RLock()
+	var ids []uint32
+	for id, r := range rs.m {
+		if r.owner == owner {
+			ids = append(ids, id)
+		}
+	}
+	rs.mu.RUnlock()
+	for _, id := range ids {
+		rs.remove(id, owner)
+	}
+}
+
+func (rs *regions) closeAll() {
+	rs.mu.RLock()
+	var ids []uint32
+	for id := range rs.m {
+		ids = append(ids, id)
+	}
+	rs.mu.RUnlock()
+	for _, id := range ids {
+		rs.remove(id, nil)
+	}
+}
+
+func (rs *regions) count() int {
+	rs.mu.RLock()
+	defer rs.mu.RUnlock()
+	return len(rs.m)
+}
+
+func (rs *regions) bytes() int64 {
+	rs.mu.RLock()
+	defer rs.mu.RUnlock()
+	var n int64
+	for _, r := range rs.m {
+		n += int64(len(r.mem))
+	}
+	return n
+}

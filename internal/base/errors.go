@@ -1,0 +1,76 @@
+// Package base holds what every other package of ddstore shares: the
+// sentinel errors (re-exported by the public package) and their wire codes.
+package base
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors. Every error ddstore returns wraps exactly one of these, so
+// callers match with errors.Is and the Python client maps each to a fixed
+// exception type.
+var (
+	ErrIndex    = errors.New("ddstore: index out of range")
+	ErrGeometry = errors.New("ddstore: bad geometry")
+	ErrUnknown  = errors.New("ddstore: unknown variable")
+	ErrExists   = errors.New("ddstore: variable exists")
+	ErrBuffer   = errors.New("ddstore: bad buffer")
+	ErrFreed    = errors.New("ddstore: variable freed")
+	ErrClosed   = errors.New("ddstore: closed")
+	ErrTimeout  = errors.New("ddstore: timed out")
+	ErrPeer     = errors.New("ddstore: peer failed")
+	ErrProtocol = errors.New("ddstore: protocol error")
+	ErrNoAgent  = errors.New("ddstore: no agent")
+	ErrArgument = errors.New("ddstore: bad argument")
+	ErrInternal = errors.New("ddstore: internal error")
+)
+
+// codes are the wire numbers of the sentinels; their order is part of the
+// protocol, so only append.
+var codes = []error{
+	nil, ErrIndex, ErrGeometry, ErrUnknown, ErrExists, ErrBuffer, ErrFreed,
+	ErrClosed, ErrTimeout, ErrPeer, ErrProtocol, ErrNoAgent, ErrArgument,
+	ErrInternal,
+}
+
+// Code returns the wire code of err: 0 for nil, the code of the sentinel it
+// wraps, or the code of ErrInternal.
+func Code(err error) uint16 {
+	if err == nil {
+		return 0
+	}
+	for i, s := range codes[1:] {
+		if errors.Is(err, s) {
+			return uint16(i + 1)
+		}
+	}
+	return Code(ErrInternal)
+}
+
+// FromCode rebuilds an error that crossed the wire: its text is the remote
+// error's text and it still matches its sentinel with errors.Is.
+func FromCode(code uint16, msg string) error {
+	if code == 0 {
+		return nil
+	}
+	s := ErrInternal
+	if int(code) < len(codes) {
+		s = codes[code]
+	}
+	return &remoteError{sentinel: s, msg: msg}
+}
+
+type remoteError struct {
+	sentinel error
+	msg      string
+}
+
+func (e *remoteError) Error() string { return e.msg }
+func (e *remoteError) Unwrap() error { return e.sentinel }
+
+// Errorf wraps a sentinel with a message: Errorf(ErrIndex, "global index %d
+// not in [0, %d)", g, n) reads "ddstore: index out of range: global index ...".
+func Errorf(sentinel error, format string, args ...any) error {
+	return fmt.Errorf("%w: %s", sentinel, fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,251 @@
+// Package shm holds shards in POSIX shared memory: files under /dev/shm that
+// the agent creates and every client process of the node maps, so rows are
+// written in and read out without passing through a socket. It also makes
+// anonymous memfd regions, which clients hand to their agent as receive
+// buffers for rows fetched from other nodes.
+package shm
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+)
+
+// Dir is where segments live; a variable so tests can point elsewhere.
+var Dir = "/dev/shm"
+
+// HeaderBytes is the size of the header in front of a shard's rows; a page,
+// so the rows start page-aligned.
+const HeaderBytes = 4096
+
+const (
+	magic   = "DDSTSHRD"
+	version = 1
+)
+
+// Header describes the shard a segment holds, so that an agent restarted on
+// the node can validate a segment before adopting it.
+type Header struct {
+	Rank     int64
+	Rows     int64
+	Disp     int64
+	ItemSize int64
+}
+
+func (h Header) encode(b []byte) {
+	copy(b, magic)
+	le := binary.LittleEndian
+	le.PutUint32(b[8:], version)
+	le.PutUint64(b[16:], uint64(h.Rank))
+	le.PutUint64(b[24:], uint64(h.Rows))
+	le.PutUint64(b[32:], uint64(h.Disp))
+	le.PutUint64(b[40:], uint64(h.ItemSize))
+	le.PutUint32(b[48:], crc32.ChecksumIEEE(b[:48]))
+}
+
+func decodeHeader(b []byte) (Header, error) {
+	le := binary.LittleEndian
+	if len(b) < HeaderBytes || string(b[:8]) != magic {
+		return Header{}, base.Errorf(base.ErrProtocol, "segment has no ddstore header")
+	}
+	if v := le.Uint32(b[8:]); v != version {
+		return Header{}, base.Errorf(base.ErrProtocol, "segment version %d, want %d", v, version)
+	}
+	if le.Uint32(b[48:]) != crc32.ChecksumIEEE(b[:48]) {
+		return Header{}, base.Errorf(base.ErrProtocol, "segment header checksum mismatch")
+	}
+	return Header{
+		Rank:     int64(le.Uint64(b[16:])),
+		Rows:     int64(le.Uint64(b[24:])),
+		Disp:     int64(le.Uint64(b[32:])),
+		ItemSize: int64(le.Uint64(b[40:])),
+	}, nil
+}
+
+// Escape turns a namespace, node or variable name into a file-name part:
+// letters, digits, '-' and '_' stay, every other byte becomes %XX, so names
+// with '/' or '.' map one-to-one onto file names.
+func Escape(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, "%%%02X", c)
+		}
+	}
+	return b.String()
+}
+
+// SegmentPath is the file of rank's shard of a variable on a node.
+func SegmentPath(namespace, node, variable string, rank int) string {
+	return fmt.Sprintf("%s/ddstore.%s.%s.%s.r%d", Dir, Escape(namespace), Escape(node), Escape(variable), rank)
+}
+
+// SegmentPrefix is the common start of every segment of a namespace on a
+// node, for listing and cleanup.
+func SegmentPrefix(namespace, node string) string {
+	return fmt.Sprintf("%s/ddstore.%s.%s.", Dir, Escape(namespace), Escape(node))
+}
+
+// Segment is one mapped shard: a header page, then Rows rows.
+type Segment struct {
+	Path   string
+	Header Header
+	mem    []byte
+	// Data is the rows, Header.Rows * rowBytes bytes.
+	Data []byte
+}
+
+func dataBytes(h Header) int64 { return h.Rows * h.Disp * h.ItemSize }
+
+// Create makes a new, zero-filled segment (tmpfs gives zero pages lazily, so
+// an Init of any size costs nothing until rows are written). It fails with
+// ErrExists if the file is there.
+func Create(path string, h Header) (*Segment, error) {
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
+	if err == unix.EEXIST {
+		return nil, base.Errorf(base.ErrExists, "segment %s already exists", path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ddstore: create segment %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	size := HeaderBytes + dataBytes(h)
+	if err := unix.Ftruncate(fd, size); err != nil {
+		unix.Unlink(path)
+		return nil, fmt.Errorf("ddstore: size segment %s to %d bytes: %w", path, size, err)
+	}
+	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Unlink(path)
+		return nil, fmt.Errorf("ddstore: map segment %s: %w", path, err)
+	}
+	h.encode(mem[:HeaderBytes])
+	return &Segment{Path: path, Header: h, mem: mem, Data: mem[HeaderBytes:size]}, nil
+}
+
+// Open maps an existing segment, read-only unless writable, after checking
+// that the file belongs to this user and its header is sound.
+func Open(path string, writable bool) (*Segment, error) {
+	flags, prot := unix.O_RDONLY, unix.PROT_READ
+	if writable {
+		flags, prot = unix.O_RDWR, unix.PROT_READ|unix.PROT_WRITE
+	}
+	fd, err := unix.Open(path, flags|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if err == unix.ENOENT {
+			return nil, fmt.Errorf("%w: segment %s: %w", base.ErrUnknown, path, os.ErrNotExist)
+		}
+		return nil, fmt.Errorf("ddstore: open segment %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("ddstore: stat segment %s: %w", path, err)
+	}
+	if int(st.Uid) != os.Geteuid() {
+		return nil, base.Errorf(base.ErrArgument, "segment %s belongs to uid %d, not %d", path, st.Uid, os.Geteuid())
+	}
+	if st.Size < HeaderBytes {
+		return nil, base.Errorf(base.ErrProtocol, "segment %s has %d bytes, less than its header", path, st.Size)
+	}
+	mem, err := unix.Mmap(fd, 0, int(st.Size), prot, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("ddstore: map segment %s: %w", path, err)
+	}
+	h, err := decodeHeader(mem)
+	if err == nil && HeaderBytes+dataBytes(h) != st.Size {
+		err = base.Errorf(base.ErrProtocol, "segment %s: header says %d rows of %d bytes, file has %d bytes", path, h.Rows, h.Disp*h.ItemSize, st.Size-HeaderBytes)
+	}
+	if err != nil {
+		unix.Munmap(mem)
+		return nil, fmt.Errorf("%w (%s)", err, path)
+	}
+	return &Segment{Path: path, Header: h, mem: mem, Data: mem[HeaderBytes:st.Size]}, nil
+}
+
+// Close unmaps the segment; the file stays.
+func (s *Segment) Close() error {
+	if s.mem == nil {
+		return nil
+	}
+	err := unix.Munmap(s.mem)
+	s.mem, s.Data = nil, nil
+	return err
+}
+
+// Remove unlinks the file; processes that have it mapped keep their mapping.
+func Remove(path string) error {
+	err := unix.Unlink(path)
+	if err == unix.ENOENT {
+		return nil
+	}
+	return err
+}
+
+// Region is an anonymous shared-memory region (memfd) that can be mapped by
+// another process through its descriptor.
+type Region struct {
+	Fd  int
+	Mem []byte
+}
+
+// NewRegion makes a region of size bytes, mapped here.
+func NewRegion(name string, size int) (*Region, error) {
+	if size <= 0 {
+		return nil, base.Errorf(base.ErrArgument, "region size %d: want > 0", size)
+	}
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("ddstore: memfd_create: %w", err)
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("ddstore: size region to %d bytes: %w", size, err)
+	}
+	mem, err := MapFd(fd, size)
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return &Region{Fd: fd, Mem: mem}, nil
+}
+
+// MapFd maps size bytes of a shared-memory descriptor read-write.
+func MapFd(fd, size int) ([]byte, error) {
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("ddstore: map region of %d bytes: %w", size, err)
+	}
+	return mem, nil
+}
+
+// FdSize is the size of the file behind fd.
+func FdSize(fd int) (int64, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return 0, err
+	}
+	return st.Size, nil
+}
+
+// Unmap releases a mapping made by MapFd.
+func Unmap(mem []byte) error { return unix.Munmap(mem) }
+
+// Close unmaps the region and closes its descriptor.
+func (r *Region) Close() error {
+	err := unix.Munmap(r.Mem)
+	if cerr := unix.Close(r.Fd); err == nil {
+		err = cerr
+	}
+	r.Mem = nil
+	return err
+}

@@ -1,0 +1,353 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
+
+// Options tune the TCP transport.
+type Options struct {
+	// ConnsPerPeer is how many connections a pool keeps to each peer; calls
+	// are spread over them so that a large reply does not hold up the rest.
+	ConnsPerPeer int
+	// Timeout bounds a call: a peer that has not answered by then fails it
+	// with ErrTimeout, naming the peer. Zero means 30 s.
+	Timeout time.Duration
+	// DialTimeout bounds connecting. Zero means 5 s.
+	DialTimeout time.Duration
+}
+
+func (o Options) withDefaults() Options {
+	if o.ConnsPerPeer <= 0 {
+		o.ConnsPerPeer = 2
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 30 * time.Second
+	}
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = 5 * time.Second
+	}
+	return o
+}
+
+// Pool is the calling side: persistent connections to peers, each
+// multiplexing many requests by id.
+type Pool struct {
+	opts Options
+	mu   struct {
+		sync.Mutex
+		peers  map[string]*peerConns
+		closed bool
+	}
+	wg sync.WaitGroup // read loops
+}
+
+type peerConns struct {
+	next  atomic.Uint32
+	conns []*conn // slots; nil or dead ones are redialed
+	mu    sync.Mutex
+}
+
+var _ Transport = (*Pool)(nil)
+
+// NewPool makes an empty pool; connections are dialed on first use.
+func NewPool(opts Options) *Pool {
+	p := &Pool{opts: opts.withDefaults()}
+	p.mu.peers = make(map[string]*peerConns)
+	return p
+}
+
+// Close closes every connection; calls in flight fail with ErrClosed.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	p.mu.closed = true
+	peers := p.mu.peers
+	p.mu.peers = nil
+	p.mu.Unlock()
+	for _, pc := range peers {
+		pc.mu.Lock()
+		for _, c := range pc.conns {
+			if c != nil {
+				c.fail(base.Errorf(base.ErrClosed, "transport closed"))
+			}
+		}
+		pc.mu.Unlock()
+	}
+	p.wg.Wait()
+	return nil
+}
+
+func (p *Pool) get(ctx context.Context, addr string) (*conn, error) {
+	p.mu.Lock()
+	if p.mu.closed {
+		p.mu.Unlock()
+		return nil, base.Errorf(base.ErrClosed, "transport closed")
+	}
+	pc := p.mu.peers[addr]
+	if pc == nil {
+		pc = &peerConns{conns: make([]*conn, p.opts.ConnsPerPeer)}
+		p.mu.peers[addr] = pc
+	}
+	p.mu.Unlock()
+	i := int(pc.next.Add(1)) % len(pc.conns)
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if c := pc.conns[i]; c != nil && !c.dead.Load() {
+		return c, nil
+	}
+	d := net.Dialer{Timeout: p.opts.DialTimeout}
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: connect to %s: %w", base.ErrPeer, addr, err)
+	}
+	c, err := newConn(nc.(*net.TCPConn), addr)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	p.mu.Lock()
+	if p.mu.closed {
+		p.mu.Unlock()
+		nc.Close()
+		return nil, base.Errorf(base.ErrClosed, "transport closed")
+	}
+	p.wg.Add(1)
+	p.mu.Unlock()
+	go func() {
+		defer p.wg.Done()
+		c.readLoop()
+	}()
+	pc.conns[i] = c
+	return c, nil
+}
+
+// Fetch implements Transport.
+func (p *Pool) Fetch(ctx context.Context, addr, name string, globals []int64, dst [][]byte) error {
+	var want uint64
+	for _, d := range dst {
+		want += uint64(len(d))
+	}
+	m := wire.Fetch{Name: name, Globals: globals}
+	_, err := p.call(ctx, addr, wire.OpFetch, m.Encode, dst, want)
+	return err
+}
+
+// Call sends a control request and returns the reply's body.
+func (p *Pool) Call(ctx context.Context, addr string, op wire.Op, fill func(*wire.Encoder)) ([]byte, error) {
+	return p.call(ctx, addr, op, fill, nil, 0)
+}
+
+func (p *Pool) call(ctx context.Context, addr string, op wire.Op, fill func(*wire.Encoder), dst [][]byte, want uint64) ([]byte, error) {
+	c, err := p.get(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	cl := &call{done: make(chan struct{}), dst: dst, want: want}
+	if err := c.send(cl, op, fill); err != nil {
+		return nil, err
+	}
+	timeout := p.opts.Timeout
+	if op != wire.OpFetch {
+		timeout = 0 // control calls (collectives) are bounded by ctx, which carries their own timeout
+	}
+	var timer <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		timer = t.C
+	}
+	select {
+	case <-cl.done:
+		return cl.body, cl.err
+	case <-timer:
+		err = base.Errorf(base.ErrTimeout, "peer %s did not answer %s within %v", addr, op, timeout)
+	case <-ctx.Done():
+		err = fmt.Errorf("%w: %s to peer %s: %w", base.ErrTimeout, op, addr, ctx.Err())
+	}
+	if c.abandon(cl) {
+		return nil, err
+	}
+	select {
+	case <-cl.done: // it finished as the timer fired
+		return cl.body, cl.err
+	default:
+	}
+	// The reply is being read into dst right now: cut the connection so
+	// that the read ends, and return only once nothing more is written.
+	c.fail(err)
+	<-cl.done
+	return nil, err
+}
+
+// call is one request in flight.
+type call struct {
+	id    uint64
+	state atomic.Int32 // callPending → callReceiving, or → callAbandoned
+	dst   [][]byte
+	want  uint64
+	body  []byte
+	err   error
+	done  chan struct{}
+}
+
+const (
+	callPending int32 = iota
+	callReceiving
+	callAbandoned
+)
+
+// conn is one connection of a pool: writes under a mutex, one read loop
+// that routes replies to their calls by id.
+type conn struct {
+	addr string
+	nc   *net.TCPConn
+	raw  syscall.RawConn
+	wmu  sync.Mutex
+	wbuf []byte
+	mu   struct {
+		sync.Mutex
+		next    uint64
+		pending map[uint64]*call
+		err     error
+	}
+	dead atomic.Bool
+}
+
+func newConn(nc *net.TCPConn, addr string) (*conn, error) {
+	raw, err := nc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	nc.SetNoDelay(true)
+	c := &conn{addr: addr, nc: nc, raw: raw}
+	c.mu.pending = make(map[uint64]*call)
+	return c, nil
+}
+
+func (c *conn) send(cl *call, op wire.Op, fill func(*wire.Encoder)) error {
+	c.mu.Lock()
+	if c.mu.err != nil {
+		err := c.mu.err
+		c.mu.Unlock()
+		return err
+	}
+	c.mu.next++
+	cl.id = c.mu.next
+	c.mu.pending[cl.id] = cl
+	c.mu.Unlock()
+
+	c.wmu.Lock()
+	c.wbuf = wire.AppendFrame(c.wbuf[:0], op, 0, cl.id, 0, fill)
+	c.nc.SetWriteDeadline(time.Now().Add(30 * time.Second))
+	_, err := c.nc.Write(c.wbuf)
+	c.wmu.Unlock()
+	if err != nil {
+		err = fmt.Errorf("%w: send %s to %s: %w", base.ErrPeer, op, c.addr, err)
+		c.fail(err)
+		return err
+	}
+	return nil
+}
+
+// abandon gives up on a call that has not started receiving; it reports
+// whether that worked (else the read loop owns the call until done).
+func (c *conn) abandon(cl *call) bool {
+	if !cl.state.CompareAndSwap(callPending, callAbandoned) {
+		return false
+	}
+	c.mu.Lock()
+	delete(c.mu.pending, cl.id)
+	c.mu.Unlock()
+	return true
+}
+
+// fail closes the connection and fails every call still waiting on it.
+func (c *conn) fail(err error) {
+	c.mu.Lock()
+	if c.mu.err == nil {
+		c.mu.err = err
+	}
+	c.dead.Store(true)
+	c.mu.Unlock()
+	c.nc.Close()
+}
+
+func (c *conn) readLoop() {
+	var buf []byte
+	var iovs [][]byte
+	var err error
+	for {
+		var h wire.Header
+		var body []byte
+		h, body, err = wire.ReadFrame(c.nc, buf)
+		buf = body[:0]
+		if err != nil {
+			break
+		}
+		c.mu.Lock()
+		cl := c.mu.pending[h.ID]
+		delete(c.mu.pending, h.ID)
+		c.mu.Unlock()
+		if cl == nil || !cl.state.CompareAndSwap(callPending, callReceiving) {
+			// A reply to a call that timed out: drop its rows.
+			if _, err = io.CopyN(io.Discard, c.nc, int64(h.Payload)); err != nil {
+				break
+			}
+			continue
+		}
+		if serr := wire.StatusError(h, body); serr != nil {
+			if h.Payload != 0 {
+				cl.err = base.Errorf(base.ErrProtocol, "error reply from %s carries %d payload bytes", c.addr, h.Payload)
+				err = cl.err
+				close(cl.done)
+				break
+			}
+			cl.err = serr
+			close(cl.done)
+			continue
+		}
+		if h.Payload != cl.want {
+			cl.err = base.Errorf(base.ErrProtocol, "peer %s sent %d row bytes, want %d", c.addr, h.Payload, cl.want)
+			err = cl.err
+			close(cl.done)
+			break
+		}
+		if h.Payload > 0 {
+			iovs = append(iovs[:0], cl.dst...)
+			if rerr := readvFull(c.raw, iovs); rerr != nil {
+				cl.err = fmt.Errorf("%w: reading rows from %s: %w", base.ErrPeer, c.addr, rerr)
+				err = rerr
+				close(cl.done)
+				break
+			}
+			clear(iovs)
+		}
+		cl.body = append([]byte(nil), body...)
+		close(cl.done)
+	}
+	if errors.Is(err, io.EOF) {
+		err = io.ErrUnexpectedEOF
+	}
+	c.fail(fmt.Errorf("%w: connection to %s: %w", base.ErrPeer, c.addr, err))
+	c.mu.Lock()
+	ferr := c.mu.err
+	pending := c.mu.pending
+	c.mu.pending = map[uint64]*call{}
+	c.mu.Unlock()
+	for _, cl := range pending {
+		if cl.state.CompareAndSwap(callPending, callReceiving) {
+			cl.err = ferr
+			close(cl.done)
+		}
+	}
+}

@@ -1,0 +1,245 @@
+package wire
+
+// Messages are the bodies of frames. Each has Encode, appending its fields,
+// and a Decode function that reads them and rejects anything else.
+
+// Hello opens a client session: who the client is.
+type Hello struct {
+	Namespace string
+	Node      string
+	Rank      int64 // -1 for a client that holds no shard (info, split-mode reader)
+	Size      int64
+	LocalRank int64
+	LocalSize int64
+	Pid       int64
+}
+
+func (m *Hello) Encode(e *Encoder) {
+	e.String(m.Namespace)
+	e.String(m.Node)
+	e.I64(m.Rank)
+	e.I64(m.Size)
+	e.I64(m.LocalRank)
+	e.I64(m.LocalSize)
+	e.I64(m.Pid)
+}
+
+func DecodeHello(b []byte) (m Hello, err error) {
+	d := NewDecoder(b)
+	m.Namespace, m.Node = d.String(), d.String()
+	m.Rank, m.Size, m.LocalRank, m.LocalSize, m.Pid = d.I64(), d.I64(), d.I64(), d.I64(), d.I64()
+	return m, d.Done()
+}
+
+// HelloReply tells the client which agent it reached.
+type HelloReply struct {
+	Node     string
+	AgentPid int64
+}
+
+func (m *HelloReply) Encode(e *Encoder) { e.String(m.Node); e.I64(m.AgentPid) }
+
+func DecodeHelloReply(b []byte) (m HelloReply, err error) {
+	d := NewDecoder(b)
+	m.Node, m.AgentPid = d.String(), d.I64()
+	return m, d.Done()
+}
+
+// Shard describes one rank's shard of a variable: what a rank declares when
+// it creates its part (Create, Publish, PeerPublish).
+type Shard struct {
+	Name      string
+	Node      string // set by the agent on PeerPublish
+	Rank      int64
+	Size      int64 // world size the rank believes in
+	Rows      int64
+	Disp      int64
+	ItemSize  int64
+	TimeoutMs int64 // how long Publish waits for the other ranks
+}
+
+func (m *Shard) Encode(e *Encoder) {
+	e.String(m.Name)
+	e.String(m.Node)
+	e.I64(m.Rank)
+	e.I64(m.Size)
+	e.I64(m.Rows)
+	e.I64(m.Disp)
+	e.I64(m.ItemSize)
+	e.I64(m.TimeoutMs)
+}
+
+func DecodeShard(b []byte) (m Shard, err error) {
+	d := NewDecoder(b)
+	m.Name, m.Node = d.String(), d.String()
+	m.Rank, m.Size, m.Rows, m.Disp, m.ItemSize, m.TimeoutMs = d.I64(), d.I64(), d.I64(), d.I64(), d.I64(), d.I64()
+	return m, d.Done()
+}
+
+// Path is a reply holding one file path (Create).
+type Path struct{ Path string }
+
+func (m *Path) Encode(e *Encoder) { e.String32(m.Path) }
+
+func DecodePath(b []byte) (m Path, err error) {
+	d := NewDecoder(b)
+	m.Path = d.String32()
+	return m, d.Done()
+}
+
+// Name is a request naming a variable (Lookup, Free, PeerLookup, PeerFree);
+// Rank says which rank frees, Node which node.
+type Name struct {
+	Name string
+	Node string
+	Rank int64
+}
+
+func (m *Name) Encode(e *Encoder) { e.String(m.Name); e.String(m.Node); e.I64(m.Rank) }
+
+func DecodeName(b []byte) (m Name, err error) {
+	d := NewDecoder(b)
+	m.Name, m.Node, m.Rank = d.String(), d.String(), d.I64()
+	return m, d.Done()
+}
+
+// Table is a variable's complete geometry once every rank has published:
+// rows per rank, where each rank lives, how to reach each node, and, for the
+// ranks on the asking client's node, the segment files to map.
+type Table struct {
+	Name      string
+	Disp      int64
+	ItemSize  int64
+	ShardRows []int64  // per rank
+	RankNode  []int64  // per rank: index into Nodes
+	Nodes     []string // node ids
+	Addrs     []string // per node: peer address
+	Paths     []string // per rank: segment path on the asking node, "" elsewhere
+}
+
+func (m *Table) Encode(e *Encoder) {
+	e.String(m.Name)
+	e.I64(m.Disp)
+	e.I64(m.ItemSize)
+	e.I64s(m.ShardRows)
+	e.I64s(m.RankNode)
+	e.Strings(m.Nodes)
+	e.Strings(m.Addrs)
+	e.Strings(m.Paths)
+}
+
+func DecodeTable(b []byte) (m Table, err error) {
+	d := NewDecoder(b)
+	m.Name, m.Disp, m.ItemSize = d.String(), d.I64(), d.I64()
+	m.ShardRows = d.I64s(nil)
+	m.RankNode = d.I64s(nil)
+	m.Nodes, m.Addrs, m.Paths = d.Strings(), d.Strings(), d.Strings()
+	if err := d.Done(); err != nil {
+		return m, err
+	}
+	return m, m.Check()
+}
+
+// Check rejects a table whose lists disagree, so a decoded table can be
+// indexed without further tests.
+func (m *Table) Check() error {
+	p := len(m.ShardRows)
+	if len(m.RankNode) != p || (len(m.Paths) != 0 && len(m.Paths) != p) || len(m.Addrs) != len(m.Nodes) {
+		return protoErr("table of %q: %d shards, %d rank nodes, %d paths, %d nodes, %d addresses",
+			m.Name, p, len(m.RankNode), len(m.Paths), len(m.Nodes), len(m.Addrs))
+	}
+	for r, n := range m.RankNode {
+		if n < 0 || n >= int64(len(m.Nodes)) {
+			return protoErr("table of %q: rank %d on node %d of %d", m.Name, r, n, len(m.Nodes))
+		}
+	}
+	return nil
+}
+
+// Read asks the agent to fetch rows from other nodes into a registered
+// region: row Globals[i] goes to Offsets[i] in region Region.
+type Read struct {
+	Name    string
+	Region  uint32
+	Globals []int64
+	Offsets []int64
+}
+
+func (m *Read) Encode(e *Encoder) {
+	e.String(m.Name)
+	e.U32(m.Region)
+	e.I64s(m.Globals)
+	e.I64s(m.Offsets)
+}
+
+// DecodeRead decodes into m, reusing its slices.
+func DecodeRead(b []byte, m *Read) error {
+	d := NewDecoder(b)
+	m.Name, m.Region = d.String(), d.U32()
+	m.Globals = d.I64s(m.Globals)
+	m.Offsets = d.I64s(m.Offsets)
+	if err := d.Done(); err != nil {
+		return err
+	}
+	if len(m.Globals) != len(m.Offsets) {
+		return protoErr("read of %q: %d indices but %d offsets", m.Name, len(m.Globals), len(m.Offsets))
+	}
+	return nil
+}
+
+// Region names a registered receive region (Register reply, Unregister), or
+// its size (Register request, whose descriptor travels beside the frame).
+type Region struct {
+	ID   uint32
+	Size int64
+}
+
+func (m *Region) Encode(e *Encoder) { e.U32(m.ID); e.I64(m.Size) }
+
+func DecodeRegion(b []byte) (m Region, err error) {
+	d := NewDecoder(b)
+	m.ID, m.Size = d.U32(), d.I64()
+	return m, d.Done()
+}
+
+// Text is a body of one long string: JSON for Info, messages.
+type Text struct{ Text string }
+
+func (m *Text) Encode(e *Encoder) { e.String32(m.Text) }
+
+func DecodeText(b []byte) (m Text, err error) {
+	d := NewDecoder(b)
+	m.Text = d.String32()
+	return m, d.Done()
+}
+
+// Join announces an agent to the coordinator.
+type Join struct {
+	Node string
+	Addr string
+}
+
+func (m *Join) Encode(e *Encoder) { e.String(m.Node); e.String(m.Addr) }
+
+func DecodeJoin(b []byte) (m Join, err error) {
+	d := NewDecoder(b)
+	m.Node, m.Addr = d.String(), d.String()
+	return m, d.Done()
+}
+
+// Fetch asks an owner node for rows by global index; the reply's payload is
+// the rows in the order asked.
+type Fetch struct {
+	Name    string
+	Globals []int64
+}
+
+func (m *Fetch) Encode(e *Encoder) { e.String(m.Name); e.I64s(m.Globals) }
+
+// DecodeFetch decodes into m, reusing its slice.
+func DecodeFetch(b []byte, m *Fetch) error {
+	d := NewDecoder(b)
+	m.Name = d.String()
+	m.Globals = d.I64s(m.Globals)
+	return d.Done()
+}

@@ -1,0 +1,459 @@
+package wire
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"reflect"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+)
+
+// msgPtr is a pointer to a message type T.
+type msgPtr[T any] interface {
+	*T
+	Encode(*Encoder)
+}
+
+func encodeMsg[T any, P msgPtr[T]](m T) []byte {
+	var e Encoder
+	P(&m).Encode(&e)
+	return e.Bytes()
+}
+
+// normalize returns a copy of the struct v with its empty slices set to nil,
+// so that nil and empty lists compare equal.
+func normalize(v any) any {
+	rv := reflect.ValueOf(v)
+	if rv.Kind() != reflect.Struct {
+		return v
+	}
+	c := reflect.New(rv.Type()).Elem()
+	c.Set(rv)
+	for i := 0; i < c.NumField(); i++ {
+		if f := c.Field(i); f.Kind() == reflect.Slice && f.Len() == 0 && f.CanSet() {
+			f.Set(reflect.Zero(f.Type()))
+		}
+	}
+	return c.Interface()
+}
+
+func msgEqual(a, b any) bool { return reflect.DeepEqual(normalize(a), normalize(b)) }
+
+func decodeRead(b []byte) (Read, error) {
+	var m Read
+	err := DecodeRead(b, &m)
+	return m, err
+}
+
+func decodeFetch(b []byte) (Fetch, error) {
+	var m Fetch
+	err := DecodeFetch(b, &m)
+	return m, err
+}
+
+var long = strings.Repeat("l", 0xFFFF) // the longest name
+
+var (
+	helloSamples = []Hello{
+		{},
+		{Namespace: "train", Node: "node-0", Rank: 3, Size: 8, LocalRank: 1, LocalSize: 4, Pid: 12345},
+		{Namespace: "名前空間", Node: "nœud-ü 🚀", Rank: -1, Size: 1},
+		{Namespace: long, Node: "x", Rank: math.MinInt64, Size: math.MaxInt64, LocalRank: -7, LocalSize: math.MaxInt64, Pid: math.MinInt64},
+	}
+	helloReplySamples = []HelloReply{
+		{},
+		{Node: "node-3", AgentPid: 999},
+		{Node: "узел-λ", AgentPid: -1},
+		{Node: long, AgentPid: math.MaxInt64},
+	}
+	shardSamples = []Shard{
+		{},
+		{Name: "features", Node: "n0", Rank: 1, Size: 4, Rows: 1000, Disp: 3, ItemSize: 4, TimeoutMs: 30000},
+		{Name: "変数", Node: "ノード", Rank: -1, Size: math.MaxInt64, Rows: math.MinInt64, Disp: -3, ItemSize: 1 << 40, TimeoutMs: -1},
+	}
+	pathSamples = []Path{
+		{},
+		{Path: "/dev/shm/ddstore-train-features-0"},
+		{Path: "/tmp/データ/ü"},
+		{Path: strings.Repeat("p", 70000)}, // longer than a name may be
+	}
+	nameSamples = []Name{
+		{},
+		{Name: "labels", Node: "node-1", Rank: 2},
+		{Name: "名", Node: "ノ", Rank: -1},
+		{Name: long, Node: long, Rank: math.MinInt64},
+	}
+	tableSamples = []Table{
+		{},
+		{Name: "empty lists", ShardRows: []int64{}, RankNode: []int64{}, Nodes: []string{}, Addrs: []string{}, Paths: []string{}},
+		{
+			Name: "features", Disp: 4, ItemSize: 8,
+			ShardRows: []int64{10, 0, 5}, RankNode: []int64{0, 1, 1},
+			Nodes: []string{"a", "b"}, Addrs: []string{"10.0.0.1:5000", "10.0.0.2:5000"},
+			Paths: []string{"/dev/shm/features.0", "", ""},
+		},
+		{
+			Name: "no paths", Disp: 1, ItemSize: 1,
+			ShardRows: []int64{1, 2}, RankNode: []int64{1, 0},
+			Nodes: []string{"a", "b"}, Addrs: []string{"", ""},
+		},
+		{
+			Name: "変数 🚀", Disp: -1, ItemSize: math.MaxInt64,
+			ShardRows: []int64{math.MaxInt64}, RankNode: []int64{0},
+			Nodes: []string{"ノード"}, Addrs: []string{"[::1]:1"}, Paths: []string{""},
+		},
+		{Name: "nodes without ranks", Nodes: []string{"a"}, Addrs: []string{"b"}},
+	}
+	readSamples = []Read{
+		{},
+		{Name: "empty", Region: 1, Globals: []int64{}, Offsets: []int64{}},
+		{Name: "v", Region: 7, Globals: []int64{1, 2, 3}, Offsets: []int64{0, 8, 16}},
+		{Name: "ü名", Region: math.MaxUint32, Globals: []int64{math.MinInt64, math.MaxInt64}, Offsets: []int64{-1, 0}},
+	}
+	regionSamples = []Region{
+		{},
+		{ID: 1, Size: 4096},
+		{ID: math.MaxUint32, Size: math.MinInt64},
+	}
+	textSamples = []Text{
+		{},
+		{Text: `{"vars": {"features": {"rows": 10}}}`},
+		{Text: "ünïcødé ✓ 名前 \x00 binary \xff"},
+		{Text: strings.Repeat("t", 70000)},
+	}
+	joinSamples = []Join{
+		{},
+		{Node: "node-1", Addr: "10.0.0.1:4000"},
+		{Node: "ノード", Addr: "[fe80::1%eth0]:1"},
+	}
+	fetchSamples = []Fetch{
+		{},
+		{Name: "empty", Globals: []int64{}},
+		{Name: "v", Globals: []int64{5, 3, 5, 0}},
+		{Name: "名前", Globals: []int64{math.MinInt64, -1, math.MaxInt64}},
+		{Name: "many", Globals: seq(1000)},
+	}
+)
+
+func seq(n int) []int64 {
+	s := make([]int64, n)
+	for i := range s {
+		s[i] = int64(i * i)
+	}
+	return s
+}
+
+// decodeSafe calls dec and turns a panic into an error naming it.
+func decodeSafe[T any](dec func([]byte) (T, error), b []byte) (m T, err error, panicked any) {
+	defer func() { panicked = recover() }()
+	m, err = dec(b)
+	return m, err, nil
+}
+
+func testCodec[T any, P msgPtr[T]](t *testing.T, samples []T, dec func([]byte) (T, error)) {
+	for i, want := range samples {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			enc := encodeMsg[T, P](want)
+
+			got, err := dec(enc)
+			if err != nil {
+				t.Fatalf("decode: %v", err)
+			}
+			if !msgEqual(got, want) {
+				t.Fatalf("round trip:\n got %+v\nwant %+v", trunc(fmt.Sprint(got)), trunc(fmt.Sprint(want)))
+			}
+			if again := encodeMsg[T, P](got); !bytes.Equal(again, enc) {
+				t.Fatalf("re-encoding differs")
+			}
+			// The decoded value owns its memory.
+			for j := range enc {
+				enc[j] = 0xA5
+			}
+			if !msgEqual(got, want) {
+				t.Fatalf("decoded value aliases the input")
+			}
+			enc = encodeMsg[T, P](want)
+
+			// Trailing bytes.
+			for _, extra := range [][]byte{{0}, {1, 2, 3, 4, 5, 6, 7, 8, 9}} {
+				_, err := dec(append(bytes.Clone(enc), extra...))
+				if !errors.Is(err, base.ErrProtocol) {
+					t.Errorf("%d trailing bytes: err = %v, want ErrProtocol", len(extra), err)
+				} else if want := fmt.Sprintf("%d bytes left over", len(extra)); !strings.Contains(err.Error(), want) {
+					t.Errorf("%d trailing bytes: err %q does not say %q", len(extra), err, want)
+				}
+			}
+
+			// Every truncation. Long encodings are sampled, not walked.
+			for n := 0; n < len(enc); n++ {
+				if len(enc) > 4096 && n > 1024 && n < len(enc)-1024 && n%997 != 0 {
+					continue
+				}
+				_, err, p := decodeSafe(dec, bytes.Clone(enc[:n]))
+				if p != nil {
+					t.Fatalf("prefix of %d/%d bytes: panic: %v", n, len(enc), p)
+				}
+				if !errors.Is(err, base.ErrProtocol) {
+					t.Fatalf("prefix of %d/%d bytes: err = %v, want ErrProtocol", n, len(enc), err)
+				}
+			}
+		})
+	}
+}
+
+func TestMessageRoundTrip(t *testing.T) {
+	t.Run("Hello", func(t *testing.T) { testCodec(t, helloSamples, DecodeHello) })
+	t.Run("HelloReply", func(t *testing.T) { testCodec(t, helloReplySamples, DecodeHelloReply) })
+	t.Run("Shard", func(t *testing.T) { testCodec(t, shardSamples, DecodeShard) })
+	t.Run("Path", func(t *testing.T) { testCodec(t, pathSamples, DecodePath) })
+	t.Run("Name", func(t *testing.T) { testCodec(t, nameSamples, DecodeName) })
+	t.Run("Table", func(t *testing.T) { testCodec(t, tableSamples, DecodeTable) })
+	t.Run("Read", func(t *testing.T) { testCodec(t, readSamples, decodeRead) })
+	t.Run("Region", func(t *testing.T) { testCodec(t, regionSamples, DecodeRegion) })
+	t.Run("Text", func(t *testing.T) { testCodec(t, textSamples, DecodeText) })
+	t.Run("Join", func(t *testing.T) { testCodec(t, joinSamples, DecodeJoin) })
+	t.Run("Fetch", func(t *testing.T) { testCodec(t, fetchSamples, decodeFetch) })
+}
+
+// TestMessageBytes pins the byte layout of a few messages: it is the
+// protocol, shared with the Python client.
+func TestMessageBytes(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		got  []byte
+		want []byte
+	}{
+		{"HelloReply", encodeMsg(HelloReply{Node: "ab", AgentPid: 0x0102}),
+			[]byte{2, 0, 'a', 'b', 2, 1, 0, 0, 0, 0, 0, 0}},
+		{"Region", encodeMsg(Region{ID: 0x01020304, Size: -1}),
+			[]byte{4, 3, 2, 1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}},
+		{"Text", encodeMsg(Text{Text: "hi"}),
+			[]byte{2, 0, 0, 0, 'h', 'i'}},
+		{"Fetch", encodeMsg(Fetch{Name: "v", Globals: []int64{1, -2}}),
+			[]byte{1, 0, 'v', 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}},
+		{"Join", encodeMsg(Join{Node: "", Addr: "é"}),
+			[]byte{0, 0, 2, 0, 0xc3, 0xa9}},
+		{"Table", encodeMsg(Table{Name: "t", Disp: 1, ItemSize: 2, ShardRows: []int64{3}, RankNode: []int64{0}, Nodes: []string{"n"}, Addrs: []string{"a"}}),
+			[]byte{
+				1, 0, 't',
+				1, 0, 0, 0, 0, 0, 0, 0,
+				2, 0, 0, 0, 0, 0, 0, 0,
+				1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0,
+				1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+				1, 0, 0, 0, 1, 0, 'n',
+				1, 0, 0, 0, 1, 0, 'a',
+				0, 0, 0, 0,
+			}},
+	} {
+		if !bytes.Equal(c.got, c.want) {
+			t.Errorf("%s encodes as\n% x\nwant\n% x", c.name, c.got, c.want)
+		}
+	}
+}
+
+func TestTableCheck(t *testing.T) {
+	valid := Table{
+		Name: "v", ShardRows: []int64{1, 2}, RankNode: []int64{0, 1},
+		Nodes: []string{"a", "b"}, Addrs: []string{"x", "y"}, Paths: []string{"p", ""},
+	}
+	mod := func(f func(m *Table)) Table {
+		m := valid
+		m.ShardRows = append([]int64(nil), valid.ShardRows...)
+		m.RankNode = append([]int64(nil), valid.RankNode...)
+		m.Nodes = append([]string(nil), valid.Nodes...)
+		m.Addrs = append([]string(nil), valid.Addrs...)
+		m.Paths = append([]string(nil), valid.Paths...)
+		f(&m)
+		return m
+	}
+	if err := valid.Check(); err != nil {
+		t.Fatalf("valid table: %v", err)
+	}
+	if m := mod(func(m *Table) { m.Paths = nil }); m.Check() != nil {
+		t.Fatalf("table without paths: %v", m.Check())
+	}
+	for _, c := range []struct {
+		name string
+		m    Table
+		want string
+	}{
+		{"fewer rank nodes", mod(func(m *Table) { m.RankNode = m.RankNode[:1] }), "2 shards, 1 rank nodes"},
+		{"more rank nodes", mod(func(m *Table) { m.RankNode = append(m.RankNode, 0) }), "2 shards, 3 rank nodes"},
+		{"no rank nodes", mod(func(m *Table) { m.RankNode = nil }), "2 shards, 0 rank nodes"},
+		{"fewer paths", mod(func(m *Table) { m.Paths = m.Paths[:1] }), "1 paths"},
+		{"more paths", mod(func(m *Table) { m.Paths = append(m.Paths, "") }), "3 paths"},
+		{"fewer addresses", mod(func(m *Table) { m.Addrs = m.Addrs[:1] }), "2 nodes, 1 addresses"},
+		{"more addresses", mod(func(m *Table) { m.Addrs = append(m.Addrs, "z") }), "2 nodes, 3 addresses"},
+		{"fewer nodes", mod(func(m *Table) { m.Nodes = m.Nodes[:1] }), "1 nodes, 2 addresses"},
+		{"negative node", mod(func(m *Table) { m.RankNode[1] = -1 }), "rank 1 on node -1 of 2"},
+		{"node == len(Nodes)", mod(func(m *Table) { m.RankNode[0] = 2 }), "rank 0 on node 2 of 2"},
+		{"huge node", mod(func(m *Table) { m.RankNode[1] = math.MaxInt64 }), fmt.Sprintf("rank 1 on node %d of 2", int64(math.MaxInt64))},
+		{"min node", mod(func(m *Table) { m.RankNode[0] = math.MinInt64 }), fmt.Sprintf("rank 0 on node %d of 2", int64(math.MinInt64))},
+		{"ranks without nodes", Table{Name: "v", ShardRows: []int64{1}, RankNode: []int64{0}}, "rank 0 on node 0 of 0"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			check := func(what string, err error) {
+				t.Helper()
+				if !errors.Is(err, base.ErrProtocol) {
+					t.Fatalf("%s = %v, want ErrProtocol", what, err)
+				}
+				if !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), `"v"`) {
+					t.Fatalf("%s error %q does not say %q and name the table", what, err, c.want)
+				}
+			}
+			check("Check", c.m.Check())
+			// Encode does not check; the decoder must.
+			_, err := DecodeTable(encodeMsg(c.m))
+			check("DecodeTable", err)
+		})
+	}
+}
+
+func TestDecodeReadMismatch(t *testing.T) {
+	for _, c := range []struct {
+		g, o []int64
+		want string
+	}{
+		{[]int64{1, 2}, []int64{0}, "2 indices but 1 offsets"},
+		{[]int64{1}, nil, "1 indices but 0 offsets"},
+		{nil, []int64{1, 2, 3}, "0 indices but 3 offsets"},
+	} {
+		b := encodeMsg(Read{Name: "v", Globals: c.g, Offsets: c.o})
+		var m Read
+		err := DecodeRead(b, &m)
+		if !errors.Is(err, base.ErrProtocol) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), `"v"`) {
+			t.Errorf("DecodeRead(%v, %v) = %v, want ErrProtocol saying %q", c.g, c.o, err, c.want)
+		}
+	}
+}
+
+func TestDecodeReadReuse(t *testing.T) {
+	want := Read{Name: "v", Region: 3, Globals: []int64{7, 8, 9}, Offsets: []int64{0, 16, 32}}
+	b := encodeMsg(want)
+
+	t.Run("capacity suffices", func(t *testing.T) {
+		g := []int64{-1, -1, -1, -1, -1} // longer than needed, junk inside
+		o := make([]int64, 0, 3)         // exactly the capacity needed
+		m := Read{Name: "old", Region: 99, Globals: g, Offsets: o}
+		if err := DecodeRead(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		if !msgEqual(m, want) {
+			t.Fatalf("decoded %+v, want %+v", m, want)
+		}
+		if dataPtr(m.Globals) != dataPtr(g) || dataPtr(m.Offsets) != dataPtr(o) {
+			t.Fatalf("DecodeRead did not reuse the slices it was given")
+		}
+	})
+
+	t.Run("capacity short", func(t *testing.T) {
+		g, o := make([]int64, 0, 2), make([]int64, 1)
+		m := Read{Globals: g, Offsets: o}
+		if err := DecodeRead(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		if !msgEqual(m, want) {
+			t.Fatalf("decoded %+v, want %+v", m, want)
+		}
+	})
+
+	t.Run("repeated", func(t *testing.T) {
+		var m Read
+		big := encodeMsg(Read{Globals: seq(100), Offsets: seq(100)})
+		if err := DecodeRead(big, &m); err != nil {
+			t.Fatal(err)
+		}
+		pg, po := dataPtr(m.Globals), dataPtr(m.Offsets)
+		for _, enc := range [][]byte{b, encodeMsg(Read{}), big} {
+			if err := DecodeRead(enc, &m); err != nil {
+				t.Fatal(err)
+			}
+			if len(m.Globals) > 0 && (dataPtr(m.Globals) != pg || dataPtr(m.Offsets) != po) {
+				t.Fatalf("repeated DecodeRead allocated new slices")
+			}
+		}
+		if !msgEqual(m, Read{Globals: seq(100), Offsets: seq(100)}) {
+			t.Fatalf("final decode wrong")
+		}
+	})
+
+	t.Run("empty lists keep storage", func(t *testing.T) {
+		g, o := make([]int64, 4), make([]int64, 4)
+		m := Read{Globals: g, Offsets: o}
+		if err := DecodeRead(encodeMsg(Read{Name: "e"}), &m); err != nil {
+			t.Fatal(err)
+		}
+		if len(m.Globals) != 0 || len(m.Offsets) != 0 {
+			t.Fatalf("empty read decoded to %d globals, %d offsets", len(m.Globals), len(m.Offsets))
+		}
+		if cap(m.Globals) != 4 || cap(m.Offsets) != 4 {
+			t.Fatalf("empty read dropped the storage (caps %d, %d)", cap(m.Globals), cap(m.Offsets))
+		}
+	})
+}
+
+func TestDecodeFetchReuse(t *testing.T) {
+	want := Fetch{Name: "v", Globals: []int64{4, 5, 6, 7}}
+	b := encodeMsg(want)
+
+	g := make([]int64, 1, 8)
+	m := Fetch{Name: "old", Globals: g}
+	if err := DecodeFetch(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	if !msgEqual(m, want) {
+		t.Fatalf("decoded %+v, want %+v", m, want)
+	}
+	if dataPtr(m.Globals) != dataPtr(g) {
+		t.Fatalf("DecodeFetch did not reuse the slice it was given")
+	}
+
+	small := make([]int64, 0, 3)
+	m = Fetch{Globals: small}
+	if err := DecodeFetch(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	if !msgEqual(m, want) {
+		t.Fatalf("decoded %+v into a short slice, want %+v", m, want)
+	}
+	if &small[:1][0] == &m.Globals[0] {
+		t.Fatalf("DecodeFetch wrote past the capacity it was given")
+	}
+}
+
+// A list count far beyond the bytes present must fail before allocating
+// for it.
+func TestDecodeHugeCounts(t *testing.T) {
+	var e Encoder
+	e.String("v")
+	e.U32(math.MaxUint32) // Globals count
+	b := e.Bytes()
+	var m Fetch
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range 10 {
+		if err := DecodeFetch(b, &m); !errors.Is(err, base.ErrProtocol) {
+			t.Fatalf("huge list count: %v", err)
+		}
+	}
+	runtime.ReadMemStats(&after)
+	if n := after.TotalAlloc - before.TotalAlloc; n > 1<<20 {
+		t.Errorf("huge list count: %d bytes allocated", n)
+	}
+
+	e = Encoder{}
+	e.String("t")
+	e.I64(0)
+	e.I64(0)
+	e.I64s(nil)
+	e.I64s(nil)
+	e.U32(math.MaxUint32) // Nodes count
+	if _, err := DecodeTable(e.Bytes()); !errors.Is(err, base.ErrProtocol) {
+		t.Fatalf("huge names count: %v", err)
+	}
+}

@@ -1,0 +1,81 @@
+package ddstore
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+)
+
+// connect reaches the node's agent. When none answers, the first local rank
+// starts one (`ddstore agent --daemon`, which returns once the socket
+// serves) and the other ranks wait for the socket: the embedded default,
+// with nothing to start by hand on one machine.
+func (s *Store) connect() (*lane, error) {
+	l, _, err := dialLane(s.socket, &s.hello, s.cfg.Timeout)
+	if err == nil || !errors.Is(err, base.ErrNoAgent) {
+		return l, err
+	}
+	if !s.cfg.NoSpawn && s.id.LocalRank <= 0 {
+		if serr := s.spawn(); serr != nil {
+			return nil, serr
+		}
+	}
+	deadline := time.Now().Add(s.cfg.AgentWait)
+	wait := 2 * time.Millisecond
+	for {
+		l, _, err = dialLane(s.socket, &s.hello, s.cfg.Timeout)
+		if err == nil || !errors.Is(err, base.ErrNoAgent) {
+			return l, err
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%w: no agent for namespace %q on node %q answered at %s within %v (start one with `ddstore agent`, or let local rank 0 start it): %w",
+				base.ErrNoAgent, s.cfg.Namespace, s.id.Node, s.socket, s.cfg.AgentWait, err)
+		}
+		time.Sleep(wait)
+		wait = min(2*wait, 100*time.Millisecond)
+	}
+}
+
+// AgentBinary finds the ddstore binary to run as an agent: DDSTORE_BIN,
+// then this executable if it is ddstore, then ddstore on PATH.
+func AgentBinary() (string, error) {
+	if b := os.Getenv("DDSTORE_BIN"); b != "" {
+		return b, nil
+	}
+	if exe, err := os.Executable(); err == nil && filepath.Base(exe) == "ddstore" {
+		return exe, nil
+	}
+	if p, err := exec.LookPath("ddstore"); err == nil {
+		return p, nil
+	}
+	return "", base.Errorf(base.ErrNoAgent, "no ddstore binary to start an agent with: set DDSTORE_BIN or put ddstore on PATH")
+}
+
+func (s *Store) spawn() error {
+	bin := s.cfg.AgentBinary
+	if bin == "" {
+		var err error
+		if bin, err = AgentBinary(); err != nil {
+			return err
+		}
+	}
+	args := []string{"agent", "--daemon", "--namespace", s.cfg.Namespace, "--node", s.id.Node,
+		"--socket", s.socket, "--idle-exit", "30s"}
+	args = append(args, s.cfg.AgentArgs...)
+	cmd := exec.Command(bin, args...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		msg := strings.TrimSpace(string(out))
+		if strings.Contains(msg, "already runs") {
+			return nil // another rank won the race: its agent serves us
+		}
+		return fmt.Errorf("%w: starting `%s %s`: %v: %s", base.ErrNoAgent, bin, strings.Join(args, " "), err, msg)
+	}
+	return nil
+}

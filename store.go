@@ -1,0 +1,740 @@
+package ddstore
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/ddstore-go/ddstore/internal/agent"
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/layout"
+	"github.com/ddstore-go/ddstore/internal/rendezvous"
+	"github.com/ddstore-go/ddstore/internal/shm"
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
+
+// Config says who this rank is and how to reach its node's agent. The zero
+// value works for a job launched by torchrun, Slurm, Open MPI or MPICH, and
+// for a single process: the identity comes from the environment and an
+// agent is started on the node if none runs.
+type Config struct {
+	// Namespace separates jobs on the same nodes; default DDSTORE_NAMESPACE,
+	// else the Slurm job id or torchrun run id, else "default".
+	Namespace string
+	// Rank, Size, LocalRank, LocalSize and Node give the identity
+	// explicitly when Size > 0; otherwise it is read from the environment.
+	// LocalRank -1 means unknown. Node defaults to DDSTORE_NODE_ID, then the
+	// host name.
+	Rank, Size, LocalRank, LocalSize int
+	Node                             string
+
+	// Socket is the agent's socket; default is derived from RunDir,
+	// Namespace and Node.
+	Socket string
+	RunDir string
+	// NoSpawn forbids starting an agent: the Store only attaches.
+	NoSpawn bool
+	// AgentBinary is the ddstore binary to start as agent; default
+	// DDSTORE_BIN, then this executable if it is ddstore, then PATH.
+	AgentBinary string
+	// AgentArgs are extra flags for an agent started on demand (e.g.
+	// --rendezvous host:port or --handshake-dir DIR on several nodes).
+	AgentArgs []string
+	// AgentWait bounds waiting for the agent's socket; default 60 s.
+	AgentWait time.Duration
+	// Timeout bounds one request to the agent; default 2 min.
+	Timeout time.Duration
+	// PublishTimeout bounds how long Add and Init wait for the other
+	// ranks; default 5 min.
+	PublishTimeout time.Duration
+	// MaxLanes bounds the connections to the agent (one per goroutine
+	// reading rows of other nodes at once); default 16.
+	MaxLanes int
+}
+
+// Store is one rank's handle on the job's variables. Its methods are safe
+// for concurrent use.
+type Store struct {
+	cfg    Config
+	id     rendezvous.Identity
+	hello  wire.Hello
+	socket string
+	node   string // the agent's node
+
+	mu struct {
+		sync.RWMutex
+		vars   map[string]*variable
+		freed  map[string]bool
+		closed bool
+	}
+	ctl   *lane      // registers receive buffers; guarded by ctlMu
+	ctlMu sync.Mutex // lock order: ctlMu, then mu
+	lanes chan *lane
+	nlane atomic.Int32
+	recv  atomic.Pointer[[]*recvBuf]
+}
+
+// recvBuf is a receive buffer the agent can write into (AllocRecv).
+type recvBuf struct {
+	region *shm.Region
+	id     uint32
+	base   uintptr
+}
+
+// variable is a variable as this rank sees it.
+type variable struct {
+	mu    sync.RWMutex // read-locked by reads; write-locked by Free
+	name  string
+	lay   *layout.Layout
+	rb    int64
+	local [][]byte // per rank: the shard's rows if on this node, else nil
+	own   []byte   // this rank's shard, writable
+	segs  []*shm.Segment
+	nodes []string // per rank: node id
+	freed bool
+	prof  profile
+}
+
+type profile struct {
+	calls, rows, bytes, localRows, remoteRows, remoteCalls, waitNs atomic.Int64
+}
+
+// Open attaches this rank to its node's agent, starting one if none runs.
+func Open(cfg Config) (*Store, error) {
+	if cfg.Size > 0 {
+		if cfg.Rank < 0 || cfg.Rank >= cfg.Size {
+			return nil, base.Errorf(base.ErrArgument, "rank %d of %d: want 0 <= rank < size", cfg.Rank, cfg.Size)
+		}
+	}
+	id, err := identity(cfg)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Namespace = namespace(cfg.Namespace)
+	if cfg.RunDir == "" {
+		cfg.RunDir = agent.DefaultRunDir()
+	}
+	if cfg.Socket == "" {
+		cfg.Socket = agent.SocketPath(cfg.RunDir, cfg.Namespace, id.Node)
+	}
+	if cfg.AgentWait <= 0 {
+		cfg.AgentWait = 60 * time.Second
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 2 * time.Minute
+	}
+	if cfg.PublishTimeout <= 0 {
+		cfg.PublishTimeout = 5 * time.Minute
+	}
+	if cfg.MaxLanes <= 0 {
+		cfg.MaxLanes = 16
+	}
+	s := &Store{cfg: cfg, id: id, socket: cfg.Socket, lanes: make(chan *lane, cfg.MaxLanes)}
+	s.hello = wire.Hello{Namespace: cfg.Namespace, Node: id.Node, Rank: int64(id.Rank), Size: int64(id.Size),
+		LocalRank: int64(id.LocalRank), LocalSize: int64(id.LocalSize), Pid: int64(os.Getpid())}
+	s.mu.vars = make(map[string]*variable)
+	s.mu.freed = make(map[string]bool)
+	s.recv.Store(&[]*recvBuf{})
+	ctl, err := s.connect()
+	if err != nil {
+		return nil, err
+	}
+	s.ctl = ctl
+	return s, nil
+}
+
+func identity(cfg Config) (rendezvous.Identity, error) {
+	if cfg.Size > 0 {
+		id := rendezvous.Identity{Rank: cfg.Rank, Size: cfg.Size, LocalRank: cfg.LocalRank, LocalSize: cfg.LocalSize, Node: cfg.Node, Launcher: "explicit"}
+		if id.Node == "" {
+			id.Node = os.Getenv("DDSTORE_NODE_ID")
+		}
+		if id.Node == "" {
+			h, err := os.Hostname()
+			if err != nil {
+				return id, fmt.Errorf("%w: %w", base.ErrArgument, err)
+			}
+			id.Node = h
+		}
+		return id, nil
+	}
+	id, err := rendezvous.FromEnv(nil)
+	if err != nil {
+		return id, err
+	}
+	if cfg.Node != "" {
+		id.Node = cfg.Node
+	}
+	return id, nil
+}
+
+func namespace(ns string) string {
+	for _, v := range []string{ns, os.Getenv("DDSTORE_NAMESPACE")} {
+		if v != "" {
+			return v
+		}
+	}
+	if j := os.Getenv("SLURM_JOB_ID"); j != "" {
+		return "slurm-" + j
+	}
+	if r := os.Getenv("TORCHELASTIC_RUN_ID"); r != "" && r != "none" {
+		return "torch-" + r
+	}
+	return "default"
+}
+
+// Rank is this store's rank; Size the world size; Node its node.
+func (s *Store) Rank() int      { return s.id.Rank }
+func (s *Store) Size() int      { return s.id.Size }
+func (s *Store) Node() string   { return s.id.Node }
+func (s *Store) Socket() string { return s.socket }
+
+// getLane takes a lane from the pool, dialing one if none is free and the
+// pool is not full.
+func (s *Store) getLane() (*lane, error) {
+	select {
+	case l := <-s.lanes:
+		return l, nil
+	default:
+	}
+	if n := s.nlane.Add(1); n <= int32(s.cfg.MaxLanes) {
+		l, _, err := dialLane(s.socket, &s.hello, s.cfg.Timeout)
+		if err != nil {
+			s.nlane.Add(-1)
+			return nil, err
+		}
+		return l, nil
+	}
+	s.nlane.Add(-1)
+	return <-s.lanes, nil
+}
+
+func (s *Store) putLane(l *lane) {
+	if l.broken {
+		l.close()
+		s.nlane.Add(-1)
+		return
+	}
+	s.mu.RLock()
+	closed := s.mu.closed
+	s.mu.RUnlock()
+	if closed {
+		l.close()
+		return
+	}
+	s.lanes <- l
+}
+
+// control runs a request on the control lane.
+func (s *Store) control(op wire.Op, fill func(*wire.Encoder), timeout time.Duration) ([]byte, error) {
+	s.ctlMu.Lock()
+	defer s.ctlMu.Unlock()
+	if s.ctl == nil {
+		return nil, base.Errorf(base.ErrClosed, "store closed")
+	}
+	if s.ctl.broken {
+		l, _, err := dialLane(s.socket, &s.hello, s.cfg.Timeout)
+		if err != nil {
+			return nil, err
+		}
+		s.ctl = l
+	}
+	body, err := s.ctl.call(op, fill, timeout)
+	return append([]byte(nil), body...), err
+}
+
+func (s *Store) checkOpen() error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.mu.closed {
+		return base.Errorf(base.ErrClosed, "store of rank %d closed", s.id.Rank)
+	}
+	return nil
+}
+
+// Init creates a variable whose shard on this rank is nrows zero-filled
+// rows of disp items of itemsize bytes. Like Add, every rank calls it.
+func (s *Store) Init(name string, nrows, disp, itemsize int64) error {
+	return s.create(name, nil, nrows, disp, itemsize)
+}
+
+// Add creates a variable whose shard on this rank is rows: len(rows) must
+// be a whole number of rows of disp items of itemsize bytes. Every rank of
+// the job calls Add for the variable (with its own rows, possibly none);
+// it returns once every rank has, so a row of any rank can be read right
+// after. Ranks that disagree on disp or itemsize all get ErrGeometry.
+func (s *Store) Add(name string, rows []byte, disp, itemsize int64) error {
+	rb := disp * itemsize
+	if disp < 1 || itemsize < 1 || rb <= 0 {
+		return base.Errorf(base.ErrGeometry, "variable %q: disp %d, itemsize %d: want both >= 1", name, disp, itemsize)
+	}
+	if int64(len(rows))%rb != 0 {
+		return base.Errorf(base.ErrBuffer, "variable %q: %d bytes is not a whole number of %d-byte rows (disp %d x itemsize %d)", name, len(rows), rb, disp, itemsize)
+	}
+	return s.create(name, rows, int64(len(rows))/rb, disp, itemsize)
+}
+
+func (s *Store) create(name string, rows []byte, nrows, disp, itemsize int64) error {
+	if err := s.checkOpen(); err != nil {
+		return err
+	}
+	s.mu.RLock()
+	_, have := s.mu.vars[name]
+	s.mu.RUnlock()
+	if have {
+		return base.Errorf(base.ErrExists, "variable %q already exists", name)
+	}
+	sh := wire.Shard{Name: name, Rank: int64(s.id.Rank), Size: int64(s.id.Size), Rows: nrows, Disp: disp, ItemSize: itemsize,
+		TimeoutMs: s.cfg.PublishTimeout.Milliseconds()}
+	body, err := s.control(wire.OpCreate, sh.Encode, s.cfg.Timeout)
+	if err != nil {
+		return err
+	}
+	p, err := wire.DecodePath(body)
+	if err != nil {
+		return err
+	}
+	if len(rows) > 0 {
+		seg, err := shm.Open(p.Path, true)
+		if err != nil {
+			return err
+		}
+		copy(seg.Data, rows)
+		seg.Close()
+	}
+	body, err = s.control(wire.OpPublish, sh.Encode, s.cfg.PublishTimeout+s.cfg.Timeout)
+	if err != nil {
+		return err
+	}
+	t, err := wire.DecodeTable(body)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	delete(s.mu.freed, name)
+	s.mu.Unlock()
+	_, err = s.install(&t)
+	return err
+}
+
+// install maps the node-local shards of a table and records the variable.
+func (s *Store) install(t *wire.Table) (*variable, error) {
+	lay, err := layout.New(layout.Row{Disp: t.Disp, ItemSize: t.ItemSize}, t.ShardRows)
+	if err != nil {
+		return nil, err
+	}
+	v := &variable{name: t.Name, lay: lay, rb: lay.Bytes(), local: make([][]byte, len(t.ShardRows)), nodes: make([]string, len(t.ShardRows))}
+	for r := range t.ShardRows {
+		v.nodes[r] = t.Nodes[t.RankNode[r]]
+		if r >= len(t.Paths) || t.Paths[r] == "" {
+			continue
+		}
+		own := s.id.Rank == r && s.hello.Rank >= 0
+		seg, err := shm.Open(t.Paths[r], own)
+		if err != nil {
+			v.unmap()
+			return nil, err
+		}
+		v.segs = append(v.segs, seg)
+		v.local[r] = seg.Data
+		if own {
+			v.own = seg.Data
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.closed {
+		v.unmap()
+		return nil, base.Errorf(base.ErrClosed, "store closed")
+	}
+	if old, ok := s.mu.vars[t.Name]; ok {
+		v.unmap()
+		return old, nil
+	}
+	s.mu.vars[t.Name] = v
+	return v, nil
+}
+
+func (v *variable) unmap() {
+	for _, seg := range v.segs {
+		seg.Close()
+	}
+	v.segs, v.local, v.own = nil, nil, nil
+}
+
+// acquire returns a variable read-locked (the caller RUnlocks it), asking
+// the agent for its table the first time this rank uses it.
+func (s *Store) acquire(name string) (*variable, error) {
+	s.mu.RLock()
+	v, ok := s.mu.vars[name]
+	closed, freed := s.mu.closed, s.mu.freed[name]
+	s.mu.RUnlock()
+	switch {
+	case closed:
+		return nil, base.Errorf(base.ErrClosed, "store of rank %d closed", s.id.Rank)
+	case freed && !ok:
+		return nil, base.Errorf(base.ErrFreed, "variable %q was freed", name)
+	case !ok:
+		m := wire.Name{Name: name}
+		body, err := s.control(wire.OpLookup, m.Encode, s.cfg.Timeout)
+		if err != nil {
+			return nil, err
+		}
+		t, err := wire.DecodeTable(body)
+		if err != nil {
+			return nil, err
+		}
+		if v, err = s.install(&t); err != nil {
+			return nil, err
+		}
+	}
+	v.mu.RLock()
+	if v.freed {
+		v.mu.RUnlock()
+		return nil, base.Errorf(base.ErrFreed, "variable %q was freed", name)
+	}
+	return v, nil
+}
+
+// Update overwrites rows of this rank's own shard from row offset on.
+func (s *Store) Update(name string, rows []byte, offset int64) error {
+	v, err := s.acquire(name)
+	if err != nil {
+		return err
+	}
+	defer v.mu.RUnlock()
+	if v.own == nil {
+		return base.Errorf(base.ErrArgument, "variable %q: rank %d holds no shard to update", name, s.id.Rank)
+	}
+	if int64(len(rows))%v.rb != 0 {
+		return base.Errorf(base.ErrBuffer, "variable %q: %d bytes is not a whole number of %d-byte rows", name, len(rows), v.rb)
+	}
+	n, have := int64(len(rows))/v.rb, int64(len(v.own))/v.rb
+	if offset < 0 || offset > have-n {
+		return base.Errorf(base.ErrIndex, "variable %q: update of rows [%d, %d) is outside rank %d's shard of %d rows", name, offset, offset+n, s.id.Rank, have)
+	}
+	copy(v.own[offset*v.rb:], rows)
+	return nil
+}
+
+// Get reads len(dst)/rowBytes consecutive rows from global row start; the
+// range may span several ranks' shards.
+func (s *Store) Get(name string, dst []byte, start int64) error {
+	v, err := s.acquire(name)
+	if err != nil {
+		return err
+	}
+	defer v.mu.RUnlock()
+	if int64(len(dst))%v.rb != 0 || len(dst) == 0 {
+		return base.Errorf(base.ErrBuffer, "variable %q: destination of %d bytes: want a whole, nonzero number of %d-byte rows (disp %d x itemsize %d)",
+			name, len(dst), v.rb, v.lay.Disp, v.lay.ItemSize)
+	}
+	n := int64(len(dst)) / v.rb
+	spans, err := v.lay.Spans(start, n)
+	if err != nil {
+		return fmt.Errorf("variable %q: %w", name, err)
+	}
+	t0 := time.Now()
+	var remote []int64
+	var pos int64
+	g := start
+	for _, sp := range spans {
+		if src := v.local[sp.Rank]; src != nil {
+			copy(dst[pos*v.rb:(pos+sp.Count)*v.rb], src[sp.Local*v.rb:])
+		} else {
+			for k := int64(0); k < sp.Count; k++ {
+				remote = append(remote, pos+k)
+			}
+		}
+		pos += sp.Count
+		g += sp.Count
+	}
+	err = s.fetch(v, dst, remote, func(i int) int64 { return start + int64(i) })
+	v.count(n, int64(len(remote)), t0)
+	return err
+}
+
+// GetBatch reads rows indices[i] into dst[i*rowBytes:]; indices may come in
+// any order, repeat, and belong to any rank. Every index is checked before
+// any row is read.
+func (s *Store) GetBatch(name string, dst []byte, indices []int64) error {
+	v, err := s.acquire(name)
+	if err != nil {
+		return err
+	}
+	defer v.mu.RUnlock()
+	rb := v.rb
+	if int64(len(dst)) != int64(len(indices))*rb {
+		return base.Errorf(base.ErrBuffer, "variable %q: destination of %d bytes for %d rows of %d bytes (disp %d x itemsize %d): want %d bytes",
+			name, len(dst), len(indices), rb, v.lay.Disp, v.lay.ItemSize, int64(len(indices))*rb)
+	}
+	if err := v.lay.CheckAll(indices); err != nil {
+		return fmt.Errorf("variable %q: %w", name, err)
+	}
+	t0 := time.Now()
+	var remote []int64
+	for i, g := range indices {
+		r, loc := v.lay.Owner(g)
+		if src := v.local[r]; src != nil {
+			o := int64(i) * rb
+			copy(dst[o:o+rb], src[loc*rb:(loc+1)*rb])
+		} else {
+			remote = append(remote, int64(i))
+		}
+	}
+	err = s.fetch(v, dst, remote, func(i int) int64 { return indices[i] })
+	v.count(int64(len(indices)), int64(len(remote)), t0)
+	return err
+}
+
+func (v *variable) count(rows, remote int64, t0 time.Time) {
+	p := &v.prof
+	p.calls.Add(1)
+	p.rows.Add(rows)
+	p.bytes.Add(rows * v.rb)
+	p.localRows.Add(rows - remote)
+	if remote > 0 {
+		p.remoteRows.Add(remote)
+		p.remoteCalls.Add(1)
+		p.waitNs.Add(int64(time.Since(t0)))
+	}
+}
+
+// fetch reads the rows at positions pos of dst (global index at(i)) from
+// other nodes through the agent: one request, rows written by the agent
+// straight into dst when dst lies in a receive buffer from AllocRecv, else
+// into the lane's staging region and copied.
+func (s *Store) fetch(v *variable, dst []byte, pos []int64, at func(int) int64) error {
+	if len(pos) == 0 {
+		return nil
+	}
+	l, err := s.getLane()
+	if err != nil {
+		return err
+	}
+	defer s.putLane(l)
+	rb := v.rb
+	m := &l.read
+	m.Name = v.name
+	m.Globals, m.Offsets = m.Globals[:0], m.Offsets[:0]
+	rbuf, off := s.recvOf(dst)
+	var stage []byte
+	if rbuf != nil {
+		m.Region = rbuf.id
+		for _, p := range pos {
+			m.Globals = append(m.Globals, at(int(p)))
+			m.Offsets = append(m.Offsets, off+p*rb)
+		}
+	} else {
+		stage, m.Region, err = l.staging(len(pos)*int(rb), s.cfg.Timeout)
+		if err != nil {
+			return err
+		}
+		for k, p := range pos {
+			m.Globals = append(m.Globals, at(int(p)))
+			m.Offsets = append(m.Offsets, int64(k)*rb)
+		}
+	}
+	if _, err := l.call(wire.OpRead, m.Encode, s.cfg.Timeout); err != nil {
+		return fmt.Errorf("variable %q: %w", v.name, err)
+	}
+	if stage != nil {
+		for k, p := range pos {
+			copy(dst[p*rb:(p+1)*rb], stage[int64(k)*rb:])
+		}
+	}
+	return nil
+}
+
+// recvOf finds the receive buffer dst lies in, and dst's offset there.
+func (s *Store) recvOf(dst []byte) (*recvBuf, int64) {
+	if len(dst) == 0 {
+		return nil, 0
+	}
+	p := uintptr(unsafe.Pointer(unsafe.SliceData(dst)))
+	for _, r := range *s.recv.Load() {
+		if p >= r.base && p+uintptr(len(dst)) <= r.base+uintptr(len(r.region.Mem)) {
+			return r, int64(p - r.base)
+		}
+	}
+	return nil, 0
+}
+
+// AllocRecv returns a buffer of n bytes in shared memory that the agent
+// writes rows of other nodes into directly: reads into it, or into any
+// slice of it, skip a copy (DDStore's register_recv). Release it with
+// FreeRecv; Close releases the rest.
+func (s *Store) AllocRecv(n int) ([]byte, error) {
+	if n <= 0 {
+		return nil, base.Errorf(base.ErrArgument, "receive buffer of %d bytes: want > 0", n)
+	}
+	r, err := shm.NewRegion(fmt.Sprintf("ddstore-recv-%d", os.Getpid()), n)
+	if err != nil {
+		return nil, err
+	}
+	s.ctlMu.Lock()
+	defer s.ctlMu.Unlock()
+	if s.ctl == nil {
+		r.Close()
+		return nil, base.Errorf(base.ErrClosed, "store closed")
+	}
+	id, err := s.ctl.register(r, s.cfg.Timeout)
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	rb := &recvBuf{region: r, id: id, base: uintptr(unsafe.Pointer(unsafe.SliceData(r.Mem)))}
+	old := *s.recv.Load()
+	next := append(append([]*recvBuf(nil), old...), rb)
+	s.recv.Store(&next)
+	return r.Mem[:n:n], nil
+}
+
+// FreeRecv releases a buffer from AllocRecv.
+func (s *Store) FreeRecv(buf []byte) error {
+	r, off := s.recvOf(buf)
+	if r == nil || off != 0 {
+		return base.Errorf(base.ErrBuffer, "buffer of %d bytes was not returned by AllocRecv", len(buf))
+	}
+	s.ctlMu.Lock()
+	defer s.ctlMu.Unlock()
+	old := *s.recv.Load()
+	next := make([]*recvBuf, 0, len(old))
+	for _, x := range old {
+		if x != r {
+			next = append(next, x)
+		}
+	}
+	s.recv.Store(&next)
+	if s.ctl != nil {
+		m := wire.Region{ID: r.id}
+		s.ctl.call(wire.OpUnregister, m.Encode, s.cfg.Timeout)
+	}
+	return r.region.Close()
+}
+
+// VarInfo is a variable's geometry (DDStore's info(): total rows, disp,
+// itemsize) and where its shards are.
+type VarInfo struct {
+	Name      string
+	TotalRows int64
+	Disp      int64
+	ItemSize  int64
+	ShardRows []int64  // per rank
+	Nodes     []string // per rank: the node holding the shard
+}
+
+// Info describes a variable.
+func (s *Store) Info(name string) (VarInfo, error) {
+	v, err := s.acquire(name)
+	if err != nil {
+		return VarInfo{}, err
+	}
+	defer v.mu.RUnlock()
+	in := VarInfo{Name: name, TotalRows: v.lay.Total(), Disp: v.lay.Disp, ItemSize: v.lay.ItemSize, Nodes: v.nodes}
+	for r := range v.lay.Ranks() {
+		in.ShardRows = append(in.ShardRows, v.lay.ShardRows(r))
+	}
+	return in, nil
+}
+
+// Profile counts what this rank read of a variable.
+type Profile struct {
+	Calls       int64         // Get and GetBatch calls
+	Rows        int64         // rows read
+	Bytes       int64         // bytes read
+	LocalRows   int64         // rows read straight from this node's shared memory
+	RemoteRows  int64         // rows fetched from other nodes
+	RemoteCalls int64         // calls that needed other nodes
+	Wait        time.Duration // time spent in calls that needed other nodes
+}
+
+// Profile returns the counters of a variable.
+func (s *Store) Profile(name string) (Profile, error) {
+	v, err := s.acquire(name)
+	if err != nil {
+		return Profile{}, err
+	}
+	defer v.mu.RUnlock()
+	p := &v.prof
+	return Profile{Calls: p.calls.Load(), Rows: p.rows.Load(), Bytes: p.bytes.Load(), LocalRows: p.localRows.Load(),
+		RemoteRows: p.remoteRows.Load(), RemoteCalls: p.remoteCalls.Load(), Wait: time.Duration(p.waitNs.Load())}, nil
+}
+
+// EpochBegin and EpochEnd mark epochs. Reads here are one-sided through the
+// agents, so no fence is needed (DDStore's MPI backend needs one); they are
+// accepted so that code written for DDStore runs unchanged.
+func (s *Store) EpochBegin() error { return s.checkOpen() }
+func (s *Store) EpochEnd() error   { return s.checkOpen() }
+
+// Free releases a variable on this rank. Its shard on this node goes once
+// every local rank has freed it; reads by this rank fail with ErrFreed.
+func (s *Store) Free(name string) error {
+	if err := s.checkOpen(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	v := s.mu.vars[name]
+	delete(s.mu.vars, name)
+	if v != nil {
+		s.mu.freed[name] = true
+	}
+	s.mu.Unlock()
+	if v == nil {
+		return base.Errorf(base.ErrUnknown, "variable %q is not in use by rank %d", name, s.id.Rank)
+	}
+	v.mu.Lock()
+	v.freed = true
+	v.unmap()
+	v.mu.Unlock()
+	m := wire.Name{Name: name, Rank: int64(s.id.Rank)}
+	_, err := s.control(wire.OpFree, m.Encode, s.cfg.Timeout)
+	if errors.Is(err, base.ErrUnknown) {
+		err = nil // another local rank's Free already took the node's shards
+	}
+	return err
+}
+
+// Close releases this rank's mappings and connections. The data stay with
+// the agent; Close is idempotent.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.mu.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.mu.closed = true
+	vars := s.mu.vars
+	s.mu.vars = nil
+	s.mu.Unlock()
+	for _, v := range vars {
+		v.mu.Lock()
+		v.freed = true
+		v.unmap()
+		v.mu.Unlock()
+	}
+	s.ctlMu.Lock()
+	if s.ctl != nil {
+		s.ctl.close()
+		s.ctl = nil
+	}
+	for _, r := range *s.recv.Load() {
+		r.region.Close()
+	}
+	s.recv.Store(&[]*recvBuf{})
+	s.ctlMu.Unlock()
+	for {
+		select {
+		case l := <-s.lanes:
+			l.close()
+			continue
+		default:
+		}
+		break
+	}
+	return nil
+}
