@@ -1,6 +1,15 @@
 package ddstore
 
-import "github.com/ddstore-go/ddstore/internal/agent"
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/ddstore-go/ddstore/internal/agent"
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
 
 // AgentConfig configures a node agent; see StartAgent.
 type AgentConfig = agent.Config
@@ -20,4 +29,30 @@ func SocketPath(runDir, namespace, node string) string {
 		runDir = agent.DefaultRunDir()
 	}
 	return agent.SocketPath(runDir, namespace, node)
+}
+
+// AgentInfo is what an agent reports about itself and its variables.
+type AgentInfo = agent.Info
+
+// QueryAgent asks the agent at socket for its state (`ddstore info`).
+func QueryAgent(socket, namespace, node string) (AgentInfo, error) {
+	hello := wire.Hello{Namespace: namespace, Node: node, Rank: -1, LocalRank: -1, Pid: int64(os.Getpid())}
+	l, _, err := dialLane(socket, &hello, 10*time.Second)
+	if err != nil {
+		return AgentInfo{}, err
+	}
+	defer l.close()
+	body, err := l.call(wire.OpInfo, nil, 10*time.Second)
+	if err != nil {
+		return AgentInfo{}, err
+	}
+	t, err := wire.DecodeText(body)
+	if err != nil {
+		return AgentInfo{}, err
+	}
+	var in AgentInfo
+	if err := json.Unmarshal([]byte(t.Text), &in); err != nil {
+		return in, fmt.Errorf("%w: agent info: %w", base.ErrProtocol, err)
+	}
+	return in, nil
 }

@@ -172,6 +172,22 @@ func identity(cfg Config) (rendezvous.Identity, error) {
 	return id, nil
 }
 
+// DefaultNamespace is the namespace a Store or agent uses when none is
+// given: DDSTORE_NAMESPACE, else the Slurm job id or torchrun run id, else
+// "default".
+func DefaultNamespace() string { return namespace("") }
+
+// DefaultNode is this node's identity: DDSTORE_NODE_ID, else Slurm's node
+// name, else the host name.
+func DefaultNode() string {
+	id, err := rendezvous.FromEnv(nil)
+	if err != nil {
+		h, _ := os.Hostname()
+		return h
+	}
+	return id.Node
+}
+
 func namespace(ns string) string {
 	for _, v := range []string{ns, os.Getenv("DDSTORE_NAMESPACE")} {
 		if v != "" {

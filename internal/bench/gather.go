@@ -112,14 +112,27 @@ func GatherLimit(rowBytes, batch int, bufBytes int64, dur time.Duration, seed ui
 	if g == nil {
 		return Rate{}
 	}
-	// A first untimed batch warms the destination and the code path, and
+	r, _ := Throughput(dur, g.batchBytes(), rowBytes, func() error { g.run(); return nil })
+	return r
+}
+
+// Throughput runs op (which moves bytesPerOp bytes) repeatedly for about
+// dur and at least three times, timing groups of calls long enough (about
+// 200µs) for the clock to be trustworthy; each group is one sample and the
+// rate is their median. The first error of op ends the measurement.
+func Throughput(dur time.Duration, bytesPerOp, rowBytes int, op func() error) (Rate, error) {
+	// A first untimed call warms the destination and the code path, and
 	// calibrates the group size; doubling avoids trusting one tiny reading.
-	g.run()
+	if err := op(); err != nil {
+		return Rate{}, err
+	}
 	group := 1
 	for {
 		t0 := time.Now()
 		for range group {
-			g.run()
+			if err := op(); err != nil {
+				return Rate{}, err
+			}
 		}
 		if time.Since(t0) >= minGatherSample || group >= maxGroup {
 			break
@@ -132,7 +145,9 @@ func GatherLimit(rowBytes, batch int, bufBytes int64, dur time.Duration, seed ui
 	for done := 0; done < minBatches || len(samples) == 0 || time.Since(start) < dur; done += group {
 		t0 := time.Now()
 		for range group {
-			g.run()
+			if err := op(); err != nil {
+				return Rate{}, err
+			}
 		}
 		el := time.Since(t0)
 		// Calibration runs cold, so steady-state groups can come out
@@ -142,12 +157,12 @@ func GatherLimit(rowBytes, batch int, bufBytes int64, dur time.Duration, seed ui
 			group *= 2
 			continue
 		}
-		samples = append(samples, float64(group)*float64(g.batchBytes())/el.Seconds()/1e9)
+		samples = append(samples, float64(group)*float64(bytesPerOp)/el.Seconds()/1e9)
 	}
 	gbps := Median(samples)
 	return Rate{
 		GBps:       gbps,
 		RowsPerSec: gbps * 1e9 / float64(rowBytes),
 		Samples:    samples,
-	}
+	}, nil
 }

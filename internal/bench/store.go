@@ -1,0 +1,334 @@
+package bench
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/ddstore-go/ddstore"
+)
+
+// Options of a store benchmark.
+type Options struct {
+	RowSizes   []int         // bytes per row
+	Batch      int           // rows per GetBatch
+	ShardBytes int64         // bytes each of the two ranks holds
+	Duration   time.Duration // per throughput measurement
+	Latency    int           // single-row Gets timed per latency figure
+	// InProcess runs both agents inside this process; otherwise the
+	// library starts them as `ddstore agent` processes, as a job would.
+	InProcess bool
+	Progress  io.Writer // where to say what is being measured; nil: nowhere
+}
+
+// QuickOptions finishes in well under 30 s on two cores.
+func QuickOptions() Options {
+	return Options{RowSizes: []int{64, 4 << 10, 64 << 10, 1 << 20}, Batch: 256, ShardBytes: 64 << 20,
+		Duration: 400 * time.Millisecond, Latency: 2000}
+}
+
+// FullOptions are the figures recorded in docs/benchmarks.md.
+func FullOptions() Options {
+	return Options{RowSizes: []int{64, 4 << 10, 64 << 10, 1 << 20}, Batch: 256, ShardBytes: 256 << 20,
+		Duration: 2 * time.Second, Latency: 20000}
+}
+
+// Result is one row size's figures; the JSON names are stable for scripts.
+type Result struct {
+	RowBytes         int     `json:"row_bytes"`
+	LocalGBps        float64 `json:"local_gbps"`
+	RemoteGBps       float64 `json:"remote_gbps"`
+	RemoteCopyGBps   float64 `json:"remote_copy_gbps"`
+	GatherLimitGBps  float64 `json:"gather_limit_gbps"`
+	TCPLimitGBps     float64 `json:"tcp_limit_gbps"`
+	LocalVsGather    float64 `json:"local_vs_gather"`
+	RemoteVsTCP      float64 `json:"remote_vs_tcp"`
+	LocalRowsPerSec  float64 `json:"local_rows_per_s"`
+	RemoteRowsPerSec float64 `json:"remote_rows_per_s"`
+	GetLocalP50us    float64 `json:"get_local_p50_us"`
+	GetLocalP99us    float64 `json:"get_local_p99_us"`
+	GetRemoteP50us   float64 `json:"get_remote_p50_us"`
+	GetRemoteP99us   float64 `json:"get_remote_p99_us"`
+}
+
+// Report is a whole run.
+type Report struct {
+	Rows       []Result `json:"rows"`
+	Batch      int      `json:"batch"`
+	ShardBytes int64    `json:"shard_bytes"`
+	Duration   string   `json:"duration_per_figure"`
+	Agents     string   `json:"agents"`
+	CPUs       int      `json:"cpus"`
+	Go         string   `json:"go"`
+}
+
+// Run measures a two-node job on loopback: rank 0 on node A reads rows of
+// its own node (shared memory) and of node B (through the agents over
+// TCP), next to the limits measured in the same run.
+func Run(opts Options) (*Report, error) {
+	if opts.Batch <= 0 || opts.ShardBytes <= 0 || len(opts.RowSizes) == 0 {
+		return nil, fmt.Errorf("bench: batch %d, shard bytes %d, %d row sizes: want all > 0", opts.Batch, opts.ShardBytes, len(opts.RowSizes))
+	}
+	progress := opts.Progress
+	if progress == nil {
+		progress = io.Discard
+	}
+	j, err := startJob(opts.InProcess)
+	if err != nil {
+		return nil, err
+	}
+	defer j.close()
+	rep := &Report{Batch: opts.Batch, ShardBytes: opts.ShardBytes, Duration: opts.Duration.String(),
+		Agents: map[bool]string{true: "in-process", false: "processes"}[opts.InProcess], CPUs: runtime.NumCPU(), Go: runtime.Version()}
+	src := make([]byte, opts.ShardBytes)
+	for _, rb := range opts.RowSizes {
+		fmt.Fprintf(progress, "row %s: ", sizeName(rb))
+		r, err := j.measure(opts, rb, src, progress)
+		fmt.Fprintln(progress)
+		if err != nil {
+			return nil, fmt.Errorf("bench: rows of %d bytes: %w", rb, err)
+		}
+		rep.Rows = append(rep.Rows, r)
+	}
+	return rep, nil
+}
+
+// job is two ranks on two nodes of one machine.
+type job struct {
+	agents []*ddstore.Agent
+	stores [2]*ddstore.Store
+	dir    string
+}
+
+func startJob(inProcess bool) (*job, error) {
+	j := &job{}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	rdv := l.Addr().String()
+	l.Close()
+	ns := fmt.Sprintf("bench-%d", os.Getpid())
+	runDir := ""
+	if inProcess {
+		if j.dir, err = os.MkdirTemp("", "ddstore-bench-"); err != nil {
+			return nil, err
+		}
+		runDir = filepath.Join(j.dir, "run")
+	}
+	for rank, node := range []string{"bench-a", "bench-b"} {
+		cfg := ddstore.Config{Namespace: ns, Rank: rank, Size: 2, LocalRank: 0, LocalSize: 1, Node: node,
+			RunDir: runDir, AgentArgs: []string{"--rendezvous", rdv}}
+		if inProcess {
+			a, err := ddstore.StartAgent(ddstore.AgentConfig{Namespace: ns, Node: node, Rendezvous: rdv,
+				Socket: ddstore.SocketPath(runDir, ns, node)})
+			if err != nil {
+				j.close()
+				return nil, err
+			}
+			j.agents = append(j.agents, a)
+			cfg.NoSpawn = true
+		}
+		s, err := ddstore.Open(cfg)
+		if err != nil {
+			j.close()
+			return nil, err
+		}
+		j.stores[rank] = s
+	}
+	return j, nil
+}
+
+func (j *job) close() {
+	for _, s := range j.stores {
+		if s != nil {
+			s.Close()
+		}
+	}
+	for _, a := range j.agents {
+		a.Close()
+	}
+	if j.dir != "" {
+		os.RemoveAll(j.dir)
+	}
+}
+
+// both runs f on the two ranks at once (Add and Free are collective).
+func (j *job) both(f func(rank int, s *ddstore.Store) error) error {
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for r, s := range j.stores {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = f(r, s)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (j *job) measure(opts Options, rb int, src []byte, progress io.Writer) (Result, error) {
+	res := Result{RowBytes: rb}
+	n := int64(len(src) / rb)
+	if n < 1 {
+		return res, fmt.Errorf("a shard of %d bytes holds no row of %d bytes", len(src), rb)
+	}
+	name := fmt.Sprintf("bench-%d", rb)
+	// Each row starts with its global index, so that every timed batch can
+	// be checked afterwards.
+	if err := j.both(func(rank int, s *ddstore.Store) error {
+		shard := src[:n*int64(rb)]
+		if rank == 1 {
+			shard = make([]byte, len(shard))
+		}
+		for i := range n {
+			binary.LittleEndian.PutUint64(shard[i*int64(rb):], uint64(int64(rank)*n+i))
+		}
+		return s.Add(name, shard, int64(rb), 1)
+	}); err != nil {
+		return res, err
+	}
+	defer j.both(func(_ int, s *ddstore.Store) error { return s.Free(name) })
+	s := j.stores[0]
+
+	batches := func(lo int64, seed uint64) [][]int64 {
+		rng := rand.New(rand.NewPCG(seed, 17))
+		out := make([][]int64, 64)
+		for b := range out {
+			out[b] = make([]int64, opts.Batch)
+			for i := range out[b] {
+				out[b][i] = lo + rng.Int64N(n)
+			}
+		}
+		return out
+	}
+	verify := func(dst []byte, idx []int64) error {
+		for i, g := range idx {
+			if got := int64(binary.LittleEndian.Uint64(dst[i*rb:])); got != g {
+				return fmt.Errorf("row %d read as row %d", g, got)
+			}
+		}
+		return nil
+	}
+	read := func(dst []byte, idx [][]int64) (Rate, error) {
+		k := 0
+		r, err := Throughput(opts.Duration, opts.Batch*rb, rb, func() error {
+			k = (k + 1) % len(idx)
+			return s.GetBatch(name, dst, idx[k])
+		})
+		if err == nil {
+			err = verify(dst, idx[k])
+		}
+		return r, err
+	}
+
+	dst := make([]byte, opts.Batch*rb)
+	fmt.Fprint(progress, "local ")
+	local, err := read(dst, batches(0, 1))
+	if err != nil {
+		return res, err
+	}
+	fmt.Fprint(progress, "remote ")
+	recv, err := s.AllocRecv(opts.Batch * rb)
+	if err != nil {
+		return res, err
+	}
+	defer s.FreeRecv(recv)
+	remote, err := read(recv, batches(n, 2))
+	if err != nil {
+		return res, err
+	}
+	remoteCopy, err := read(dst, batches(n, 3))
+	if err != nil {
+		return res, err
+	}
+	fmt.Fprint(progress, "latency ")
+	one := make([]byte, rb)
+	lat := func(lo int64, iters int) ([]float64, error) {
+		rng := rand.New(rand.NewPCG(4, uint64(lo)))
+		ds := make([]time.Duration, iters)
+		for i := range ds {
+			g := lo + rng.Int64N(n)
+			t0 := time.Now()
+			if err := s.Get(name, one, g); err != nil {
+				return nil, err
+			}
+			ds[i] = time.Since(t0)
+			if got := int64(binary.LittleEndian.Uint64(one)); got != g {
+				return nil, fmt.Errorf("row %d read as row %d", g, got)
+			}
+		}
+		return DurationsToMicros(ds), nil
+	}
+	ll, err := lat(0, opts.Latency)
+	if err != nil {
+		return res, err
+	}
+	rl, err := lat(n, max(opts.Latency/10, 100))
+	if err != nil {
+		return res, err
+	}
+	fmt.Fprint(progress, "gather-limit ")
+	gather := GatherLimit(rb, opts.Batch, n*int64(rb), opts.Duration, 1)
+	fmt.Fprint(progress, "tcp-limit")
+	tcp, err := TCPLimit(opts.Duration)
+	if err != nil {
+		return res, err
+	}
+	res.LocalGBps, res.LocalRowsPerSec = local.GBps, local.RowsPerSec
+	res.RemoteGBps, res.RemoteRowsPerSec = remote.GBps, remote.RowsPerSec
+	res.RemoteCopyGBps = remoteCopy.GBps
+	res.GatherLimitGBps, res.TCPLimitGBps = gather.GBps, tcp.GBps
+	if gather.GBps > 0 {
+		res.LocalVsGather = local.GBps / gather.GBps
+	}
+	if tcp.GBps > 0 {
+		res.RemoteVsTCP = remote.GBps / tcp.GBps
+	}
+	res.GetLocalP50us, res.GetLocalP99us = Percentile(ll, 50), Percentile(ll, 99)
+	res.GetRemoteP50us, res.GetRemoteP99us = Percentile(rl, 50), Percentile(rl, 99)
+	return res, nil
+}
+
+func sizeName(b int) string {
+	switch {
+	case b >= 1<<20 && b%(1<<20) == 0:
+		return fmt.Sprintf("%dMiB", b>>20)
+	case b >= 1<<10 && b%(1<<10) == 0:
+		return fmt.Sprintf("%dKiB", b>>10)
+	}
+	return fmt.Sprintf("%dB", b)
+}
+
+// WriteTable prints the report as one table.
+func (r *Report) WriteTable(w io.Writer) error {
+	fmt.Fprintf(w, "ddstore bench: 2 nodes on loopback (agents: %s), batches of %d random rows, %s per rank, %s per figure, %d CPUs, %s\n\n",
+		r.Agents, r.Batch, sizeName(int(r.ShardBytes)), r.Duration, r.CPUs, r.Go)
+	t := NewTable("row", "local GB/s", "gather GB/s", "local/gather", "remote GB/s", "remote copy GB/s", "tcp GB/s", "remote/tcp",
+		"local Mrows/s", "remote Mrows/s", "get local p50 µs", "p99 µs", "get remote p50 µs", "p99 µs")
+	f := func(x float64) string { return fmt.Sprintf("%.2f", x) }
+	for _, x := range r.Rows {
+		t.Row(sizeName(x.RowBytes), f(x.LocalGBps), f(x.GatherLimitGBps), f(x.LocalVsGather), f(x.RemoteGBps), f(x.RemoteCopyGBps),
+			f(x.TCPLimitGBps), f(x.RemoteVsTCP), fmt.Sprintf("%.3f", x.LocalRowsPerSec/1e6), fmt.Sprintf("%.3f", x.RemoteRowsPerSec/1e6),
+			f(x.GetLocalP50us), f(x.GetLocalP99us), f(x.GetRemoteP50us), f(x.GetRemoteP99us))
+	}
+	if err := t.Write(w); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "\nlocal: GetBatch of rows of this node (shared memory); remote: of the other node (agents over TCP) into an AllocRecv buffer; remote copy: into a plain buffer.")
+	fmt.Fprintln(w, "Peer to beat (DDStore C++/MPI on these machines): get_batch 3.2-4.3 GB/s at 4 KiB, 4.7-6.7 GB/s at 64 KiB.")
+	return nil
+}

@@ -1,0 +1,138 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/ddstore-go/ddstore"
+)
+
+const agentSynopsis = `
+Run the node agent of a job namespace: it holds this node's shards in shared
+memory (/dev/shm), serves the node's ranks on a Unix socket and other nodes'
+agents over TCP. Run one per node (srun --ntasks-per-node=1, or mpirun
+--map-by ppr:1:node), or let the first rank of each node start it.
+
+On several nodes, agents meet through --rendezvous HOST:PORT (the agent that
+can listen there coordinates; give every agent the same address, e.g. the
+first node's) or --handshake-dir DIR on a shared filesystem.`
+
+func runAgent(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("agent", agentSynopsis, stderr)
+	ns := fs.String("namespace", ddstore.DefaultNamespace(), "job namespace (DDSTORE_NAMESPACE, Slurm job id, torchrun run id)")
+	node := fs.String("node", ddstore.DefaultNode(), "this node's identity (DDSTORE_NODE_ID overrides the host name)")
+	socket := fs.String("socket", "", "client socket (default: RUN_DIR/NAMESPACE.NODE.sock)")
+	runDir := fs.String("run-dir", "", "directory for sockets (DDSTORE_RUN_DIR, default /tmp/ddstore-UID)")
+	peer := fs.String("peer-listen", envOr("DDSTORE_PEER_LISTEN", ""), "TCP address for other agents (default 127.0.0.1:0 on one node, :0 on several)")
+	adv := fs.String("advertise", envOr("DDSTORE_ADVERTISE", ""), "address other agents dial (default: derived)")
+	rdv := fs.String("rendezvous", envOr("DDSTORE_RENDEZVOUS", ""), "HOST:PORT where agents meet (served by the agent that can listen there)")
+	hs := fs.String("handshake-dir", envOr("DDSTORE_HANDSHAKE_DIR", ""), "shared directory where agents meet (the agent of rank 0 coordinates)")
+	timeout := fs.Duration("timeout", 30*time.Second, "bound on a read from another node")
+	joinTimeout := fs.Duration("join-timeout", 5*time.Minute, "bound on waiting for the coordinator and the other ranks")
+	idle := fs.Duration("idle-exit", 0, "stop after this long without a client (0: never)")
+	conns := fs.Int("conns-per-peer", 2, "TCP connections kept to each other agent")
+	daemon := fs.Bool("daemon", false, "start the agent in the background and return once it serves")
+	verbose := fs.Bool("v", false, "log at debug level")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *socket == "" {
+		*socket = ddstore.SocketPath(*runDir, *ns, *node)
+	}
+	if *daemon {
+		return daemonize(args, *socket)
+	}
+	level := slog.LevelInfo
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	a, err := ddstore.StartAgent(ddstore.AgentConfig{
+		Namespace: *ns, Node: *node, Socket: *socket, PeerListen: *peer, Advertise: *adv,
+		Rendezvous: *rdv, HandshakeDir: *hs, Timeout: *timeout, JoinTimeout: *joinTimeout,
+		IdleExit: *idle, ConnsPerPeer: *conns, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "ddstore agent: namespace %q node %q socket %s peer %s\n", *ns, *node, a.Socket(), a.PeerAddr())
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sig)
+	select {
+	case s := <-sig:
+		log.Info("signal; stopping", "signal", s.String())
+	case <-a.Done():
+	}
+	return a.Close()
+}
+
+// daemonize starts the same command without --daemon in its own session,
+// its output in a log file beside the socket, and waits until the socket
+// answers or the agent exits.
+func daemonize(args []string, socket string) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	var rest []string
+	for _, a := range args {
+		if a != "--daemon" && a != "-daemon" && !strings.HasPrefix(a, "--daemon=") && !strings.HasPrefix(a, "-daemon=") {
+			rest = append(rest, a)
+		}
+	}
+	if err := os.MkdirAll(dirOf(socket), 0o700); err != nil {
+		return err
+	}
+	logPath := socket + ".log"
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(exe, append([]string{"agent"}, rest...)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	pid := cmd.Process.Pid
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		var ws syscall.WaitStatus
+		if p, _ := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil); p == pid {
+			tail, _ := os.ReadFile(logPath)
+			return fmt.Errorf("ddstore agent exited (%v): %s", ws, lastLines(string(tail), 5))
+		}
+		if c, err := net.Dial("unix", socket); err == nil {
+			c.Close()
+			return nil
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return errors.New("ddstore agent: socket " + socket + " did not answer within 30s; see " + logPath)
+}
+
+func dirOf(p string) string {
+	if i := strings.LastIndexByte(p, '/'); i > 0 {
+		return p[:i]
+	}
+	return "."
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,99 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ddstore-go/ddstore/internal/bench"
+)
+
+const benchSynopsis = `
+Measure ddstore on two nodes of this machine (two agents on loopback): GetBatch
+of node-local and remote rows, single-row Get latency, and, in the same run,
+the limits they compare with: a single-thread gather of random rows from one
+buffer, and raw loopback TCP. Agents are started as processes unless
+--in-process.`
+
+func runBench(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("bench", benchSynopsis, stderr)
+	quick := fs.Bool("quick", false, "small shards and short figures (under 30 s)")
+	asJSON := fs.Bool("json", false, "print one JSON object instead of the table")
+	sizes := fs.String("sizes", "", "row sizes, e.g. 64,4K,64K,1M (default all four)")
+	batch := fs.Int("batch", 0, "rows per GetBatch (default 256)")
+	shard := fs.String("shard", "", "bytes per rank, e.g. 256M (default 64M quick, 256M full)")
+	dur := fs.Duration("duration", 0, "time per throughput figure")
+	inProc := fs.Bool("in-process", false, "run the agents inside this process")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	opts := bench.FullOptions()
+	if *quick {
+		opts = bench.QuickOptions()
+	}
+	if *sizes != "" {
+		opts.RowSizes = nil
+		for _, s := range strings.Split(*sizes, ",") {
+			n, err := parseBytes(s)
+			if err != nil {
+				return err
+			}
+			opts.RowSizes = append(opts.RowSizes, int(n))
+		}
+	}
+	if *batch > 0 {
+		opts.Batch = *batch
+	}
+	if *shard != "" {
+		n, err := parseBytes(*shard)
+		if err != nil {
+			return err
+		}
+		opts.ShardBytes = n
+	}
+	if *dur > 0 {
+		opts.Duration = *dur
+	}
+	opts.InProcess = *inProc
+	if !*asJSON {
+		opts.Progress = stderr
+	}
+	t0 := time.Now()
+	rep, err := bench.Run(opts)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return json.NewEncoder(stdout).Encode(rep)
+	}
+	if err := rep.WriteTable(stdout); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "(%s in %.1f s)\n", strings.Join(os.Args, " "), time.Since(t0).Seconds())
+	return nil
+}
+
+// parseBytes reads 64, 4K, 64KiB, 1M, 2G.
+func parseBytes(s string) (int64, error) {
+	t := strings.TrimSuffix(strings.TrimSuffix(strings.ToUpper(strings.TrimSpace(s)), "IB"), "B")
+	mul := int64(1)
+	if t != "" {
+		switch t[len(t)-1] {
+		case 'K':
+			mul, t = 1<<10, t[:len(t)-1]
+		case 'M':
+			mul, t = 1<<20, t[:len(t)-1]
+		case 'G':
+			mul, t = 1<<30, t[:len(t)-1]
+		}
+	}
+	n, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("ddstore: size %q: want a positive number of bytes, e.g. 4096, 4K, 1M", s)
+	}
+	return n * mul, nil
+}

@@ -1,0 +1,30 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"runtime"
+	"runtime/debug"
+
+	"github.com/ddstore-go/ddstore"
+)
+
+func runVersion(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("version", "Print ddstore's version, the commit it was built from and the Go version.", stderr)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	commit, dirty := "unknown", ""
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			switch {
+			case s.Key == "vcs.revision":
+				commit = s.Value
+			case s.Key == "vcs.modified" && s.Value == "true":
+				dirty = "+dirty"
+			}
+		}
+	}
+	fmt.Fprintf(stdout, "ddstore %s (commit %s%s, %s, %s/%s)\n", ddstore.Version, commit, dirty, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	return nil
+}
