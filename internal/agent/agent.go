@@ -476,4 +476,11 @@ func advertise(cfg Config, l *net.TCPAddr) string {
 	return net.JoinHostPort("127.0.0.1", port)
 }
 
+func (a *Agent) connsPerPeer() int {
+	if a.cfg.ConnsPerPeer > 0 {
+		return a.cfg.ConnsPerPeer
+	}
+	return 4
+}
+
 func msDuration(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }

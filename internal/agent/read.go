@@ -11,14 +11,25 @@ import (
 // fanout is a session's reusable scratch for splitting a batch by owner
 // node, so a read allocates nothing per row.
 type fanout struct {
-	nodes []nodeRows
+	nodes  []nodeRows
+	pieces []piece
 }
 
 type nodeRows struct {
 	globals []int64
 	dst     [][]byte
+}
+
+// piece is one Fetch of a read: rows of one node, at most a share of them.
+type piece struct {
+	addr    string
+	globals []int64
+	dst     [][]byte
 	err     error
 }
+
+// splitBytes is the size from which a node's rows are fetched in pieces.
+const splitBytes = 256 << 10
 
 // read serves a client's Read: rows of this node are copied from the
 // segments, rows of other nodes are fetched from their agents concurrently,
@@ -54,7 +65,7 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 		f.nodes = append(f.nodes, nodeRows{})
 	}
 	for i := range t.Nodes {
-		f.nodes[i].globals, f.nodes[i].dst, f.nodes[i].err = f.nodes[i].globals[:0], f.nodes[i].dst[:0], nil
+		f.nodes[i].globals, f.nodes[i].dst = f.nodes[i].globals[:0], f.nodes[i].dst[:0]
 	}
 	for i, g := range m.Globals {
 		off := m.Offsets[i]
@@ -77,34 +88,44 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 	locked = false
 	a.stats.readRows.Add(int64(len(m.Globals)))
 
-	var wg sync.WaitGroup
-	first := -1
+	// One request per owner node; a large one is cut into as many pieces as
+	// there are connections to that node, so that both ends move rows on
+	// several cores at once.
+	f.pieces = f.pieces[:0]
 	for i := range t.Nodes {
 		n := &f.nodes[i]
 		if len(n.globals) == 0 {
 			continue
 		}
 		a.stats.fetches.Add(1)
-		if first < 0 {
-			first = i
-			continue
+		k := int(min(int64(a.connsPerPeer()), int64(len(n.globals))*rb/splitBytes))
+		k = max(k, 1)
+		per := (len(n.globals) + k - 1) / k
+		for lo := 0; lo < len(n.globals); lo += per {
+			hi := min(lo+per, len(n.globals))
+			f.pieces = append(f.pieces, piece{addr: t.Addrs[i], globals: n.globals[lo:hi], dst: n.dst[lo:hi]})
 		}
-		wg.Add(1)
-		go func(addr string) {
-			defer wg.Done()
-			n.err = a.pool.Fetch(ctx, addr, m.Name, n.globals, n.dst)
-		}(t.Addrs[i])
 	}
-	if first >= 0 {
-		n := &f.nodes[first]
-		n.err = a.pool.Fetch(ctx, t.Addrs[first], m.Name, n.globals, n.dst)
+	var wg sync.WaitGroup
+	for i := 1; i < len(f.pieces); i++ {
+		p := &f.pieces[i]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.err = a.pool.Fetch(ctx, p.addr, m.Name, p.globals, p.dst)
+		}()
+	}
+	if len(f.pieces) > 0 {
+		p := &f.pieces[0]
+		p.err = a.pool.Fetch(ctx, p.addr, m.Name, p.globals, p.dst)
 	}
 	wg.Wait()
-	for i := range t.Nodes {
-		if err := f.nodes[i].err; err != nil {
+	for i := range f.pieces {
+		if err := f.pieces[i].err; err != nil {
 			return err
 		}
 	}
+	clear(f.pieces)
 	for i := range t.Nodes {
 		clear(f.nodes[i].dst)
 	}

@@ -75,6 +75,7 @@ func (s *Server) acceptLoop() {
 		}
 		if tc, ok := nc.(*net.TCPConn); ok {
 			tc.SetNoDelay(true)
+			tc.SetWriteBuffer(4 << 20)
 		}
 		s.mu.Lock()
 		if s.ctx.Err() != nil {

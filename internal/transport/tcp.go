@@ -29,7 +29,7 @@ type Options struct {
 
 func (o Options) withDefaults() Options {
 	if o.ConnsPerPeer <= 0 {
-		o.ConnsPerPeer = 2
+		o.ConnsPerPeer = 4
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = 30 * time.Second
@@ -229,6 +229,7 @@ func newConn(nc *net.TCPConn, addr string) (*conn, error) {
 		return nil, err
 	}
 	nc.SetNoDelay(true)
+	nc.SetReadBuffer(4 << 20)
 	c := &conn{addr: addr, nc: nc, raw: raw}
 	c.mu.pending = make(map[uint64]*call)
 	return c, nil

@@ -128,6 +128,9 @@ func ParseHeader(b []byte) (Header, error) {
 	if b[2] != Version {
 		return Header{}, base.Errorf(base.ErrProtocol, "frame version %d, want %d", b[2], Version)
 	}
+	if le.Uint16(b[6:]) != 0 || le.Uint32(b[12:]) != 0 {
+		return Header{}, base.Errorf(base.ErrProtocol, "frame reserved fields %#x, %#x: want 0", le.Uint16(b[6:]), le.Uint32(b[12:]))
+	}
 	h := Header{
 		Op:      Op(b[3]),
 		Status:  le.Uint16(b[4:]),
@@ -189,6 +192,9 @@ func AppendFrame(dst []byte, op Op, status uint16, id uint64, payload uint64, fi
 
 // AppendError appends a response frame carrying err.
 func AppendError(dst []byte, op Op, id uint64, err error) []byte {
+	if err == nil {
+		err = base.ErrInternal
+	}
 	return AppendFrame(dst, op, base.Code(err), id, 0, func(e *Encoder) { e.String32(err.Error()) })
 }
 
@@ -199,7 +205,7 @@ func StatusError(h Header, body []byte) error {
 	}
 	d := NewDecoder(body)
 	msg := d.String32()
-	if d.Err() != nil {
+	if d.Done() != nil {
 		msg = "ddstore: remote error (undecodable message)"
 	}
 	return base.FromCode(h.Status, msg)

@@ -1,0 +1,57 @@
+# ddstore: build, test and benchmark. `make` alone lists the targets; CI
+# (.ci/run) calls the same ones.
+
+# The Go toolchain lives in /usr/local/go on the development and CI machines,
+# which a fresh login shell may not have on PATH. GOFLAGS is left as it is.
+export PATH := /usr/local/go/bin:$(PATH)
+
+GO       ?= go
+BIN      := bin/ddstore
+# FUZZTIME is how long each fuzz target runs in fuzz-short.
+FUZZTIME ?= 5s
+# RACE is the race-detector flag of `make test`; it needs cgo and a C
+# compiler. `make test RACE=` runs the tests without it.
+RACE     ?= -race
+
+.DEFAULT_GOAL := help
+.PHONY: help build test fuzz-short bench bench-quick gobench clean
+
+help: ## list the targets
+	@echo 'Usage: make TARGET'
+	@echo
+	@grep -hE '^[A-Za-z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | \
+		awk 'BEGIN {FS = ":.*## "} {printf "  %-12s %s\n", $$1, $$2}'
+
+build: ## build the ddstore binary into bin/ddstore
+	$(GO) build -o $(BIN) ./cmd/ddstore
+
+test: ## gofmt check, go vet, pure-Go build, race tests, then fuzz-short
+	@echo '== gofmt -l'
+	@out=$$(find . -name '*.go' -not -path './.git/*' -not -path './vendor/*' \
+		-not -path '*/testdata/*' -print | xargs -r gofmt -l); \
+	if [ -n "$$out" ]; then echo "gofmt would reformat:"; echo "$$out"; exit 1; fi
+	@echo '== go vet'
+	$(GO) vet ./...
+	@echo '== pure-Go build (CGO_ENABLED=0)'
+	CGO_ENABLED=0 $(GO) build ./...
+	@echo '== go test $(RACE)'
+	@if [ -n "$(RACE)" ] && [ "$$($(GO) env CGO_ENABLED)" != 1 ]; then \
+		echo "make test: 'go test $(RACE)' needs cgo and a C compiler (apt-get install gcc), or run 'make test RACE='"; \
+		exit 1; fi
+	$(GO) test $(RACE) -count=1 -timeout 20m ./...
+	@$(MAKE) --no-print-directory fuzz-short
+
+fuzz-short: ## run every fuzz target in the repo for FUZZTIME (5s) each
+	@FUZZTIME='$(FUZZTIME)' GO='$(GO)' bash .ci/fuzz-short.sh
+
+bench: build ## run the store benchmark (bin/ddstore bench)
+	$(BIN) bench
+
+bench-quick: build ## run the short store benchmark (bin/ddstore bench --quick)
+	$(BIN) bench --quick
+
+gobench: ## run the Go benchmarks of every package (1 s each)
+	$(GO) test -run '^$$' -bench . -benchtime 1s ./...
+
+clean: ## remove bin/
+	rm -rf bin/

@@ -1,0 +1,196 @@
+package ddstore_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ddstore-go/ddstore"
+)
+
+// ddstoreBin is the real binary, built once for the tests that run agents
+// as separate processes.
+var ddstoreBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "ddstore-bin-")
+	if err != nil {
+		panic(err)
+	}
+	ddstoreBin = filepath.Join(dir, "ddstore")
+	out, err := exec.Command("go", "build", "-race", "-o", ddstoreBin, "./cmd/ddstore").CombinedOutput()
+	if err != nil {
+		// Without -race (no cgo on this machine) the binary still serves.
+		out, err = exec.Command("go", "build", "-o", ddstoreBin, "./cmd/ddstore").CombinedOutput()
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "building ddstore: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	os.Setenv("DDSTORE_BIN", ddstoreBin)
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// waitFor polls f until it returns nil or the deadline passes.
+func waitFor(t testing.TB, d time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %v", d, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func segments(ns string) []string {
+	m, _ := filepath.Glob("/dev/shm/ddstore." + ns + ".*")
+	return m
+}
+
+// TestAgentProcesses runs three real `ddstore agent` processes, one per node,
+// meeting through a handshake directory, and checks every row from every
+// rank, `ddstore info`, and that SIGTERM removes the node's segments.
+func TestAgentProcesses(t *testing.T) {
+	dir := t.TempDir()
+	ns := fmt.Sprintf("proc%d", os.Getpid())
+	runDir := filepath.Join(dir, "run")
+	hs := filepath.Join(dir, "hs")
+	nodes := []string{"n0", "n1", "n2"}
+	var procs []*exec.Cmd
+	for _, node := range nodes {
+		cmd := exec.Command(ddstoreBin, "agent", "--namespace", ns, "--node", node, "--run-dir", runDir,
+			"--handshake-dir", hs, "--peer-listen", "127.0.0.1:0", "--timeout", "5s")
+		var log bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &log, &log
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		procs = append(procs, cmd)
+		t.Cleanup(func() {
+			cmd.Process.Kill()
+			cmd.Wait()
+			if t.Failed() {
+				t.Logf("agent %s log:\n%s", node, log.String())
+			}
+		})
+	}
+	ranksPerNode := []int{2, 1, 1}
+	c := &cluster{ns: ns}
+	rank := 0
+	for i, n := range ranksPerNode {
+		for l := range n {
+			s, err := ddstore.Open(ddstore.Config{Namespace: ns, Rank: rank, Size: 4, LocalRank: l, LocalSize: n,
+				Node: nodes[i], RunDir: runDir, NoSpawn: true, AgentWait: 20 * time.Second, Timeout: 10 * time.Second,
+				PublishTimeout: 20 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.stores = append(c.stores, s)
+			t.Cleanup(func() { s.Close() })
+			rank++
+		}
+	}
+	rows := []int64{40, 0, 33, 7}
+	c.addPattern(t, "grid/0", rows, 16, 4)
+	c.mustEach(t, func(r int, s *ddstore.Store) error {
+		all := make([]byte, 80*64)
+		if err := s.Get("grid/0", all, 0); err != nil {
+			return err
+		}
+		for g := range int64(80) {
+			checkRow(t, all[g*64:(g+1)*64], g)
+		}
+		return nil
+	})
+
+	out, err := exec.Command(ddstoreBin, "info", "--json", "--namespace", ns, "--node", "n0", "--run-dir", runDir).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var in ddstore.AgentInfo
+	if err := json.Unmarshal(out, &in); err != nil {
+		t.Fatalf("info --json: %v\n%s", err, out)
+	}
+	if len(in.Variables) != 1 || in.Variables[0].Name != "grid/0" || in.Variables[0].TotalRows != 80 ||
+		in.Variables[0].LocalBytes != 40*64 || fmt.Sprint(in.Variables[0].LocalRanks) != "[0 1]" {
+		t.Errorf("info: %+v", in.Variables)
+	}
+	text, err := exec.Command(ddstoreBin, "info", "--namespace", ns, "--node", "n0", "--run-dir", runDir).Output()
+	if err != nil || !strings.Contains(string(text), "grid/0") || !strings.Contains(string(text), "n0 x2, n1 x1, n2 x1") {
+		t.Errorf("info: %v\n%s", err, text)
+	}
+
+	if s := segments(ns); len(s) != 4 { // one per rank; rank 1's holds no rows but exists
+		t.Errorf("segments: %v", s)
+	}
+	for i, p := range procs {
+		p.Process.Signal(syscall.SIGTERM)
+		if err := p.Wait(); err != nil {
+			t.Errorf("agent %s after SIGTERM: %v", nodes[i], err)
+		}
+	}
+	if s := segments(ns); len(s) != 0 {
+		t.Errorf("segments left after SIGTERM: %v", s)
+	}
+}
+
+// TestEmbeddedAgent opens a store with nothing running: the library starts
+// `ddstore agent` itself (the embedded default), and a second rank of the
+// node attaches to the same agent.
+func TestEmbeddedAgent(t *testing.T) {
+	runDir := filepath.Join(t.TempDir(), "run")
+	ns := fmt.Sprintf("embed%d", os.Getpid())
+	open := func(rank int) *ddstore.Store {
+		s, err := ddstore.Open(ddstore.Config{Namespace: ns, Rank: rank, Size: 2, LocalRank: rank, LocalSize: 2,
+			Node: "solo", RunDir: runDir, AgentWait: 20 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	c := &cluster{ns: ns, stores: []*ddstore.Store{open(0), open(1)}}
+	c.addPattern(t, "x", []int64{3, 5}, 2, 8)
+	dst := make([]byte, 3*16)
+	if err := c.stores[1].GetBatch("x", dst, []int64{7, 0, 3}); err != nil {
+		t.Fatal(err)
+	}
+	for i, g := range []int64{7, 0, 3} {
+		checkRow(t, dst[i*16:(i+1)*16], g)
+	}
+	in, err := ddstore.QueryAgent(c.stores[0].Socket(), ns, "solo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Clients < 2 {
+		t.Errorf("agent has %d clients, want both ranks", in.Clients)
+	}
+	p, err := os.FindProcess(in.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Signal(syscall.SIGTERM)
+	waitFor(t, 10*time.Second, func() error {
+		if err := p.Signal(syscall.Signal(0)); err == nil {
+			return fmt.Errorf("agent %d still runs", in.Pid)
+		}
+		return nil
+	})
+	if s := segments(ns); len(s) != 0 {
+		t.Errorf("segments left: %v", s)
+	}
+}
