@@ -13,8 +13,12 @@ import (
 func benchJob(b *testing.B, rowBytes int) (*cluster, int64) {
 	c := startCluster(b, []int{1, 1}, viaRendezvous)
 	n := int64(64<<20) / int64(rowBytes)
+	rows := make([]byte, n*int64(rowBytes))
+	for i := range rows {
+		rows[i] = byte(i)
+	}
 	c.mustEach(b, func(r int, s *ddstore.Store) error {
-		return s.Init("v", n, int64(rowBytes), 1)
+		return s.Add("v", rows, int64(rowBytes), 1)
 	})
 	return c, n
 }

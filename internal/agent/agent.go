@@ -132,14 +132,11 @@ func (a *Agent) start() error {
 	if err := checkPrivateDir(filepath.Dir(cfg.Socket)); err != nil {
 		return err
 	}
-	lock, err := unix.Open(cfg.Socket+".lock", unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	lock, err := lockFile(cfg.Socket + ".lock")
 	if err != nil {
-		return fmt.Errorf("ddstore: agent lock: %w", err)
-	}
-	a.lock = lock
-	if err := unix.Flock(lock, unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		return base.Errorf(base.ErrExists, "an agent for namespace %q node %q already runs (lock %s.lock held)", cfg.Namespace, cfg.Node, cfg.Socket)
 	}
+	a.lock = lock
 	os.Remove(cfg.Socket) // a dead agent's socket: the lock says nobody serves it
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: cfg.Socket, Net: "unix"})
 	if err != nil {
@@ -265,6 +262,9 @@ func (a *Agent) shutdown() {
 			}
 		}
 		if a.lock >= 0 {
+			// Unlink while still holding the lock: lockFile checks that the
+			// file it locked is still the one at the path.
+			os.Remove(a.cfg.Socket + ".lock")
 			unix.Close(a.lock)
 		}
 		a.log.Info("agent stopped")
@@ -421,6 +421,27 @@ func (a *Agent) info() Info {
 func (a *Agent) infoJSON() string {
 	b, _ := json.Marshal(a.info())
 	return string(b)
+}
+
+// lockFile takes an exclusive lock on path, which exists only while an
+// agent holds it: after locking, the file must still be the one named path
+// (not one an exiting agent just unlinked), else it tries again.
+func lockFile(path string) (int, error) {
+	for {
+		fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return -1, err
+		}
+		if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			unix.Close(fd)
+			return -1, err
+		}
+		var held, named unix.Stat_t
+		if unix.Fstat(fd, &held) == nil && unix.Stat(path, &named) == nil && held.Ino == named.Ino && held.Dev == named.Dev {
+			return fd, nil
+		}
+		unix.Close(fd)
+	}
 }
 
 func checkPrivateDir(dir string) error {
