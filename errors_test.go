@@ -383,7 +383,7 @@ func TestErrGeometryInvalidOnOneRank(t *testing.T) {
 		readAllRanks(t, c, "x", errTotal, errRB)
 	}
 	if len(bugs) > 0 {
-		t.Skip("BUG: Store.Add/Init on a rank whose disp/itemsize is invalid fails locally (store.go Add: disp<1/itemsize<1; " +
+		t.Fatal("Store.Add/Init on a rank whose disp/itemsize is invalid fails locally (store.go Add: disp<1/itemsize<1; " +
 			"agent createShard checkShard: itemsize>64) and never reaches the coordinator, so the ranks it disagrees with " +
 			"are not told: they wait the whole PublishTimeout (default 5 min) and get ErrTimeout naming the failed rank " +
 			"as missing, not ErrGeometry as Add's doc promises. Observed: " + strings.Join(bugs, "; "))
@@ -424,7 +424,7 @@ func TestErrRetryAfterFailedCollective(t *testing.T) {
 	select {
 	case err1 = <-res1: // only a failure comes back before rank 0 has called
 		got1 = true
-	case <-time.After(300 * time.Millisecond):
+	case <-time.After(100 * time.Millisecond): // well within the 300 ms PublishTimeout
 	}
 	err0 := j[0].Add("retry", rows(0), 1, 8)
 	if !got1 {
@@ -444,7 +444,7 @@ func TestErrRetryAfterFailedCollective(t *testing.T) {
 		return
 	}
 	if errors.Is(err1, ddstore.ErrTimeout) {
-		t.Skipf("BUG: internal/agent/coordinator.go publish: a collective that failed (here because rank 1's "+
+		t.Fatalf(internal/agent/coordinator.go publish: a collective that failed (here because rank 1's "+
 			"first Add failed locally) stays pending with its error and is only replaced when a rank already in it "+
 			"retries; rank 1, absent from it, is folded into the failed round and at once gets its stale error "+
 			"(%q), and rank 0's retry then waits a full PublishTimeout for rank 1 and fails too (%v). If rank 1 keeps "+
@@ -718,37 +718,56 @@ func TestErrCloseDuringReads(t *testing.T) {
 // starts, nothing is left behind, and the name can then be added.
 func TestBadGeometryArgs(t *testing.T) {
 	c := errCluster(t)
-	s := c.stores[2]
-	wantErr(t, "Add of 25 bytes", s.Add("g", make([]byte, 25), 3, 8), ddstore.ErrBuffer, `"g"`, "25 bytes", "24")
-	wantErr(t, "Add of 1 byte", s.Add("g", make([]byte, 1), 1, 2), ddstore.ErrBuffer, `"g"`, "1 bytes")
+	// Add and Init are collective: each call, good or bad, is one round.
+	// Rank 2 passes a bad shape or buffer, the others a good one: every
+	// rank fails at once (no rank waits for its timeout), rank 2 with its
+	// own precise error.
 	cases := []struct {
-		name           string
-		disp, itemsize int64
-		parts          []string
+		name  string
+		call  func(s *ddstore.Store, bad bool) error
+		want  error
+		parts []string
 	}{
-		{"disp 0", 0, 8, []string{"disp 0"}},
-		{"itemsize 0", 3, 0, []string{"itemsize 0"}},
-		{"disp negative", -2, 8, []string{"disp -2"}},
-		{"itemsize negative", 3, -1, []string{"itemsize -1"}},
-		{"itemsize 65", 1, 65, []string{"itemsize 65"}},
+		{"Add of 25 bytes", func(s *ddstore.Store, bad bool) error {
+			if bad {
+				return s.Add("g", make([]byte, 25), 3, 8)
+			}
+			return s.Add("g", make([]byte, 24), 3, 8)
+		}, ddstore.ErrBuffer, []string{"25 bytes", "24"}},
+		{"disp 0", func(s *ddstore.Store, bad bool) error {
+			return s.Init("g", 4, map[bool]int64{true: 0, false: 3}[bad], 8)
+		}, ddstore.ErrGeometry, []string{"disp 0"}},
+		{"itemsize 0", func(s *ddstore.Store, bad bool) error {
+			return s.Add("g", nil, 3, map[bool]int64{true: 0, false: 8}[bad])
+		}, ddstore.ErrGeometry, []string{"itemsize 0"}},
+		{"disp negative", func(s *ddstore.Store, bad bool) error {
+			return s.Init("g", 4, map[bool]int64{true: -2, false: 3}[bad], 8)
+		}, ddstore.ErrGeometry, []string{"disp -2"}},
+		{"itemsize 65", func(s *ddstore.Store, bad bool) error {
+			return s.Add("g", nil, 1, map[bool]int64{true: 65, false: 8}[bad])
+		}, ddstore.ErrGeometry, []string{"itemsize 65"}},
+		{"negative rows", func(s *ddstore.Store, bad bool) error {
+			return s.Init("g", map[bool]int64{true: -1, false: 2}[bad], 2, 4)
+		}, ddstore.ErrGeometry, []string{"-1 rows"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			done := make(chan [2]error, 1)
-			go func() {
-				done <- [2]error{s.Init("g", 4, tc.disp, tc.itemsize), s.Add("g", nil, tc.disp, tc.itemsize)}
-			}()
-			var errs [2]error
+			done := make(chan []error, 1)
+			go func() { done <- c.each(func(r int, s *ddstore.Store) error { return tc.call(s, r == 2) }) }()
+			var errs []error
 			select {
 			case errs = <-done:
 			case <-time.After(5 * time.Second):
-				t.Fatal("a bad shape started a collective (hang)")
+				t.Fatal("a bad shape on one rank left the others waiting (hang)")
 			}
-			wantErr(t, "Init", errs[0], ddstore.ErrGeometry, append([]string{`"g"`}, tc.parts...)...)
-			wantErr(t, "Add", errs[1], ddstore.ErrGeometry, append([]string{`"g"`}, tc.parts...)...)
+			wantErr(t, "rank 2", errs[2], tc.want, append([]string{`"g"`}, tc.parts...)...)
+			for r, err := range errs {
+				if r != 2 && !errors.Is(err, ddstore.ErrGeometry) {
+					t.Errorf("rank %d: %v, want ErrGeometry naming rank 2", r, err)
+				}
+			}
 		})
 	}
-	wantErr(t, "Init with negative rows", s.Init("g", -1, 2, 4), ddstore.ErrGeometry, `"g"`, "-1 rows")
 	// Nothing was created: all ranks add "g" and read it back.
 	c.addPattern(t, "g", []int64{2, 0, 3, 1}, 2, 4)
 	readAllRanks(t, c, "g", 6, 8)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,9 +68,10 @@ type Store struct {
 
 	mu struct {
 		sync.RWMutex
-		vars   map[string]*variable
-		freed  map[string]bool
-		closed bool
+		vars     map[string]*variable
+		freed    map[string]bool
+		attempts map[string]int64 // Add/Init calls per name (see wire.Shard.Attempt)
+		closed   bool
 	}
 	ctl   *lane      // registers receive buffers; guarded by ctlMu
 	ctlMu sync.Mutex // lock order: ctlMu, then mu
@@ -138,6 +140,7 @@ func Open(cfg Config) (*Store, error) {
 		LocalRank: int64(id.LocalRank), LocalSize: int64(id.LocalSize), Pid: int64(os.Getpid())}
 	s.mu.vars = make(map[string]*variable)
 	s.mu.freed = make(map[string]bool)
+	s.mu.attempts = make(map[string]int64)
 	s.recv.Store(&[]*recvBuf{})
 	ctl, err := s.connect()
 	if err != nil {
@@ -236,13 +239,12 @@ func (s *Store) putLane(l *lane) {
 		return
 	}
 	s.mu.RLock()
-	closed := s.mu.closed
-	s.mu.RUnlock()
-	if closed {
+	defer s.mu.RUnlock()
+	if s.mu.closed {
 		l.close()
 		return
 	}
-	s.lanes <- l
+	s.lanes <- l // never blocks: at most MaxLanes lanes exist
 }
 
 // control runs a request on the control lane.
@@ -275,7 +277,11 @@ func (s *Store) checkOpen() error {
 // Init creates a variable whose shard on this rank is nrows zero-filled
 // rows of disp items of itemsize bytes. Like Add, every rank calls it.
 func (s *Store) Init(name string, nrows, disp, itemsize int64) error {
-	return s.create(name, nil, nrows, disp, itemsize)
+	var bad error
+	if disp < 1 || itemsize < 1 || itemsize > 64 {
+		bad = base.Errorf(base.ErrGeometry, "variable %q: disp %d, itemsize %d: want disp >= 1 and itemsize 1..64", name, disp, itemsize)
+	}
+	return s.create(name, nil, nrows, disp, itemsize, bad)
 }
 
 // Add creates a variable whose shard on this rank is rows: len(rows) must
@@ -285,39 +291,61 @@ func (s *Store) Init(name string, nrows, disp, itemsize int64) error {
 // after. Ranks that disagree on disp or itemsize all get ErrGeometry.
 func (s *Store) Add(name string, rows []byte, disp, itemsize int64) error {
 	rb := disp * itemsize
-	if disp < 1 || itemsize < 1 || rb <= 0 {
-		return base.Errorf(base.ErrGeometry, "variable %q: disp %d, itemsize %d: want both >= 1", name, disp, itemsize)
+	var bad error
+	switch {
+	case disp < 1 || itemsize < 1 || itemsize > 64 || rb <= 0:
+		bad = base.Errorf(base.ErrGeometry, "variable %q: disp %d, itemsize %d: want disp >= 1 and itemsize 1..64", name, disp, itemsize)
+	case int64(len(rows))%rb != 0:
+		bad = base.Errorf(base.ErrBuffer, "variable %q: %d bytes is not a whole number of %d-byte rows (disp %d x itemsize %d)", name, len(rows), rb, disp, itemsize)
+	default:
+		return s.create(name, rows, int64(len(rows))/rb, disp, itemsize, nil)
 	}
-	if int64(len(rows))%rb != 0 {
-		return base.Errorf(base.ErrBuffer, "variable %q: %d bytes is not a whole number of %d-byte rows (disp %d x itemsize %d)", name, len(rows), rb, disp, itemsize)
-	}
-	return s.create(name, rows, int64(len(rows))/rb, disp, itemsize)
+	return s.create(name, nil, 0, disp, itemsize, bad)
 }
 
-func (s *Store) create(name string, rows []byte, nrows, disp, itemsize int64) error {
+// create runs this rank's part of the collective that makes a variable.
+// A rank that cannot take part (bad, its local error) still tells the
+// coordinator, so that the other ranks fail at once instead of waiting.
+func (s *Store) create(name string, rows []byte, nrows, disp, itemsize int64, bad error) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
 	if err := s.checkOpen(); err != nil {
 		return err
 	}
-	s.mu.RLock()
+	if bad == nil && nrows < 0 {
+		bad = base.Errorf(base.ErrGeometry, "variable %q: %d rows: want >= 0", name, nrows)
+	}
+	s.mu.Lock()
 	_, have := s.mu.vars[name]
-	s.mu.RUnlock()
+	s.mu.attempts[name]++
+	attempt := s.mu.attempts[name]
+	s.mu.Unlock()
 	if have {
 		return base.Errorf(base.ErrExists, "variable %q already exists", name)
 	}
 	sh := wire.Shard{Name: name, Rank: int64(s.id.Rank), Size: int64(s.id.Size), Rows: nrows, Disp: disp, ItemSize: itemsize,
-		TimeoutMs: s.cfg.PublishTimeout.Milliseconds()}
+		TimeoutMs: s.cfg.PublishTimeout.Milliseconds(), Attempt: attempt}
+	fail := func(err error) error {
+		sh.Failed = true
+		s.control(wire.OpPublish, sh.Encode, s.cfg.PublishTimeout+s.cfg.Timeout)
+		return err
+	}
+	if bad != nil {
+		return fail(bad)
+	}
 	body, err := s.control(wire.OpCreate, sh.Encode, s.cfg.Timeout)
 	if err != nil {
-		return err
+		return fail(err)
 	}
 	p, err := wire.DecodePath(body)
 	if err != nil {
-		return err
+		return fail(err)
 	}
 	if len(rows) > 0 {
 		seg, err := shm.Open(p.Path, true)
 		if err != nil {
-			return err
+			return fail(err)
 		}
 		copy(seg.Data, rows)
 		seg.Close()
@@ -335,6 +363,14 @@ func (s *Store) create(name string, rows []byte, nrows, disp, itemsize int64) er
 	s.mu.Unlock()
 	_, err = s.install(&t)
 	return err
+}
+
+// checkName bounds a variable's name as the agent does, before it is sent.
+func checkName(name string) error {
+	if name == "" || len(name) > 1024 {
+		return base.Errorf(base.ErrArgument, "variable name of %d bytes: want 1 to 1024", len(name))
+	}
+	return nil
 }
 
 // install maps the node-local shards of a table and records the variable.
@@ -385,6 +421,9 @@ func (v *variable) unmap() {
 // acquire returns a variable read-locked (the caller RUnlocks it), asking
 // the agent for its table the first time this rank uses it.
 func (s *Store) acquire(name string) (*variable, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
 	s.mu.RLock()
 	v, ok := s.mu.vars[name]
 	closed, freed := s.mu.closed, s.mu.freed[name]
@@ -525,6 +564,15 @@ func (v *variable) count(rows, remote int64, t0 time.Time) {
 // straight into dst when dst lies in a receive buffer from AllocRecv, else
 // into the lane's staging region and copied.
 func (s *Store) fetch(v *variable, dst []byte, pos []int64, at func(int) int64) error {
+	// A request carries 16 bytes per row and frames are bounded: very
+	// large batches go in several requests.
+	const maxRows = 1 << 20
+	for len(pos) > maxRows {
+		if err := s.fetch(v, dst, pos[:maxRows], at); err != nil {
+			return err
+		}
+		pos = pos[maxRows:]
+	}
 	if len(pos) == 0 {
 		return nil
 	}
@@ -651,7 +699,7 @@ func (s *Store) Info(name string) (VarInfo, error) {
 		return VarInfo{}, err
 	}
 	defer v.mu.RUnlock()
-	in := VarInfo{Name: name, TotalRows: v.lay.Total(), Disp: v.lay.Disp, ItemSize: v.lay.ItemSize, Nodes: v.nodes}
+	in := VarInfo{Name: name, TotalRows: v.lay.Total(), Disp: v.lay.Disp, ItemSize: v.lay.ItemSize, Nodes: slices.Clone(v.nodes)}
 	for r := range v.lay.Ranks() {
 		in.ShardRows = append(in.ShardRows, v.lay.ShardRows(r))
 	}

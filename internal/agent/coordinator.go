@@ -21,10 +21,16 @@ type coordinator struct {
 	mu struct {
 		sync.Mutex
 		nodes   map[string]string // node id → peer address
-		pending map[string]*collective
+		pending map[collKey]*collective
 		tables  map[string]*wire.Table
 		freed   map[string]map[string]bool // variable → nodes done with it
 	}
+}
+
+// collKey names one round of a collective: the ranks' n-th Add of a name.
+type collKey struct {
+	name    string
+	attempt int64
 }
 
 // collective gathers one variable's shards from all ranks.
@@ -40,7 +46,7 @@ type collective struct {
 func newCoordinator() *coordinator {
 	c := &coordinator{}
 	c.mu.nodes = make(map[string]string)
-	c.mu.pending = make(map[string]*collective)
+	c.mu.pending = make(map[collKey]*collective)
 	c.mu.tables = make(map[string]*wire.Table)
 	c.mu.freed = make(map[string]map[string]bool)
 	return c
@@ -67,17 +73,11 @@ func (c *coordinator) publish(ctx context.Context, sh wire.Shard) (*wire.Table, 
 		c.mu.Unlock()
 		return nil, base.Errorf(base.ErrExists, "variable %q already exists", sh.Name)
 	}
-	col := c.mu.pending[sh.Name]
-	if col != nil && col.err != nil {
-		if _, again := col.shards[sh.Rank]; again {
-			// A rank retries after the collective failed: start afresh.
-			delete(c.mu.pending, sh.Name)
-			col = nil
-		}
-	}
+	key := collKey{sh.Name, sh.Attempt}
+	col := c.mu.pending[key]
 	if col == nil {
 		col = &collective{size: sh.Size, first: sh, shards: make(map[int64]wire.Shard), done: make(chan struct{})}
-		c.mu.pending[sh.Name] = col
+		c.mu.pending[key] = col
 	}
 	err := col.check(sh)
 	if _, dup := col.shards[sh.Rank]; dup && err == nil {
@@ -92,7 +92,7 @@ func (c *coordinator) publish(ctx context.Context, sh wire.Shard) (*wire.Table, 
 	if col.err != nil {
 		err = col.err
 		if int64(len(col.shards)) >= col.size {
-			delete(c.mu.pending, sh.Name)
+			delete(c.mu.pending, key)
 		}
 		c.mu.Unlock()
 		return nil, err
@@ -106,7 +106,7 @@ func (c *coordinator) publish(ctx context.Context, sh wire.Shard) (*wire.Table, 
 			c.mu.tables[sh.Name] = t
 			close(col.done)
 		}
-		delete(c.mu.pending, sh.Name)
+		delete(c.mu.pending, key)
 	}
 	c.mu.Unlock()
 
@@ -128,6 +128,10 @@ func (c *coordinator) publish(ctx context.Context, sh wire.Shard) (*wire.Table, 
 func (col *collective) check(sh wire.Shard) error {
 	f := col.first
 	switch {
+	case sh.Failed:
+		return base.Errorf(base.ErrGeometry, "variable %q: rank %d could not create its shard (%d rows of disp %d, itemsize %d)", sh.Name, sh.Rank, sh.Rows, sh.Disp, sh.ItemSize)
+	case f.Failed:
+		return base.Errorf(base.ErrGeometry, "variable %q: rank %d could not create its shard (%d rows of disp %d, itemsize %d)", f.Name, f.Rank, f.Rows, f.Disp, f.ItemSize)
 	case sh.Rank < 0 || sh.Rank >= col.size:
 		return base.Errorf(base.ErrArgument, "variable %q: rank %d not in [0, %d)", sh.Name, sh.Rank, col.size)
 	case sh.Size != f.Size:

@@ -67,11 +67,13 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 	for i := range t.Nodes {
 		f.nodes[i].globals, f.nodes[i].dst = f.nodes[i].globals[:0], f.nodes[i].dst[:0]
 	}
-	for i, g := range m.Globals {
-		off := m.Offsets[i]
+	for i, off := range m.Offsets {
 		if off < 0 || off > size-rb {
 			return base.Errorf(base.ErrBuffer, "row %d of the read goes to offset %d of a %d-byte receive region (rows of %d bytes)", i, off, size, rb)
 		}
+	}
+	for i, g := range m.Globals {
+		off := m.Offsets[i]
 		dst := reg.mem[off : off+rb : off+rb]
 		rank, local := v.lay.Owner(g)
 		if seg := v.byRank[rank]; seg != nil {

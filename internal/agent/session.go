@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"os"
@@ -28,6 +27,8 @@ type session struct {
 	out   []byte
 	read  wire.Read
 	fan   fanout
+	// decodeFailed says the current request itself was malformed.
+	decodeFailed bool
 }
 
 func (a *Agent) acceptLoop() {
@@ -86,7 +87,8 @@ func (a *Agent) serveSession(s *session) {
 		fill, err := a.handleClient(s, h.Op, body)
 		if err != nil {
 			a.stats.errors.Add(1)
-			if errors.Is(err, base.ErrProtocol) {
+			var bad *badRequest
+			if errors.As(err, &bad) {
 				a.stats.badFrames.Add(1)
 				a.log.Warn("client sent a malformed request; dropping its connection", "op", h.Op, "err", err)
 				return
@@ -159,8 +161,26 @@ func (s *session) takeFds(oob []byte) {
 	}
 }
 
+// badRequest marks a request the client framed wrongly; the agent drops
+// that connection (a protocol error from a peer, met while serving a
+// well-formed request, is only answered).
+type badRequest struct{ err error }
+
+func (b *badRequest) Error() string { return b.err.Error() }
+func (b *badRequest) Unwrap() error { return b.err }
+
 func (a *Agent) handleClient(s *session, op wire.Op, body []byte) (func(*wire.Encoder), error) {
+	fill, err := a.handleClientOp(s, op, body)
+	if err != nil && errors.Is(err, base.ErrProtocol) && s.decodeFailed {
+		err = &badRequest{err}
+	}
+	s.decodeFailed = false
+	return fill, err
+}
+
+func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.Encoder), error) {
 	if op != wire.OpHello && !s.said {
+		s.decodeFailed = true
 		return nil, base.Errorf(base.ErrProtocol, "%s before hello", op)
 	}
 	ctx := a.ctx
@@ -168,6 +188,7 @@ func (a *Agent) handleClient(s *session, op wire.Op, body []byte) (func(*wire.En
 	case wire.OpHello:
 		m, err := wire.DecodeHello(body)
 		if err != nil {
+			s.decodeFailed = true
 			return nil, err
 		}
 		if m.Namespace != a.cfg.Namespace || m.Node != a.cfg.Node {
@@ -184,6 +205,7 @@ func (a *Agent) handleClient(s *session, op wire.Op, body []byte) (func(*wire.En
 	case wire.OpCreate:
 		m, err := wire.DecodeShard(body)
 		if err != nil {
+			s.decodeFailed = true
 			return nil, err
 		}
 		p, err := a.createShard(m)
@@ -195,6 +217,7 @@ func (a *Agent) handleClient(s *session, op wire.Op, body []byte) (func(*wire.En
 	case wire.OpPublish:
 		m, err := wire.DecodeShard(body)
 		if err != nil {
+			s.decodeFailed = true
 			return nil, err
 		}
 		t, err := a.publish(ctx, m)
@@ -205,6 +228,7 @@ func (a *Agent) handleClient(s *session, op wire.Op, body []byte) (func(*wire.En
 	case wire.OpLookup:
 		m, err := wire.DecodeName(body)
 		if err != nil {
+			s.decodeFailed = true
 			return nil, err
 		}
 		v, err := a.lookup(ctx, m.Name)
@@ -217,12 +241,14 @@ func (a *Agent) handleClient(s *session, op wire.Op, body []byte) (func(*wire.En
 		return t.Encode, nil
 	case wire.OpRead:
 		if err := wire.DecodeRead(body, &s.read); err != nil {
+			s.decodeFailed = true
 			return nil, err
 		}
 		return nil, a.read(ctx, s, &s.read)
 	case wire.OpRegister:
 		m, err := wire.DecodeRegion(body)
 		if err != nil {
+			s.decodeFailed = true
 			return nil, err
 		}
 		if len(s.fds) == 0 {
@@ -244,12 +270,14 @@ func (a *Agent) handleClient(s *session, op wire.Op, body []byte) (func(*wire.En
 	case wire.OpUnregister:
 		m, err := wire.DecodeRegion(body)
 		if err != nil {
+			s.decodeFailed = true
 			return nil, err
 		}
 		return nil, a.regions.remove(m.ID, s)
 	case wire.OpFree:
 		m, err := wire.DecodeName(body)
 		if err != nil {
+			s.decodeFailed = true
 			return nil, err
 		}
 		return nil, a.free(ctx, m.Name, int(m.Rank))
@@ -257,8 +285,12 @@ func (a *Agent) handleClient(s *session, op wire.Op, body []byte) (func(*wire.En
 		t := wire.Text{Text: a.infoJSON()}
 		return t.Encode, nil
 	}
+	s.decodeFailed = true
 	return nil, base.Errorf(base.ErrProtocol, "unknown client op %d", op)
 }
+
+// maxName bounds a variable's name.
+const maxName = 1024
 
 // createShard makes the segment of one rank's shard, for its client to fill.
 func (a *Agent) createShard(m wire.Shard) (string, error) {
@@ -296,8 +328,8 @@ func (a *Agent) createShard(m wire.Shard) (string, error) {
 }
 
 func checkShard(m wire.Shard) error {
-	if m.Name == "" || len(m.Name) > 1024 {
-		return base.Errorf(base.ErrArgument, "variable name %q: want 1 to 1024 bytes", m.Name)
+	if m.Name == "" || len(m.Name) > maxName {
+		return base.Errorf(base.ErrArgument, "variable name of %d bytes: want 1 to %d", len(m.Name), maxName)
 	}
 	if m.Size < 1 || m.Rank < 0 || m.Rank >= m.Size {
 		return base.Errorf(base.ErrArgument, "rank %d of %d: want 0 <= rank < size", m.Rank, m.Size)
@@ -320,7 +352,18 @@ func checkShard(m wire.Shard) error {
 // publish declares a created shard complete and waits for the variable to
 // exist on every rank.
 func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) {
-	if err := checkShard(m); err != nil {
+	if err := checkShard(m); err != nil || m.Failed {
+		// This rank cannot take part: fail the round for every rank now
+		// rather than let the others wait for it until their timeout.
+		if m.Size >= 1 && m.Rank >= 0 && m.Rank < m.Size && m.Name != "" && len(m.Name) <= maxName {
+			m.Failed, m.Node = true, a.cfg.Node
+			pctx, cancel := context.WithTimeout(ctx, a.cfg.JoinTimeout)
+			_, cerr := a.coordPublish(pctx, m)
+			cancel()
+			if err == nil {
+				err = cerr
+			}
+		}
 		return nil, err
 	}
 	a.mu.Lock()
@@ -429,7 +472,7 @@ func (a *Agent) lookup(ctx context.Context, name string) (*variable, error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if err := v.setTable(t, a.cfg.Node); err != nil {
-		return nil, fmt.Errorf("variable %q: %w", name, err)
+		return nil, err
 	}
 	return v, nil
 }

@@ -48,7 +48,9 @@ func (v *variable) setTable(t *wire.Table, node string) error {
 		}
 		seg := v.segs[r]
 		if seg == nil {
-			return base.Errorf(base.ErrInternal, "variable %q: rank %d is on this node but its shard was never created here", v.name, r)
+			// Every local rank's shard exists before the round completes, so
+			// a missing one was freed here while other nodes keep theirs.
+			return base.Errorf(base.ErrFreed, "variable %q: rank %d's shard on node %q was freed", v.name, r, node)
 		}
 		byRank[r] = seg
 	}

@@ -39,7 +39,7 @@ func runAgent(args []string, stdout, stderr io.Writer) error {
 	timeout := fs.Duration("timeout", 30*time.Second, "bound on a read from another node")
 	joinTimeout := fs.Duration("join-timeout", 5*time.Minute, "bound on waiting for the coordinator and the other ranks")
 	idle := fs.Duration("idle-exit", 0, "stop after this long without a client (0: never)")
-	conns := fs.Int("conns-per-peer", 2, "TCP connections kept to each other agent")
+	conns := fs.Int("conns-per-peer", 4, "TCP connections kept to each other agent")
 	daemon := fs.Bool("daemon", false, "start the agent in the background and return once it serves")
 	verbose := fs.Bool("v", false, "log at debug level")
 	if err := parse(fs, args); err != nil {

@@ -42,8 +42,8 @@ type gate struct {
 	once sync.Once
 }
 
-func newGate() *gate       { return &gate{ch: make(chan struct{})} }
-func (g *gate) open()      { g.once.Do(func() { close(g.ch) }) }
+func newGate() *gate                  { return &gate{ch: make(chan struct{})} }
+func (g *gate) open()                 { g.once.Do(func() { close(g.ch) }) }
 func (g *gate) wait() <-chan struct{} { return g.ch }
 
 // fakeHandler is a Handler serving rows from memory and control ops by echo

@@ -56,6 +56,13 @@ type Shard struct {
 	Disp      int64
 	ItemSize  int64
 	TimeoutMs int64 // how long Publish waits for the other ranks
+	// Attempt counts the rank's Add/Init calls of this name: all ranks'
+	// n-th calls form one collective, so a late rank of a failed round
+	// gets that round's error and a retry by all starts a fresh one.
+	Attempt int64
+	// Failed marks a rank that could not create its shard (bad shape,
+	// no memory): the collective fails for every rank at once.
+	Failed bool
 }
 
 func (m *Shard) Encode(e *Encoder) {
@@ -67,12 +74,25 @@ func (m *Shard) Encode(e *Encoder) {
 	e.I64(m.Disp)
 	e.I64(m.ItemSize)
 	e.I64(m.TimeoutMs)
+	e.I64(m.Attempt)
+	if m.Failed {
+		e.U8(1)
+	} else {
+		e.U8(0)
+	}
 }
 
 func DecodeShard(b []byte) (m Shard, err error) {
 	d := NewDecoder(b)
 	m.Name, m.Node = d.String(), d.String()
 	m.Rank, m.Size, m.Rows, m.Disp, m.ItemSize, m.TimeoutMs = d.I64(), d.I64(), d.I64(), d.I64(), d.I64(), d.I64()
+	m.Attempt = d.I64()
+	switch f := d.U8(); f {
+	case 0, 1:
+		m.Failed = f == 1
+	default:
+		return m, protoErr("shard of %q: failed flag %d, want 0 or 1", m.Name, f)
+	}
 	return m, d.Done()
 }
 

@@ -1,0 +1,355 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
+
+// expectDropped reads from c until the server closes it (EOF or reset).
+func expectDropped(t *testing.T, c net.Conn) {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 4096)
+	for {
+		n, err := c.Read(buf)
+		if err == nil {
+			t.Fatalf("server answered a malformed frame with %d bytes: % x", n, head(buf[:n]))
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
+			return
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatal("server kept a connection that sent a malformed frame")
+		}
+		t.Fatalf("reading from the dropped connection: %v", err)
+	}
+}
+
+func frame(op wire.Op, status uint16, id, payload uint64, fill func(*wire.Encoder)) []byte {
+	return wire.AppendFrame(nil, op, status, id, payload, fill)
+}
+
+func TestServerMalformedFrames(t *testing.T) {
+	h := newFakeHandler()
+	v := h.addVar("v", 200, 64, false)
+	s, _ := startServer(t, h)
+	p := newPool(t, Options{ConnsPerPeer: 2, Timeout: 10 * time.Second})
+
+	// A pool keeps fetching from the same server throughout.
+	stop := make(chan struct{})
+	var fetches atomic.Int64
+	var bg sync.WaitGroup
+	bgErr := make(chan error, 1)
+	bg.Go(func() {
+		g := []int64{0, 17, 199, 3}
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			dst := newRowBuffers(len(g), 64, 0)
+			if err := p.Fetch(context.Background(), s.Addr(), "v", g, dst.rows); err != nil {
+				bgErr <- err
+				return
+			}
+			if err := checkRows(v, g, dst.rows); err != nil {
+				bgErr <- err
+				return
+			}
+			fetches.Add(1)
+		}
+	})
+	defer func() {
+		close(stop)
+		bg.Wait()
+		select {
+		case err := <-bgErr:
+			t.Errorf("background Fetch failed: %v", err)
+		default:
+		}
+	}()
+
+	garbage := make([]byte, 100)
+	for i := range garbage {
+		garbage[i] = byte(i*37 + 11)
+	}
+	badMagic := frame(wire.OpFetch, 0, 1, 0, (&wire.Fetch{Name: "v", Globals: []int64{1}}).Encode)
+	binary.LittleEndian.PutUint16(badMagic, 0xBEEF)
+	truncated := frame(wire.OpFetch, 0, 1, 0, (&wire.Fetch{Name: "v", Globals: []int64{1, 2, 3}}).Encode)
+	truncated = truncated[:wire.HeaderSize+5]
+	withPayload := frame(wire.OpFetch, 0, 1, 8, (&wire.Fetch{Name: "v", Globals: []int64{1}}).Encode)
+	withPayload = append(withPayload, 1, 2, 3, 4, 5, 6, 7, 8)
+	undecodable := frame(wire.OpFetch, 0, 1, 0, func(e *wire.Encoder) {
+		e.String("v")
+		e.U32(1000) // a list of 1000 indices...
+		e.U64(1)    // ...with one in it
+	})
+	withStatus := frame(wire.OpFetch, uint16(base.Code(base.ErrIndex)), 1, 0, (&wire.Fetch{Name: "v", Globals: []int64{1}}).Encode)
+	badVersion := frame(wire.OpPeerInfo, 0, 1, 0, nil)
+	badVersion[2] = 9
+
+	cases := []struct {
+		name      string
+		send      []byte
+		closeSend bool // half-close after sending
+		counted   bool // BadFrames goes up
+	}{
+		{"garbage", garbage, false, true},
+		{"bad magic", badMagic, false, true},
+		{"bad version", badVersion, false, true},
+		{"truncated then closed", truncated, true, false},
+		{"payload on a request", withPayload, false, true},
+		{"status on a request", withStatus, false, true},
+		{"undecodable fetch", undecodable, false, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			before := s.BadFrames.Load()
+			n0 := fetches.Load()
+			raw, err := net.Dial("tcp", s.Addr())
+			if err != nil {
+				t.Fatalf("dial: %v", err)
+			}
+			defer raw.Close()
+			if _, err := raw.Write(c.send); err != nil {
+				t.Fatalf("write: %v", err)
+			}
+			if c.closeSend {
+				raw.(*net.TCPConn).CloseWrite()
+			}
+			expectDropped(t, raw)
+			if c.counted {
+				eventually(t, 5*time.Second, "BadFrames to count the frame", func() bool { return s.BadFrames.Load() > before })
+			}
+			// The pool's connections were not disturbed.
+			eventually(t, 5*time.Second, "background fetches to go on", func() bool { return fetches.Load() > n0 })
+		})
+	}
+	if got := s.BadFrames.Load(); got != 6 {
+		t.Errorf("BadFrames = %d, want 6", got)
+	}
+}
+
+// fakePeer is a raw TCP peer that answers each Fetch frame with serve.
+type fakePeer struct {
+	ln    net.Listener
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func startFakePeer(t *testing.T, serve func(c net.Conn, h wire.Header, m wire.Fetch) bool) *fakePeer {
+	t.Helper()
+	fp := &fakePeer{ln: listen(t)}
+	fp.wg.Go(func() {
+		for {
+			c, err := fp.ln.Accept()
+			if err != nil {
+				return
+			}
+			fp.mu.Lock()
+			fp.conns = append(fp.conns, c)
+			fp.mu.Unlock()
+			fp.wg.Go(func() {
+				defer c.Close()
+				var buf []byte
+				for {
+					h, body, err := wire.ReadFrame(c, buf)
+					if err != nil {
+						return
+					}
+					var m wire.Fetch
+					if h.Op == wire.OpFetch {
+						if err := wire.DecodeFetch(body, &m); err != nil {
+							return
+						}
+					}
+					if !serve(c, h, m) {
+						return
+					}
+				}
+			})
+		}
+	})
+	t.Cleanup(func() {
+		fp.ln.Close()
+		fp.mu.Lock()
+		for _, c := range fp.conns {
+			c.Close()
+		}
+		fp.mu.Unlock()
+		fp.wg.Wait()
+	})
+	return fp
+}
+
+func (fp *fakePeer) Addr() string { return fp.ln.Addr().String() }
+
+// rowByte is the content the fake peers send: byte i of the reply.
+func rowByte(i int) byte { return byte(i*7 + 1) }
+
+func replyBytes(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = rowByte(i)
+	}
+	return b
+}
+
+func TestBadReplies(t *testing.T) {
+	const rowSize = 8
+	cases := []struct {
+		name     string
+		serve    func(c net.Conn, h wire.Header, m wire.Fetch) bool
+		sentinel []error
+	}{
+		{"payload one byte long", func(c net.Conn, h wire.Header, m wire.Fetch) bool {
+			n := len(m.Globals)*rowSize + 1
+			c.Write(append(frame(h.Op, 0, h.ID, uint64(n), nil), replyBytes(n)...))
+			return true
+		}, []error{base.ErrProtocol}},
+		{"payload one byte short", func(c net.Conn, h wire.Header, m wire.Fetch) bool {
+			n := len(m.Globals)*rowSize - 1
+			c.Write(append(frame(h.Op, 0, h.ID, uint64(n), nil), replyBytes(n)...))
+			return true
+		}, []error{base.ErrProtocol}},
+		{"payload one byte short, more to come", func(c net.Conn, h wire.Header, m wire.Fetch) bool {
+			// The header is wrong but the connection stays open: the client
+			// must not wait for bytes that are never coming.
+			n := len(m.Globals)*rowSize - 1
+			c.Write(frame(h.Op, 0, h.ID, uint64(n), nil))
+			return true
+		}, []error{base.ErrProtocol}},
+		{"no payload", func(c net.Conn, h wire.Header, m wire.Fetch) bool {
+			c.Write(frame(h.Op, 0, h.ID, 0, nil))
+			return true
+		}, []error{base.ErrProtocol}},
+		{"error reply with payload", func(c net.Conn, h wire.Header, m wire.Fetch) bool {
+			b := wire.AppendError(nil, h.Op, h.ID, base.Errorf(base.ErrIndex, "bad row"))
+			binary.LittleEndian.PutUint64(b[24:], 16)
+			c.Write(append(b, make([]byte, 16)...))
+			return true
+		}, []error{base.ErrProtocol}},
+		{"bad magic in reply", func(c net.Conn, h wire.Header, m wire.Fetch) bool {
+			b := frame(h.Op, 0, h.ID, uint64(len(m.Globals)*rowSize), nil)
+			b[0] ^= 0xFF
+			c.Write(b)
+			return true
+		}, []error{base.ErrPeer, base.ErrProtocol}},
+		{"closed mid-payload", func(c net.Conn, h wire.Header, m wire.Fetch) bool {
+			n := len(m.Globals) * rowSize
+			c.Write(append(frame(h.Op, 0, h.ID, uint64(n), nil), replyBytes(n/2)...))
+			return false
+		}, []error{base.ErrPeer}},
+		{"closed before replying", func(c net.Conn, h wire.Header, m wire.Fetch) bool {
+			return false
+		}, []error{base.ErrPeer}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			fp := startFakePeer(t, c.serve)
+			p := newPool(t, Options{ConnsPerPeer: 1, Timeout: 20 * time.Second})
+			dst := newRowBuffers(4, rowSize, 0)
+			start := time.Now()
+			ch := goFetch(p, fp.Addr(), "v", []int64{0, 1, 2, 3}, dst.rows)
+			r := waitResult(t, ch, 5*time.Second, "Fetch from a misbehaving peer")
+			wantSentinel(t, r.err, c.sentinel...)
+			wantText(t, r.err, fp.Addr())
+			if el := time.Since(start); el > 3*time.Second {
+				t.Errorf("Fetch took %v", el)
+			}
+			dst.checkGuards(t)
+		})
+	}
+}
+
+// TestReplyToUnknownID: a reply nobody waits for (with rows) is skipped and
+// the next reply on the connection is still read right.
+func TestReplyToUnknownID(t *testing.T) {
+	const rowSize = 8
+	fp := startFakePeer(t, func(c net.Conn, h wire.Header, m wire.Fetch) bool {
+		stray := append(frame(h.Op, 0, h.ID+1000, 24, nil), bytes.Repeat([]byte{0xFF}, 24)...)
+		n := len(m.Globals) * rowSize
+		c.Write(append(append(stray, frame(h.Op, 0, h.ID, uint64(n), nil)...), replyBytes(n)...))
+		return true
+	})
+	p := newPool(t, Options{ConnsPerPeer: 1, Timeout: 10 * time.Second})
+	for range 3 {
+		dst := newRowBuffers(5, rowSize, 0)
+		if err := p.Fetch(context.Background(), fp.Addr(), "v", []int64{0, 1, 2, 3, 4}, dst.rows); err != nil {
+			t.Fatalf("Fetch: %v", err)
+		}
+		want := replyBytes(5 * rowSize)
+		for i, row := range dst.rows {
+			if !bytes.Equal(row, want[i*rowSize:(i+1)*rowSize]) {
+				t.Fatalf("row %d = % x, want % x", i, row, want[i*rowSize:(i+1)*rowSize])
+			}
+		}
+		dst.checkGuards(t)
+	}
+}
+
+// TestTimeoutMidPayload: the reply starts, then stalls; Fetch times out and,
+// once it has returned, the rest of the reply does not reach dst.
+func TestTimeoutMidPayload(t *testing.T) {
+	const rowSize, nrows = 16, 8
+	const n = rowSize * nrows
+	resume := make(chan struct{})
+	restDone := make(chan error, 1)
+	fp := startFakePeer(t, func(c net.Conn, h wire.Header, m wire.Fetch) bool {
+		b := replyBytes(n)
+		if _, err := c.Write(append(frame(h.Op, 0, h.ID, n, nil), b[:n/2]...)); err != nil {
+			restDone <- err
+			return false
+		}
+		<-resume
+		_, err := c.Write(b[n/2:])
+		if err == nil {
+			// Wait until the client has dropped the connection.
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_, err = c.Read(make([]byte, 1))
+		}
+		restDone <- err
+		return false
+	})
+	const timeout = 200 * time.Millisecond
+	p := newPool(t, Options{ConnsPerPeer: 1, Timeout: timeout})
+	dst := newRowBuffers(nrows, rowSize, 0xEE)
+	globals := make([]int64, nrows)
+	start := time.Now()
+	err := p.Fetch(context.Background(), fp.Addr(), "v", globals, dst.rows)
+	elapsed := time.Since(start)
+	wantSentinel(t, err, base.ErrTimeout)
+	wantText(t, err, fp.Addr())
+	if elapsed < timeout*9/10 || elapsed > timeout+3*time.Second {
+		t.Errorf("Fetch timed out after %v, want about %v", elapsed, timeout)
+	}
+	snapshot := append([]byte(nil), dst.buf...)
+	close(resume)
+	select {
+	case err := <-restDone:
+		if err == nil {
+			t.Fatal("the client kept the stalled connection open")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("fake peer did not finish")
+	}
+	if !bytes.Equal(dst.buf, snapshot) {
+		t.Fatal("rows were written into dst after Fetch returned")
+	}
+	dst.checkGuards(t)
+}
