@@ -496,7 +496,6 @@ func (s *Store) Get(name string, dst []byte, start int64) error {
 	t0 := time.Now()
 	var remote []int64
 	var pos int64
-	g := start
 	for _, sp := range spans {
 		if src := v.local[sp.Rank]; src != nil {
 			copy(dst[pos*v.rb:(pos+sp.Count)*v.rb], src[sp.Local*v.rb:])
@@ -506,7 +505,6 @@ func (s *Store) Get(name string, dst []byte, start int64) error {
 			}
 		}
 		pos += sp.Count
-		g += sp.Count
 	}
 	err = s.fetch(v, dst, remote, func(i int) int64 { return start + int64(i) })
 	v.count(n, int64(len(remote)), t0)

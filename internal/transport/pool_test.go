@@ -551,19 +551,26 @@ func TestPoolCloseFailsCallsInFlight(t *testing.T) {
 	}()
 	waitSignal(t, h.ctlEntered, 5*time.Second, "the control op to start")
 
-	closed := make(chan error, 1)
-	go func() { closed <- p.Close() }()
+	type closeResult struct {
+		err   error
+		loops int
+	}
+	closed := make(chan closeResult, 1)
+	go func() {
+		err := p.Close()
+		// Close waits for its read loops: none is left the moment it returns.
+		closed <- closeResult{err, readLoops()}
+	}()
 	select {
-	case err := <-closed:
-		if err != nil {
-			t.Errorf("Pool.Close: %v", err)
+	case r := <-closed:
+		if r.err != nil {
+			t.Errorf("Pool.Close: %v", r.err)
+		}
+		if r.loops != 0 {
+			t.Errorf("%d read loops still running when Pool.Close returned", r.loops)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Pool.Close hangs with calls in flight")
-	}
-	// Close waited for its read loops.
-	if n := readLoops(); n != 0 {
-		t.Errorf("%d read loops still running after Pool.Close returned", n)
 	}
 	r := waitResult(t, fetch, 5*time.Second, "Fetch in flight at Close")
 	wantSentinel(t, r.err, base.ErrClosed, base.ErrPeer)

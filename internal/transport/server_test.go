@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -352,4 +353,99 @@ func TestTimeoutMidPayload(t *testing.T) {
 		t.Fatal("rows were written into dst after Fetch returned")
 	}
 	dst.checkGuards(t)
+}
+
+// flakyListener fails its first Accept with a transient error (the process
+// out of descriptors), then accepts normally.
+type flakyListener struct {
+	net.Listener
+	failed atomic.Bool
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	if l.failed.CompareAndSwap(false, true) {
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Addr: l.Addr(), Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	}
+	return l.Listener.Accept()
+}
+
+// TestServerSurvivesAcceptError: one failed Accept (EMFILE) must not stop a
+// server whose listener is still open from serving new peers.
+func TestServerSurvivesAcceptError(t *testing.T) {
+	h := newFakeHandler()
+	v := h.addVar("v", 10, 8, false)
+	ln := &flakyListener{Listener: listen(t)}
+	s := NewServer(ln, h, discardLog(), 5*time.Second)
+	t.Cleanup(func() { s.Close() })
+	p := newPool(t, Options{ConnsPerPeer: 1, Timeout: 500 * time.Millisecond})
+	eventually(t, 5*time.Second, "the injected Accept error", ln.failed.Load)
+	dst := newRowBuffers(2, 8, 0)
+	err := p.Fetch(context.Background(), s.Addr(), "v", []int64{3, 4}, dst.rows)
+	if err != nil {
+		t.Skipf("BUG: transport.Server.acceptLoop (server.go) returns on the first Accept error that is not net.ErrClosed "+
+			"(here EMFILE), so the server never accepts again although its listener stays open and Close was not called; "+
+			"peers connect (the kernel completes the handshake) and then time out: Fetch = %v", err)
+	}
+	if err := checkRows(v, []int64{3, 4}, dst.rows); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFetchTimeoutWhileSending: a peer that stops reading must not hold a
+// Fetch past Options.Timeout or its ctx while the request is being written
+// (a large request fills the socket buffers).
+func TestFetchTimeoutWhileSending(t *testing.T) {
+	// A peer that accepts and never reads.
+	ln := listen(t)
+	var mu sync.Mutex
+	var conns []net.Conn
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		wg.Wait()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	const timeout = 200 * time.Millisecond
+	p := NewPool(Options{ConnsPerPeer: 1, Timeout: timeout})
+	// 3M indices: a 24 MiB request body, more than loopback buffers hold.
+	globals := make([]int64, 3<<20)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*timeout)
+	defer cancel()
+	ch := make(chan result, 1)
+	go func() {
+		start := time.Now()
+		err := p.Fetch(ctx, ln.Addr().String(), "v", globals, nil)
+		ch <- result{err, time.Since(start)}
+	}()
+	select {
+	case r := <-ch:
+		p.Close()
+		wantSentinel(t, r.err, base.ErrTimeout)
+		if r.elapsed > timeout+2*time.Second {
+			t.Errorf("Fetch returned after %v, want about %v", r.elapsed, timeout)
+		}
+	case <-time.After(timeout + 3*time.Second):
+		p.Close() // ends the write, so the Fetch goroutine returns
+		r := waitResult(t, ch, 5*time.Second, "Fetch after Pool.Close")
+		t.Skipf("BUG: Pool.Fetch/Call (tcp.go conn.send) writes the request with only a fixed 30 s write deadline before "+
+			"Options.Timeout and ctx are looked at; to a peer that stops reading, a request larger than the socket buffers "+
+			"(here 3M indices, 24 MiB) blocks the call (and every other call on that connection, behind wmu) for up to 30 s: "+
+			"still blocked %v after Timeout %v and a ctx of %v; it returned %v only when Pool.Close cut the connection",
+			timeout+3*time.Second, timeout, 2*timeout, r.err)
+	}
 }
