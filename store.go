@@ -97,6 +97,7 @@ type variable struct {
 	own   []byte   // this rank's shard, writable
 	segs  []*shm.Segment
 	nodes []string // per rank: node id
+	dtype string
 	freed bool
 	prof  profile
 }
@@ -379,7 +380,7 @@ func (s *Store) install(t *wire.Table) (*variable, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := &variable{name: t.Name, lay: lay, rb: lay.Bytes(), local: make([][]byte, len(t.ShardRows)), nodes: make([]string, len(t.ShardRows))}
+	v := &variable{name: t.Name, lay: lay, rb: lay.Bytes(), local: make([][]byte, len(t.ShardRows)), nodes: make([]string, len(t.ShardRows)), dtype: t.Dtype}
 	for r := range t.ShardRows {
 		v.nodes[r] = t.Nodes[t.RankNode[r]]
 		if r >= len(t.Paths) || t.Paths[r] == "" {
@@ -686,6 +687,7 @@ type VarInfo struct {
 	TotalRows int64
 	Disp      int64
 	ItemSize  int64
+	Dtype     string   // the items' type as the creating client named it ("" for untyped bytes)
 	ShardRows []int64  // per rank
 	Nodes     []string // per rank: the node holding the shard
 }
@@ -697,7 +699,7 @@ func (s *Store) Info(name string) (VarInfo, error) {
 		return VarInfo{}, err
 	}
 	defer v.mu.RUnlock()
-	in := VarInfo{Name: name, TotalRows: v.lay.Total(), Disp: v.lay.Disp, ItemSize: v.lay.ItemSize, Nodes: slices.Clone(v.nodes)}
+	in := VarInfo{Name: name, TotalRows: v.lay.Total(), Disp: v.lay.Disp, ItemSize: v.lay.ItemSize, Dtype: v.dtype, Nodes: slices.Clone(v.nodes)}
 	for r := range v.lay.Ranks() {
 		in.ShardRows = append(in.ShardRows, v.lay.ShardRows(r))
 	}

@@ -385,6 +385,7 @@ type VarInfo struct {
 	TotalRows  int64    `json:"total_rows"`
 	Disp       int64    `json:"disp"`
 	ItemSize   int64    `json:"itemsize"`
+	Dtype      string   `json:"dtype,omitempty"`
 	RowBytes   int64    `json:"row_bytes"`
 	ShardRows  []int64  `json:"shard_rows,omitempty"`
 	Owners     []string `json:"owners,omitempty"` // node of each rank

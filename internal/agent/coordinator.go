@@ -136,6 +136,8 @@ func (col *collective) check(sh wire.Shard) error {
 		return base.Errorf(base.ErrArgument, "variable %q: rank %d not in [0, %d)", sh.Name, sh.Rank, col.size)
 	case sh.Size != f.Size:
 		return base.Errorf(base.ErrGeometry, "variable %q: rank %d says the world has %d ranks, rank %d says %d", sh.Name, sh.Rank, sh.Size, f.Rank, f.Size)
+	case sh.Dtype != f.Dtype:
+		return base.Errorf(base.ErrGeometry, "variable %q: rank %d has items of type %q but rank %d has %q", sh.Name, sh.Rank, sh.Dtype, f.Rank, f.Dtype)
 	case sh.Disp != f.Disp || sh.ItemSize != f.ItemSize:
 		return base.Errorf(base.ErrGeometry, "variable %q: rank %d has rows of disp %d, itemsize %d but rank %d has disp %d, itemsize %d",
 			sh.Name, sh.Rank, sh.Disp, sh.ItemSize, f.Rank, f.Disp, f.ItemSize)
@@ -156,7 +158,7 @@ func (col *collective) missing() string {
 
 func (c *coordinator) tableLocked(col *collective) (*wire.Table, error) {
 	f := col.first
-	t := &wire.Table{Name: f.Name, Disp: f.Disp, ItemSize: f.ItemSize,
+	t := &wire.Table{Name: f.Name, Disp: f.Disp, ItemSize: f.ItemSize, Dtype: f.Dtype,
 		ShardRows: make([]int64, col.size), RankNode: make([]int64, col.size)}
 	nodeIndex := map[string]int64{}
 	for r := int64(0); r < col.size; r++ {

@@ -94,7 +94,7 @@ func (v *variable) info() VarInfo {
 	}
 	slices.Sort(vi.LocalRanks)
 	if t := v.table; t != nil {
-		vi.Disp, vi.ItemSize, vi.TotalRows = t.Disp, t.ItemSize, v.lay.Total()
+		vi.Disp, vi.ItemSize, vi.TotalRows, vi.Dtype = t.Disp, t.ItemSize, v.lay.Total(), t.Dtype
 		vi.ShardRows = t.ShardRows
 		for _, n := range t.RankNode {
 			vi.Owners = append(vi.Owners, t.Nodes[n])

@@ -377,7 +377,7 @@ func TestServerSurvivesAcceptError(t *testing.T) {
 	ln := &flakyListener{Listener: listen(t)}
 	s := NewServer(ln, h, discardLog(), 5*time.Second)
 	t.Cleanup(func() { s.Close() })
-	p := newPool(t, Options{ConnsPerPeer: 1, Timeout: 500 * time.Millisecond})
+	p := newPool(t, Options{ConnsPerPeer: 1, Timeout: 300 * time.Millisecond})
 	eventually(t, 5*time.Second, "the injected Accept error", ln.failed.Load)
 	dst := newRowBuffers(2, 8, 0)
 	err := p.Fetch(context.Background(), s.Addr(), "v", []int64{3, 4}, dst.rows)
@@ -439,13 +439,13 @@ func TestFetchTimeoutWhileSending(t *testing.T) {
 		if r.elapsed > timeout+2*time.Second {
 			t.Errorf("Fetch returned after %v, want about %v", r.elapsed, timeout)
 		}
-	case <-time.After(timeout + 3*time.Second):
+	case <-time.After(timeout + time.Second):
 		p.Close() // ends the write, so the Fetch goroutine returns
 		r := waitResult(t, ch, 5*time.Second, "Fetch after Pool.Close")
 		t.Skipf("BUG: Pool.Fetch/Call (tcp.go conn.send) writes the request with only a fixed 30 s write deadline before "+
 			"Options.Timeout and ctx are looked at; to a peer that stops reading, a request larger than the socket buffers "+
 			"(here 3M indices, 24 MiB) blocks the call (and every other call on that connection, behind wmu) for up to 30 s: "+
 			"still blocked %v after Timeout %v and a ctx of %v; it returned %v only when Pool.Close cut the connection",
-			timeout+3*time.Second, timeout, 2*timeout, r.err)
+			timeout+time.Second, timeout, 2*timeout, r.err)
 	}
 }

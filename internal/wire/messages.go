@@ -63,6 +63,9 @@ type Shard struct {
 	// Failed marks a rank that could not create its shard (bad shape,
 	// no memory): the collective fails for every rank at once.
 	Failed bool
+	// Dtype names the items' type ("float32", "int64", ...; see
+	// docs/protocol.md), or "" for untyped bytes; ranks must agree.
+	Dtype string
 }
 
 func (m *Shard) Encode(e *Encoder) {
@@ -80,6 +83,7 @@ func (m *Shard) Encode(e *Encoder) {
 	} else {
 		e.U8(0)
 	}
+	e.String(m.Dtype)
 }
 
 func DecodeShard(b []byte) (m Shard, err error) {
@@ -93,6 +97,7 @@ func DecodeShard(b []byte) (m Shard, err error) {
 	default:
 		return m, protoErr("shard of %q: failed flag %d, want 0 or 1", m.Name, f)
 	}
+	m.Dtype = d.String()
 	return m, d.Done()
 }
 
@@ -135,6 +140,7 @@ type Table struct {
 	Nodes     []string // node ids
 	Addrs     []string // per node: peer address
 	Paths     []string // per rank: segment path on the asking node, "" elsewhere
+	Dtype     string   // the items' type, "" for untyped bytes
 }
 
 func (m *Table) Encode(e *Encoder) {
@@ -146,6 +152,7 @@ func (m *Table) Encode(e *Encoder) {
 	e.Strings(m.Nodes)
 	e.Strings(m.Addrs)
 	e.Strings(m.Paths)
+	e.String(m.Dtype)
 }
 
 func DecodeTable(b []byte) (m Table, err error) {
@@ -154,6 +161,7 @@ func DecodeTable(b []byte) (m Table, err error) {
 	m.ShardRows = d.I64s(nil)
 	m.RankNode = d.I64s(nil)
 	m.Nodes, m.Addrs, m.Paths = d.Strings(), d.Strings(), d.Strings()
+	m.Dtype = d.String()
 	if err := d.Done(); err != nil {
 		return m, err
 	}

@@ -248,6 +248,7 @@ func TestMessageBytes(t *testing.T) {
 				1, 0, 0, 0, 1, 0, 'n',
 				1, 0, 0, 0, 1, 0, 'a',
 				0, 0, 0, 0,
+				0, 0,
 			}},
 	} {
 		if !bytes.Equal(c.got, c.want) {
