@@ -106,10 +106,22 @@ type Segment struct {
 
 func dataBytes(h Header) int64 { return h.Rows * h.Disp * h.ItemSize }
 
+// checkHeader rejects a shape whose size is negative or overflows.
+func checkHeader(h Header) error {
+	if h.Rows < 0 || h.Disp < 1 || h.ItemSize < 1 || h.ItemSize > 64 || h.Disp > (1<<46)/h.ItemSize ||
+		(h.Rows > 0 && h.Disp*h.ItemSize > (1<<46)/h.Rows) {
+		return base.Errorf(base.ErrGeometry, "segment of %d rows of disp %d, itemsize %d", h.Rows, h.Disp, h.ItemSize)
+	}
+	return nil
+}
+
 // Create makes a new, zero-filled segment (tmpfs gives zero pages lazily, so
 // an Init of any size costs nothing until rows are written). It fails with
 // ErrExists if the file is there.
 func Create(path string, h Header) (*Segment, error) {
+	if err := checkHeader(h); err != nil {
+		return nil, err
+	}
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
 	if err == unix.EEXIST {
 		return nil, base.Errorf(base.ErrExists, "segment %s already exists", path)
@@ -162,6 +174,9 @@ func Open(path string, writable bool) (*Segment, error) {
 		return nil, fmt.Errorf("ddstore: map segment %s: %w", path, err)
 	}
 	h, err := decodeHeader(mem)
+	if err == nil && checkHeader(h) != nil {
+		err = base.Errorf(base.ErrProtocol, "segment %s: header of %d rows of disp %d, itemsize %d", path, h.Rows, h.Disp, h.ItemSize)
+	}
 	if err == nil && HeaderBytes+dataBytes(h) != st.Size {
 		err = base.Errorf(base.ErrProtocol, "segment %s: header says %d rows of %d bytes, file has %d bytes", path, h.Rows, h.Disp*h.ItemSize, st.Size-HeaderBytes)
 	}

@@ -65,14 +65,24 @@ func (s *Server) Close() error {
 }
 
 func (s *Server) acceptLoop() {
+	var backoff time.Duration
 	for {
 		nc, err := s.ln.Accept()
 		if err != nil {
-			if s.ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
-				s.log.Error("peer accept", "err", err)
+			if s.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
 			}
-			return
+			// Out of descriptors and the like pass: keep serving.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.log.Error("peer accept; retrying", "err", err, "in", backoff)
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			continue
 		}
+		backoff = 0
 		if tc, ok := nc.(*net.TCPConn); ok {
 			tc.SetNoDelay(true)
 			tc.SetWriteBuffer(4 << 20)

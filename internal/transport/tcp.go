@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -107,6 +108,9 @@ func (p *Pool) get(ctx context.Context, addr string) (*conn, error) {
 	}
 	d := net.Dialer{Timeout: p.opts.DialTimeout}
 	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil && ctx.Err() != nil {
+		return nil, fmt.Errorf("%w: connect to %s: %w", base.ErrTimeout, addr, ctx.Err())
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: connect to %s: %w", base.ErrPeer, addr, err)
 	}
@@ -153,12 +157,24 @@ func (p *Pool) call(ctx context.Context, addr string, op wire.Op, fill func(*wir
 		return nil, err
 	}
 	cl := &call{done: make(chan struct{}), dst: dst, want: want}
-	if err := c.send(cl, op, fill); err != nil {
-		return nil, err
-	}
 	timeout := p.opts.Timeout
 	if op != wire.OpFetch {
 		timeout = 0 // control calls (collectives) are bounded by ctx, which carries their own timeout
+	}
+	// Sending is bounded like the rest: a peer that stops reading must not
+	// hold a large request (and the calls queued behind it) forever.
+	sendBy := time.Now().Add(30 * time.Second)
+	if timeout > 0 {
+		sendBy = time.Now().Add(timeout)
+	}
+	if d, ok := ctx.Deadline(); ok && d.Before(sendBy) {
+		sendBy = d
+	}
+	if err := c.send(cl, op, fill, sendBy); err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, fmt.Errorf("%w: sending %s to peer %s: %w", base.ErrTimeout, op, addr, err)
+		}
+		return nil, err
 	}
 	var timer <-chan time.Time
 	if timeout > 0 {
@@ -235,7 +251,7 @@ func newConn(nc *net.TCPConn, addr string) (*conn, error) {
 	return c, nil
 }
 
-func (c *conn) send(cl *call, op wire.Op, fill func(*wire.Encoder)) error {
+func (c *conn) send(cl *call, op wire.Op, fill func(*wire.Encoder), by time.Time) error {
 	c.mu.Lock()
 	if c.mu.err != nil {
 		err := c.mu.err
@@ -249,7 +265,7 @@ func (c *conn) send(cl *call, op wire.Op, fill func(*wire.Encoder)) error {
 
 	c.wmu.Lock()
 	c.wbuf = wire.AppendFrame(c.wbuf[:0], op, 0, cl.id, 0, fill)
-	c.nc.SetWriteDeadline(time.Now().Add(30 * time.Second))
+	c.nc.SetWriteDeadline(by)
 	_, err := c.nc.Write(c.wbuf)
 	c.wmu.Unlock()
 	if err != nil {
