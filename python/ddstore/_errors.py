@@ -1,0 +1,77 @@
+"""Exceptions of ddstore. Each maps one sentinel error of the Go side (its
+wire status code) and also derives from the builtin a Python user expects:
+IndexError for indices, ValueError for shapes and dtypes, KeyError for unknown
+variables, TimeoutError and ConnectionError for peers and agents."""
+
+import builtins
+
+
+class Error(Exception):
+    """Base of every ddstore error."""
+
+    code = 13
+
+    def __str__(self):  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class IndexOutOfRange(Error, builtins.IndexError):
+    code = 1
+
+
+class GeometryError(Error, builtins.ValueError):
+    code = 2
+
+
+class UnknownVariable(Error, builtins.KeyError):
+    code = 3
+
+
+class VariableExists(Error, builtins.ValueError):
+    code = 4
+
+
+class BadBuffer(Error, builtins.ValueError):
+    code = 5
+
+
+class FreedVariable(Error, builtins.KeyError):
+    code = 6
+
+
+class ClosedError(Error, builtins.ValueError):
+    code = 7
+
+
+class Timeout(Error, builtins.TimeoutError):
+    code = 8
+
+
+class PeerError(Error, builtins.ConnectionError):
+    code = 9
+
+
+class ProtocolError(Error, builtins.ConnectionError):
+    code = 10
+
+
+class NoAgent(Error, builtins.ConnectionError):
+    code = 11
+
+
+class ArgumentError(Error, builtins.ValueError):
+    code = 12
+
+
+class InternalError(Error, builtins.RuntimeError):
+    code = 13
+
+
+_BY_CODE = {c.code: c for c in (IndexOutOfRange, GeometryError, UnknownVariable, VariableExists, BadBuffer,
+                                 FreedVariable, ClosedError, Timeout, PeerError, ProtocolError, NoAgent,
+                                 ArgumentError, InternalError)}
+
+
+def from_status(code, message):
+    """The exception for a reply's status code and message."""
+    return _BY_CODE.get(code, InternalError)(message)

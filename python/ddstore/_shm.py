@@ -1,0 +1,83 @@
+"""Shared memory: the agent's shard segments (files under /dev/shm, mapped
+here) and memfd receive regions (handed to the agent over the socket)."""
+
+import mmap
+import os
+import struct
+import zlib
+
+import numpy as np
+
+from ._errors import ProtocolError, UnknownVariable
+
+HEADER_BYTES = 4096
+_MAGIC = b"DDSTSHRD"
+_FIELDS = struct.Struct("<8sI4xqqqqI")  # magic, version, rank, rows, disp, itemsize, crc
+
+
+class Segment:
+    """One mapped shard: `rows` is a (rows, row_bytes) uint8 view of it."""
+
+    __slots__ = ("path", "mm", "rows", "rank", "nrows", "disp", "itemsize")
+
+    def __init__(self, path, writable):
+        try:
+            fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+        except FileNotFoundError:
+            raise UnknownVariable(f"ddstore: unknown variable: segment {path} does not exist") from None
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != os.geteuid():
+                raise ProtocolError(f"ddstore: segment {path} belongs to uid {st.st_uid}, not {os.geteuid()}")
+            prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+            self.mm = mmap.mmap(fd, st.st_size, mmap.MAP_SHARED, prot)
+        finally:
+            os.close(fd)
+        magic, version, self.rank, self.nrows, self.disp, self.itemsize, crc = _FIELDS.unpack_from(self.mm, 0)
+        if magic != _MAGIC or version != 1 or crc != zlib.crc32(self.mm[:48]):
+            self.mm.close()
+            raise ProtocolError(f"ddstore: protocol error: segment {path} has no valid ddstore header")
+        rb = self.disp * self.itemsize
+        if HEADER_BYTES + self.nrows * rb != st.st_size:
+            self.mm.close()
+            raise ProtocolError(f"ddstore: protocol error: segment {path}: header and file size disagree")
+        self.path = path
+        buf = np.frombuffer(self.mm, dtype=np.uint8, count=self.nrows * rb, offset=HEADER_BYTES)
+        if not writable:
+            buf.flags.writeable = False  # a read-only mapping: numpy must not try
+        self.rows = buf.reshape(self.nrows, rb)
+
+    def close(self):
+        self.rows = None
+        try:
+            self.mm.close()
+        except BufferError:
+            pass  # a view of it is still alive; the mapping goes with it
+
+
+class Region:
+    """An anonymous shared-memory region (memfd) of `size` bytes."""
+
+    __slots__ = ("fd", "mm", "size", "id")
+
+    def __init__(self, size):
+        self.fd = os.memfd_create("ddstore-recv", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, size)
+            self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.size, self.id = size, 0
+
+    def array(self):
+        return np.frombuffer(self.mm, dtype=np.uint8)
+
+    def close(self):
+        try:
+            self.mm.close()
+        except BufferError:
+            pass
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

@@ -1,0 +1,141 @@
+"""The client protocol's frames (docs/protocol.md): a 32-byte header, then a
+body of little-endian fields."""
+
+import struct
+
+import numpy as np
+
+from ._errors import ProtocolError, from_status
+
+MAGIC = 0xDD5E
+VERSION = 1
+HEADER = struct.Struct("<HBBHHIIQQ")  # magic, version, op, status, 0, body length, 0, id, payload
+assert HEADER.size == 32
+MAX_BODY = 32 << 20
+
+OP_HELLO, OP_CREATE, OP_PUBLISH, OP_LOOKUP, OP_READ, OP_REGISTER, OP_UNREGISTER, OP_FREE, OP_INFO = range(1, 10)
+
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_I64 = struct.Struct("<q")
+_U32I64 = struct.Struct("<Iq")
+
+
+class Encoder:
+    __slots__ = ("b",)
+
+    def __init__(self):
+        self.b = bytearray(HEADER.size)
+
+    def u8(self, v):
+        self.b.append(v)
+        return self
+
+    def u32(self, v):
+        self.b += _U32.pack(v)
+        return self
+
+    def i64(self, *vs):
+        for v in vs:
+            self.b += _I64.pack(v)
+        return self
+
+    def string(self, s):
+        e = s.encode()
+        if len(e) > 0xFFFF:
+            raise ValueError(f"name of {len(e)} bytes: want at most 65535")
+        self.b += _U16.pack(len(e))
+        self.b += e
+        return self
+
+    def i64s(self, arr):
+        a = np.ascontiguousarray(arr, dtype="<i8")
+        self.b += _U32.pack(a.shape[0])
+        self.b += a.tobytes()
+        return self
+
+    def frame(self, op, req_id):
+        HEADER.pack_into(self.b, 0, MAGIC, VERSION, op, 0, 0, len(self.b) - HEADER.size, 0, req_id, 0)
+        return self.b
+
+
+class Decoder:
+    __slots__ = ("b", "i")
+
+    def __init__(self, b):
+        self.b, self.i = memoryview(b), 0
+
+    def _take(self, n):
+        if n < 0 or self.i + n > len(self.b):
+            raise ProtocolError(f"ddstore: protocol error: truncated message: {n} bytes needed, {len(self.b) - self.i} left")
+        v = self.b[self.i:self.i + n]
+        self.i += n
+        return v
+
+    def u32(self):
+        return _U32.unpack(self._take(4))[0]
+
+    def i64(self):
+        return _I64.unpack(self._take(8))[0]
+
+    def string(self):
+        return bytes(self._take(_U16.unpack(self._take(2))[0])).decode()
+
+    def string32(self):
+        return bytes(self._take(self.u32())).decode()
+
+    def i64s(self):
+        n = self.u32()
+        return np.frombuffer(self._take(8 * n), dtype="<i8").astype(np.int64)
+
+    def strings(self):
+        return [self.string() for _ in range(self.u32())]
+
+    def done(self):
+        if self.i != len(self.b):
+            raise ProtocolError(f"ddstore: protocol error: {len(self.b) - self.i} bytes left over after the message")
+
+
+def parse_header(b):
+    magic, version, op, status, r1, body, r2, req_id, payload = HEADER.unpack(b)
+    if magic != MAGIC or version != VERSION or r1 or r2:
+        raise ProtocolError(f"ddstore: protocol error: frame magic {magic:#06x} version {version}")
+    if body > MAX_BODY:
+        raise ProtocolError(f"ddstore: protocol error: frame body of {body} bytes exceeds {MAX_BODY}")
+    return op, status, body, req_id, payload
+
+
+def status_error(status, body):
+    d = Decoder(body)
+    try:
+        msg = d.string32()
+    except ProtocolError:
+        msg = "ddstore: remote error (undecodable message)"
+    return from_status(status, msg)
+
+
+def shard(e, name, node, rank, size, rows, disp, itemsize, timeout_ms, attempt, failed, dtype):
+    e.string(name).string(node).i64(rank, size, rows, disp, itemsize, timeout_ms, attempt).u8(1 if failed else 0)
+    return e.string(dtype)
+
+
+class Table:
+    """A published variable's geometry (wire.Table)."""
+
+    __slots__ = ("name", "disp", "itemsize", "shard_rows", "rank_node", "nodes", "addrs", "paths", "dtype")
+
+    @classmethod
+    def decode(cls, body):
+        d = Decoder(body)
+        t = cls()
+        t.name, t.disp, t.itemsize = d.string(), d.i64(), d.i64()
+        t.shard_rows, t.rank_node = d.i64s(), d.i64s()
+        t.nodes, t.addrs, t.paths = d.strings(), d.strings(), d.strings()
+        t.dtype = d.string()
+        d.done()
+        p = len(t.shard_rows)
+        if len(t.rank_node) != p or len(t.paths) not in (0, p) or len(t.addrs) != len(t.nodes):
+            raise ProtocolError(f"ddstore: protocol error: table of {t.name!r} with inconsistent lists")
+        if p and (t.rank_node.min() < 0 or t.rank_node.max() >= len(t.nodes)):
+            raise ProtocolError(f"ddstore: protocol error: table of {t.name!r} names a node out of range")
+        return t

@@ -1,0 +1,64 @@
+"""The element types ddstore knows, and turning numpy arrays and CPU torch
+tensors into numpy views without copying."""
+
+import numpy as np
+
+from ._errors import BadBuffer
+
+NAMES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+         "float16", "bfloat16", "float32", "float64")
+
+
+_CACHE = {}
+
+
+def dtype_name(dtype):
+    """The ddstore name of a numpy dtype, a torch dtype, or a name."""
+    try:
+        return _CACHE[dtype]
+    except (KeyError, TypeError):
+        pass
+    name = _dtype_name(dtype)
+    try:
+        _CACHE[dtype] = name
+    except TypeError:
+        pass
+    return name
+
+
+def _dtype_name(dtype):
+    s = str(dtype)
+    if s.startswith("torch."):
+        s = s[len("torch."):]
+    if s == "bfloat16":
+        return s
+    try:
+        d = np.dtype(s)
+    except TypeError:
+        raise BadBuffer(f"ddstore: bad buffer: element type {dtype!r}: want one of {', '.join(NAMES)}") from None
+    if d.name not in NAMES or d.byteorder == ">":
+        raise BadBuffer(f"ddstore: bad buffer: element type {d}: want one of {', '.join(NAMES)} (native byte order)")
+    return d.name
+
+
+def as_array(x):
+    """(numpy view of x, dtype name): a numpy array as it is, a CPU torch
+    tensor through .numpy() (bfloat16 through an int16 view), sharing
+    memory so that reads land in x itself."""
+    if isinstance(x, np.ndarray):
+        return x, dtype_name(x.dtype)
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        import torch
+        if x.device.type != "cpu":
+            raise BadBuffer(f"ddstore: bad buffer: a tensor on {x.device}: want a CPU tensor")
+        if x.dtype == torch.bfloat16:
+            return x.detach().view(torch.int16).numpy(), "bfloat16"
+        return x.detach().numpy(), dtype_name(x.dtype)
+    a = np.asarray(x)
+    return a, dtype_name(a.dtype)
+
+
+def numpy_dtype(name):
+    """The numpy dtype that holds items of a ddstore type (int16 for bfloat16)."""
+    return np.dtype("int16" if name == "bfloat16" else name)

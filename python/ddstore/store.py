@@ -1,0 +1,676 @@
+"""The Python client of ddstore: one Store per rank, attached to its node's
+agent. Rows of the node are gathered straight from the mapped shared memory;
+rows of other nodes cost one request per batch to the agent, which writes them
+into a shared-memory receive region. No Go runs inside Python, so the store
+survives fork(): a forked child reconnects on first use."""
+
+import array
+import os
+import socket
+import threading
+import time
+
+import numpy as np
+
+from . import _agent, _env, _wire
+from ._errors import (ArgumentError, BadBuffer, ClosedError, Error, FreedVariable, GeometryError, IndexOutOfRange,
+                      NoAgent, ProtocolError, Timeout, VariableExists)
+from ._shm import Region, Segment
+from .dtypes import as_array, dtype_name, numpy_dtype
+
+_MAX_ROWS_PER_READ = 1 << 20
+
+
+class _Lane:
+    """One connection to the agent with its own staging region; a thread
+    takes a lane for each request that needs the agent."""
+
+    __slots__ = ("sock", "req", "hdr", "stage", "broken")
+
+    def __init__(self, path, hello, timeout):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.req, self.hdr, self.stage, self.broken = 0, bytearray(_wire.HEADER.size), None, False
+        try:
+            self.sock.connect(path)
+        except OSError as e:
+            self.sock.close()
+            raise NoAgent(f"ddstore: no agent: connect to {path}: {e}") from None
+        try:
+            self.call(_wire.OP_HELLO, hello)
+        except BaseException:
+            self.close()
+            raise
+
+    def call(self, op, enc, fds=None, timeout=None):
+        self.req += 1
+        frame = enc.frame(op, self.req)
+        try:
+            if timeout is not None:
+                self.sock.settimeout(timeout)
+            if fds:
+                self.sock.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+            else:
+                self.sock.sendall(frame)
+            self._recv_into(self.hdr)
+            rop, status, blen, rid, payload = _wire.parse_header(self.hdr)
+            body = bytearray(blen)
+            if blen:
+                self._recv_into(body)
+        except socket.timeout:
+            self.broken = True
+            raise Timeout(f"ddstore: timed out: the agent did not answer op {op} in time") from None
+        except (OSError, EOFError) as e:
+            self.broken = True
+            raise NoAgent(f"ddstore: no agent: op {op}: {e}") from None
+        except ProtocolError:
+            self.broken = True
+            raise
+        if rid != self.req or rop != op or payload:
+            self.broken = True
+            raise ProtocolError(f"ddstore: protocol error: reply op {rop} #{rid} to request op {op} #{self.req}")
+        if status:
+            raise _wire.status_error(status, body)
+        return body
+
+    def _recv_into(self, buf):
+        view, n = memoryview(buf), 0
+        while n < len(buf):
+            k = self.sock.recv_into(view[n:])
+            if k == 0:
+                raise EOFError("connection closed by the agent")
+            n += k
+
+    def staging(self, nbytes, timeout):
+        """A registered region of at least nbytes (grown as needed)."""
+        if self.stage is not None and self.stage.size >= nbytes:
+            return self.stage
+        size = max(nbytes, 1 << 20)
+        if self.stage is not None:
+            size = max(size, 2 * self.stage.size)
+            self.call(_wire.OP_UNREGISTER, _wire.Encoder().u32(self.stage.id).i64(0))
+            self.stage.close()
+            self.stage = None
+        r = Region(size)
+        try:
+            r.id = register(self, r, timeout)
+        except BaseException:
+            r.close()
+            raise
+        self.stage = r
+        return r
+
+    def close(self):
+        try:
+            self.sock.close()
+        finally:
+            if self.stage is not None:
+                self.stage.close()
+                self.stage = None
+
+
+def register(lane, region, timeout):
+    body = lane.call(_wire.OP_REGISTER, _wire.Encoder().u32(0).i64(region.size), fds=[region.fd], timeout=timeout)
+    d = _wire.Decoder(body)
+    rid = d.u32()
+    d.i64()
+    d.done()
+    return rid
+
+
+class _Var:
+    """A variable as this rank sees it."""
+
+    __slots__ = ("name", "disp", "itemsize", "rb", "dtype", "npdtype", "total", "prefix", "shard_rows", "nodes",
+                 "local", "own", "segs", "single", "single_first", "single_typed", "profile")
+
+    def __init__(self, t, own_rank):
+        self.name, self.disp, self.itemsize, self.dtype = t.name, t.disp, t.itemsize, t.dtype
+        self.rb = t.disp * t.itemsize
+        self.shard_rows = t.shard_rows
+        self.prefix = np.concatenate(([0], np.cumsum(t.shard_rows))).astype(np.int64)
+        self.total = int(self.prefix[-1])
+        self.nodes = [t.nodes[i] for i in t.rank_node]
+        self.local, self.segs, self.own = [None] * len(t.shard_rows), [], None
+        try:
+            for r, path in enumerate(t.paths):
+                if not path:
+                    continue
+                seg = Segment(path, writable=(r == own_rank))
+                self.segs.append(seg)
+                self.local[r] = seg.rows
+                if r == own_rank:
+                    self.own = seg.rows
+        except BaseException:
+            self.unmap()
+            raise
+        # The one local rank holding every row, when there is one: a batch
+        # then needs no owner lookup at all.
+        nonempty = [r for r, n in enumerate(t.shard_rows) if n > 0]
+        self.single = self.local[nonempty[0]] if len(nonempty) == 1 and self.local[nonempty[0]] is not None else None
+        self.single_first = int(self.prefix[nonempty[0]]) if self.single is not None else 0
+        # The fast path of get(): the rows as items of their own type.
+        self.npdtype = numpy_dtype(self.dtype) if self.dtype and self.dtype != "bool" else (
+            np.dtype(np.bool_) if self.dtype == "bool" else None)
+        self.single_typed = None
+        if self.single is not None and self.npdtype is not None:
+            self.single_typed = self.single.view(self.npdtype).reshape(self.single.shape[0], self.disp)
+        self.profile = {"calls": 0, "rows": 0, "bytes": 0, "local_rows": 0, "remote_rows": 0, "remote_calls": 0,
+                        "wait_s": 0.0}
+
+    def unmap(self):
+        self.local = [None] * len(self.local)
+        self.own = self.single = self.single_typed = None
+        for s in self.segs:
+            s.close()
+        self.segs = []
+
+
+class Store:
+    """One rank's handle on the job's variables (DDStore's PyDDStore API).
+
+    comm: an mpi4py communicator, a torch.distributed process group, a
+    FileComm, or None (rank and size from torchrun, Slurm, Open MPI or MPICH).
+    """
+
+    def __init__(self, comm=None, namespace=None, *, rank=None, size=None, local_rank=None, local_size=None,
+                 node=None, socket_path=None, run_dir=None, spawn=True, agent_args=(), binary=None,
+                 timeout=120.0, publish_timeout=300.0, agent_wait=60.0, max_lanes=16):
+        from .comm import identity
+        ident = identity(comm, rank, size, local_rank, local_size, node)
+        self.rank, self.size, self.local_rank, self.local_size, self.node = (
+            ident.rank, ident.size, ident.local_rank, ident.local_size, ident.node)
+        self.namespace = namespace or getattr(comm, "ns", None) or _agent.default_namespace()
+        run_dir = run_dir or _agent.default_run_dir()
+        self.socket_path = socket_path or _agent.socket_path(run_dir, self.namespace, self.node)
+        handshake = getattr(comm, "dir", None)
+        if handshake:
+            agent_args = ("--handshake-dir", handshake, *agent_args)
+        self._spawn, self._agent_args, self._binary = spawn, tuple(agent_args), binary
+        self._timeout, self._publish_timeout, self._agent_wait = timeout, publish_timeout, agent_wait
+        self._max_lanes = max_lanes
+        self._lock = threading.Lock()
+        self._vars, self._freed, self._attempts, self._recv = {}, set(), {}, []
+        self._closed = False
+        self._pid = os.getpid()
+        self._lanes, self._nlanes, self._lane_free = [], 0, threading.Condition(self._lock)
+        self._ctl = self._connect()
+
+    # -- connections --------------------------------------------------------
+
+    def _hello(self):
+        return (_wire.Encoder().string(self.namespace).string(self.node)
+                .i64(self.rank, self.size, self.local_rank, self.local_size, os.getpid()))
+
+    def _connect(self):
+        try:
+            return _Lane(self.socket_path, self._hello(), self._timeout)
+        except NoAgent:
+            pass
+        if self._spawn and self.local_rank <= 0:
+            _agent.spawn(self.namespace, self.node, self.socket_path, self._agent_args, self._binary)
+        deadline, wait = time.monotonic() + self._agent_wait, 0.002
+        while True:
+            try:
+                return _Lane(self.socket_path, self._hello(), self._timeout)
+            except NoAgent as e:
+                if time.monotonic() > deadline:
+                    raise NoAgent(f"ddstore: no agent for namespace {self.namespace!r} on node {self.node!r} answered "
+                                  f"at {self.socket_path} within {self._agent_wait}s: {e}") from None
+            time.sleep(wait)
+            wait = min(2 * wait, 0.1)
+
+    def _check_fork(self):
+        """In a forked child, drop the parent's connections (never use them)
+        and its receive regions; keep the segment mappings, which fork
+        shares."""
+        if self._pid == os.getpid():
+            return
+        with self._lock:
+            if self._pid == os.getpid():
+                return
+            for lane in self._lanes + [self._ctl]:
+                if lane is not None:
+                    try:
+                        lane.sock.close()
+                    except OSError:
+                        pass
+                    lane.stage = None  # the parent owns its regions
+            self._lanes, self._nlanes, self._recv = [], 0, []
+            self._lock = threading.Lock()
+            self._lane_free = threading.Condition(self._lock)
+            self._ctl = None
+            self._pid = os.getpid()
+
+    def _control(self, op, enc, timeout=None):
+        self._check_fork()
+        with self._lock:
+            if self._closed:
+                raise ClosedError(f"ddstore: closed: store of rank {self.rank} closed")
+            if self._ctl is None or self._ctl.broken:
+                self._ctl = self._connect()
+            return self._ctl.call(op, enc, timeout=timeout or self._timeout)
+
+    def _take_lane(self):
+        with self._lock:
+            while True:
+                if self._closed:
+                    raise ClosedError(f"ddstore: closed: store of rank {self.rank} closed")
+                if self._lanes:
+                    return self._lanes.pop()
+                if self._nlanes < self._max_lanes:
+                    self._nlanes += 1
+                    break
+                self._lane_free.wait()
+        try:
+            return self._connect()
+        except BaseException:
+            with self._lock:
+                self._nlanes -= 1
+            raise
+
+    def _put_lane(self, lane):
+        with self._lock:
+            if lane.broken or self._closed:
+                lane.close()
+                self._nlanes -= 1
+            else:
+                self._lanes.append(lane)
+            self._lane_free.notify()
+
+    # -- creating -------------------------------------------------------------
+
+    def add(self, name, arr):
+        """Collective: every rank adds its rows (arr.shape[0] rows of
+        arr[0].size items each; possibly none) as variable `name`."""
+        try:
+            a, dt = as_array(arr)
+            if a.ndim == 0:
+                raise GeometryError(f"ddstore: bad geometry: variable {name!r}: a 0-d array has no rows")
+            nrows = a.shape[0]
+            disp = int(np.prod(a.shape[1:], dtype=np.int64)) if a.ndim > 1 else 1
+            if disp < 1:
+                raise GeometryError(f"ddstore: bad geometry: variable {name!r}: rows of shape {a.shape[1:]} hold no items")
+        except Error as e:
+            return self._create(name, None, 0, 0, 0, "", bad=e)
+        return self._create(name, a, nrows, disp, a.dtype.itemsize, dt)
+
+    def init(self, name, nrows, disp, itemsize=1, dtype=None):
+        """Collective: a zero-filled shard of nrows rows of disp items."""
+        dt = ""
+        bad = None
+        if dtype is not None:
+            dt = dtype_name(dtype)
+            itemsize = np.dtype("uint16" if dt == "bfloat16" else dt).itemsize if dt != "bool" else 1
+        if disp < 1 or not 1 <= itemsize <= 64:
+            bad = GeometryError(f"ddstore: bad geometry: variable {name!r}: disp {disp}, itemsize {itemsize}: "
+                                f"want disp >= 1 and itemsize 1..64")
+        elif nrows < 0:
+            bad = GeometryError(f"ddstore: bad geometry: variable {name!r}: {nrows} rows: want >= 0")
+        return self._create(name, None, int(nrows), int(disp), int(itemsize), dt, bad=bad)
+
+    def _create(self, name, a, nrows, disp, itemsize, dt, bad=None):
+        _check_name(name)
+        self._check_fork()
+        with self._lock:
+            if self._closed:
+                raise ClosedError(f"ddstore: closed: store of rank {self.rank} closed")
+            exists = name in self._vars
+            attempt = self._attempts[name] = self._attempts.get(name, 0) + 1
+        if exists:
+            raise VariableExists(f"ddstore: variable exists: variable {name!r} already exists")
+        tms = int(self._publish_timeout * 1000)
+
+        def shard(failed=False):
+            return _wire.shard(_wire.Encoder(), name, "", self.rank, self.size, nrows, disp, itemsize, tms, attempt,
+                               failed, dt)
+
+        def fail(err):
+            try:
+                self._control(_wire.OP_PUBLISH, shard(failed=True), timeout=self._publish_timeout + self._timeout)
+            except Error:
+                pass
+            raise err
+
+        if bad is not None:
+            fail(bad)
+        try:
+            d = _wire.Decoder(self._control(_wire.OP_CREATE, shard()))
+            path = d.string32()
+            if a is not None and nrows:
+                seg = Segment(path, writable=True)
+                try:
+                    seg.rows[...] = a.reshape(nrows, -1).view(np.uint8).reshape(nrows, disp * itemsize)
+                finally:
+                    seg.close()
+        except Error as e:
+            fail(e)
+        body = self._control(_wire.OP_PUBLISH, shard(), timeout=self._publish_timeout + self._timeout)
+        t = _wire.Table.decode(body)
+        with self._lock:
+            self._freed.discard(name)
+        self._install(t)
+
+    def _install(self, t):
+        v = _Var(t, self.rank)
+        with self._lock:
+            if self._closed:
+                v.unmap()
+                raise ClosedError(f"ddstore: closed: store of rank {self.rank} closed")
+            old = self._vars.get(t.name)
+            if old is not None:
+                v.unmap()
+                return old
+            self._vars[t.name] = v
+            return v
+
+    def _var(self, name):
+        v = self._vars.get(name)
+        if v is not None:
+            return v
+        _check_name(name)
+        if self._closed:
+            raise ClosedError(f"ddstore: closed: store of rank {self.rank} closed")
+        if name in self._freed:
+            raise FreedVariable(f"ddstore: variable freed: variable {name!r} was freed")
+        body = self._control(_wire.OP_LOOKUP, _wire.Encoder().string(name).string("").i64(-1))
+        return self._install(_wire.Table.decode(body))
+
+    # -- reading ----------------------------------------------------------------
+
+    def _dst(self, v, arr, nrows):
+        """arr as a (nrows, row bytes) uint8 view, after checking its dtype,
+        size and layout."""
+        a, dt = as_array(arr)
+        if v.dtype and dt != v.dtype:
+            raise BadBuffer(f"ddstore: bad buffer: variable {v.name!r} holds {v.dtype}, destination is {dt}")
+        if a.dtype.itemsize != v.itemsize:
+            raise BadBuffer(f"ddstore: bad buffer: variable {v.name!r} has items of {v.itemsize} bytes, "
+                            f"destination {dt} of {a.dtype.itemsize}")
+        if a.size != nrows * v.disp:
+            raise BadBuffer(f"ddstore: bad buffer: variable {v.name!r}: destination of {a.size} items for {nrows} "
+                            f"rows of {v.disp}: want {nrows * v.disp}")
+        if not a.flags.c_contiguous or not a.flags.writeable:
+            raise BadBuffer(f"ddstore: bad buffer: variable {v.name!r}: destination must be C-contiguous and writable")
+        return a.reshape(-1).view(np.uint8).reshape(nrows, v.rb)
+
+    def get(self, name, arr, start=0):
+        """arr.shape[0] consecutive rows from global row `start` into arr
+        (the range may span several ranks' shards)."""
+        if self._pid != os.getpid():
+            self._check_fork()
+        v = self._vars.get(name)
+        # Fast path: a numpy destination of the variable's type, rows all in
+        # one shard of this node (a few hundred nanoseconds).
+        if (v is not None and type(arr) is np.ndarray and v.single_typed is not None and arr.dtype == v.npdtype
+                and arr.flags.c_contiguous and arr.flags.writeable):
+            n = arr.shape[0] if arr.ndim else 1
+            lo = start - v.single_first
+            if arr.size == n * v.disp and 0 <= lo and lo + n <= v.single_typed.shape[0] and n > 0:
+                arr.reshape(n, v.disp)[...] = v.single_typed[lo:lo + n]
+                p = v.profile
+                p["calls"] += 1
+                p["rows"] += n
+                p["local_rows"] += n
+                p["bytes"] += n * v.rb
+                return arr
+        return self._get(name, arr, start)
+
+    def _get(self, name, arr, start):
+        self._check_fork()
+        v = self._var(name)
+        a, _ = as_array(arr)
+        n = a.shape[0] if a.ndim else 1
+        dst = self._dst(v, arr, n)
+        start = int(start)
+        if n == 0:
+            return arr
+        if start < 0 or start + n > v.total:
+            raise IndexOutOfRange(f"ddstore: index out of range: variable {name!r}: rows [{start}, {start + n}) "
+                                  f"not in [0, {v.total})")
+        src = v.single
+        if src is not None:
+            first = v.single_first
+            dst[:] = src[start - first:start - first + n]
+            _count(v, n, 0, 0.0)
+            return arr
+        idx = np.arange(start, start + n, dtype=np.int64)
+        self._gather(v, dst, idx)
+        return arr
+
+    def get_batch(self, name, arr, indices):
+        """Rows indices[i] into arr[i]: any order, repeats, any owners. Every
+        index is checked before any row is read."""
+        self._check_fork()
+        v = self._var(name)
+        idx = np.asarray(indices)
+        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+            raise ArgumentError(f"ddstore: bad argument: indices of shape {idx.shape} and type {idx.dtype}: "
+                                f"want a 1-d sequence of integers")
+        idx = idx.astype(np.int64, copy=False)
+        dst = self._dst(v, arr, idx.shape[0])
+        if idx.size:
+            lo, hi = idx.min(), idx.max()
+            if lo < 0 or hi >= v.total:
+                i = int(np.flatnonzero((idx < 0) | (idx >= v.total))[0])
+                raise IndexOutOfRange(f"ddstore: index out of range: variable {name!r}: indices[{i}] = {int(idx[i])} "
+                                      f"not in [0, {v.total})")
+        self._gather(v, dst, idx)
+        return arr
+
+    def _gather(self, v, dst, idx):
+        t0 = time.perf_counter()
+        src = v.single
+        if src is not None:
+            first = v.single_first
+            np.take(src, idx - first if first else idx, axis=0, out=dst)
+            _count(v, idx.shape[0], 0, 0.0)
+            return
+        owner = np.searchsorted(v.prefix, idx, side="right") - 1
+        remote = []
+        ranks = np.unique(owner)
+        for r in ranks.tolist():
+            mask = owner == r
+            src = v.local[r]
+            if src is None:
+                remote.append(np.flatnonzero(mask))
+                continue
+            if len(ranks) == 1:
+                np.take(src, idx - v.prefix[r], axis=0, out=dst)
+            else:
+                dst[mask] = src[idx[mask] - v.prefix[r]]
+        nremote = 0
+        if remote:
+            pos = np.concatenate(remote) if len(remote) > 1 else remote[0]
+            nremote = pos.shape[0]
+            for lo in range(0, nremote, _MAX_ROWS_PER_READ):
+                self._fetch(v, dst, idx, pos[lo:lo + _MAX_ROWS_PER_READ])
+        _count(v, idx.shape[0], nremote, time.perf_counter() - t0 if nremote else 0.0)
+
+    def _fetch(self, v, dst, idx, pos):
+        """Rows idx[pos] from other nodes into dst[pos]: one request to the
+        agent, rows written into a registered region (the destination itself
+        when it lies in a buffer from alloc_recv)."""
+        rb = v.rb
+        k = pos.shape[0]
+        region, base = self._recv_of(dst)
+        lane = self._take_lane()
+        try:
+            if region is not None:
+                offsets = base + pos * rb
+                rid = region.id
+            else:
+                stage = lane.staging(k * rb, self._timeout)
+                offsets = np.arange(k, dtype=np.int64) * rb
+                rid = stage.id
+            enc = _wire.Encoder().string(v.name).u32(rid).i64s(idx[pos]).i64s(offsets)
+            lane.call(_wire.OP_READ, enc)
+            if region is None:
+                dst[pos] = stage.array()[:k * rb].reshape(k, rb)
+        finally:
+            self._put_lane(lane)
+
+    def _recv_of(self, dst):
+        if not self._recv:
+            return None, 0
+        p = dst.__array_interface__["data"][0]
+        n = dst.nbytes
+        for r, base_ptr in self._recv:
+            if base_ptr <= p and p + n <= base_ptr + r.size:
+                return r, p - base_ptr
+        return None, 0
+
+    # -- receive buffers ------------------------------------------------------
+
+    def alloc_recv(self, shape, dtype=np.uint8):
+        """A numpy array in shared memory that the agent writes rows of other
+        nodes into directly: reads into it (or a slice) skip a copy."""
+        dt = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        if n <= 0:
+            raise ArgumentError(f"ddstore: bad argument: receive buffer of shape {shape}: want > 0 bytes")
+        r = Region(n)
+        try:
+            with self._lock:
+                if self._ctl is None or self._ctl.broken:
+                    self._ctl = self._connect()
+                r.id = register(self._ctl, r, self._timeout)
+        except BaseException:
+            r.close()
+            raise
+        a = r.array()[:n].view(dt).reshape(shape)
+        self._recv.append((r, a.__array_interface__["data"][0]))
+        return a
+
+    def register_recv(self, name, arr):
+        """DDStore's register_recv: here reads into any buffer work; a buffer
+        from alloc_recv also skips the copy. Kept so DDStore code runs."""
+        self._var(name)
+        return arr
+
+    def unregister_recv(self, name, arr=None):
+        return None
+
+    def free_recv(self, arr):
+        """Release a buffer from alloc_recv."""
+        p = np.asarray(arr).__array_interface__["data"][0]
+        for i, (r, base_ptr) in enumerate(self._recv):
+            if base_ptr == p:
+                del self._recv[i]
+                try:
+                    self._control(_wire.OP_UNREGISTER, _wire.Encoder().u32(r.id).i64(0))
+                finally:
+                    r.close()
+                return
+        raise BadBuffer("ddstore: bad buffer: not a buffer returned by alloc_recv")
+
+    # -- updating, describing, freeing -----------------------------------------
+
+    def update(self, name, arr, offset=0):
+        """Overwrite rows of this rank's own shard from row `offset` on."""
+        self._check_fork()
+        v = self._var(name)
+        if v.own is None:
+            raise ArgumentError(f"ddstore: bad argument: variable {name!r}: rank {self.rank} holds no shard to update")
+        a, dt = as_array(arr)
+        if v.dtype and dt != v.dtype:
+            raise BadBuffer(f"ddstore: bad buffer: variable {name!r} holds {v.dtype}, rows are {dt}")
+        nbytes = a.size * a.dtype.itemsize
+        if nbytes % v.rb:
+            raise BadBuffer(f"ddstore: bad buffer: variable {name!r}: {nbytes} bytes is not a whole number of "
+                            f"{v.rb}-byte rows")
+        n, have = nbytes // v.rb, v.own.shape[0]
+        if offset < 0 or offset + n > have:
+            raise IndexOutOfRange(f"ddstore: index out of range: variable {name!r}: update of rows [{offset}, "
+                                  f"{offset + n}) is outside rank {self.rank}'s shard of {have} rows")
+        v.own[offset:offset + n] = np.ascontiguousarray(a).reshape(-1).view(np.uint8).reshape(n, v.rb)
+
+    def info(self, name):
+        """(total rows, disp, itemsize), as DDStore's info()."""
+        v = self._var(name)
+        return v.total, v.disp, v.itemsize
+
+    def describe(self, name):
+        """Everything known of a variable: geometry, dtype, shards, nodes."""
+        v = self._var(name)
+        return {"name": name, "total_rows": v.total, "disp": v.disp, "itemsize": v.itemsize, "dtype": v.dtype,
+                "shard_rows": [int(x) for x in v.shard_rows], "nodes": list(v.nodes)}
+
+    def get_profile(self, name):
+        return dict(self._var(name).profile)
+
+    def epoch_begin(self):
+        """Accepted for DDStore code; reads need no fence here."""
+        if self._closed:
+            raise ClosedError(f"ddstore: closed: store of rank {self.rank} closed")
+
+    epoch_end = epoch_begin
+
+    def free(self, name=None):
+        """Release one variable, or every variable with no name (DDStore's
+        free()). Freeing twice is not an error."""
+        self._check_fork()
+        names = [name] if name is not None else list(self._vars)
+        for n in names:
+            with self._lock:
+                v = self._vars.pop(n, None)
+                if v is not None:
+                    self._freed.add(n)
+            if v is None:
+                continue
+            v.unmap()
+            try:
+                self._control(_wire.OP_FREE, _wire.Encoder().string(n).string("").i64(self.rank))
+            except Error as e:
+                if e.code != 3:  # another local rank's free took the node's shards already
+                    raise
+
+    def close(self):
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            vars_, self._vars = self._vars, {}
+            lanes, self._lanes = self._lanes, []
+            ctl, self._ctl = self._ctl, None
+            recv, self._recv = self._recv, []
+            self._lane_free.notify_all()
+        for v in vars_.values():
+            v.unmap()
+        own = self._pid == os.getpid()
+        for lane in lanes + ([ctl] if ctl else []):
+            if own:
+                lane.close()
+            else:
+                lane.sock.close()
+        for r, _ in recv:
+            r.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _count(v, rows, remote, wait):
+    p = v.profile
+    p["calls"] += 1
+    p["rows"] += rows
+    p["bytes"] += rows * v.rb
+    p["local_rows"] += rows - remote
+    if remote:
+        p["remote_rows"] += remote
+        p["remote_calls"] += 1
+        p["wait_s"] += wait
+
+
+def _check_name(name):
+    if not isinstance(name, str) or not 1 <= len(name.encode()) <= 1024:
+        raise ArgumentError(f"ddstore: bad argument: variable name {name!r}: want a str of 1 to 1024 bytes")
