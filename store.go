@@ -118,6 +118,12 @@ func Open(cfg Config) (*Store, error) {
 		return nil, err
 	}
 	cfg.Namespace = namespace(cfg.Namespace)
+	if err := agent.CheckName("namespace", cfg.Namespace); err != nil {
+		return nil, err
+	}
+	if err := agent.CheckName("node", id.Node); err != nil {
+		return nil, err
+	}
 	if cfg.RunDir == "" {
 		cfg.RunDir = agent.DefaultRunDir()
 	}

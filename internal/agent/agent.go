@@ -102,6 +102,12 @@ func Start(cfg Config) (*Agent, error) {
 	if cfg.Namespace == "" || cfg.Node == "" || cfg.Socket == "" {
 		return nil, base.Errorf(base.ErrArgument, "agent needs a namespace, a node and a socket (got %q, %q, %q)", cfg.Namespace, cfg.Node, cfg.Socket)
 	}
+	if err := CheckName("namespace", cfg.Namespace); err != nil {
+		return nil, err
+	}
+	if err := CheckName("node", cfg.Node); err != nil {
+		return nil, err
+	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 30 * time.Second
 	}

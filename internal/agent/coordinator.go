@@ -23,7 +23,8 @@ type coordinator struct {
 		nodes   map[string]string // node id → peer address
 		pending map[collKey]*collective
 		tables  map[string]*wire.Table
-		freed   map[string]map[string]bool // variable → nodes done with it
+		freed   map[string]map[int64]bool // variable → ranks done with it
+		lastID  int64
 	}
 }
 
@@ -35,12 +36,16 @@ type collKey struct {
 
 // collective gathers one variable's shards from all ranks.
 type collective struct {
-	size   int64
-	first  wire.Shard // the first shard to arrive sets the geometry
-	shards map[int64]wire.Shard
-	done   chan struct{} // closed when table or err is set
-	table  *wire.Table
-	err    error
+	size int64
+	// seen and want decide when a failed round can be forgotten: once
+	// every rank of the largest world any of them believes in has come.
+	seen map[int64]bool
+	want int64
+	first          wire.Shard // the first shard to arrive sets the geometry
+	shards         map[int64]wire.Shard
+	done           chan struct{} // closed when table or err is set
+	table          *wire.Table
+	err            error
 }
 
 func newCoordinator() *coordinator {
@@ -48,7 +53,7 @@ func newCoordinator() *coordinator {
 	c.mu.nodes = make(map[string]string)
 	c.mu.pending = make(map[collKey]*collective)
 	c.mu.tables = make(map[string]*wire.Table)
-	c.mu.freed = make(map[string]map[string]bool)
+	c.mu.freed = make(map[string]map[int64]bool)
 	return c
 }
 
@@ -76,8 +81,12 @@ func (c *coordinator) publish(ctx context.Context, sh wire.Shard) (*wire.Table, 
 	key := collKey{sh.Name, sh.Attempt}
 	col := c.mu.pending[key]
 	if col == nil {
-		col = &collective{size: sh.Size, first: sh, shards: make(map[int64]wire.Shard), done: make(chan struct{})}
+		col = &collective{size: sh.Size, first: sh, shards: make(map[int64]wire.Shard), seen: make(map[int64]bool), done: make(chan struct{})}
 		c.mu.pending[key] = col
+	}
+	col.want = max(col.want, sh.Size, col.size)
+	if sh.Rank >= 0 {
+		col.seen[sh.Rank] = true
 	}
 	err := col.check(sh)
 	if _, dup := col.shards[sh.Rank]; dup && err == nil {
@@ -91,7 +100,7 @@ func (c *coordinator) publish(ctx context.Context, sh wire.Shard) (*wire.Table, 
 	}
 	if col.err != nil {
 		err = col.err
-		if int64(len(col.shards)) >= col.size {
+		if col.allSeen() {
 			delete(c.mu.pending, key)
 		}
 		c.mu.Unlock()
@@ -145,6 +154,15 @@ func (col *collective) check(sh wire.Shard) error {
 	return nil
 }
 
+func (col *collective) allSeen() bool {
+	for r := range col.want {
+		if !col.seen[r] {
+			return false
+		}
+	}
+	return true
+}
+
 func (col *collective) missing() string {
 	var miss []string
 	for r := int64(0); r < col.size && len(miss) < 16; r++ {
@@ -158,7 +176,8 @@ func (col *collective) missing() string {
 
 func (c *coordinator) tableLocked(col *collective) (*wire.Table, error) {
 	f := col.first
-	t := &wire.Table{Name: f.Name, Disp: f.Disp, ItemSize: f.ItemSize, Dtype: f.Dtype,
+	c.mu.lastID++
+	t := &wire.Table{Name: f.Name, Disp: f.Disp, ItemSize: f.ItemSize, Dtype: f.Dtype, ID: c.mu.lastID,
 		ShardRows: make([]int64, col.size), RankNode: make([]int64, col.size)}
 	nodeIndex := map[string]int64{}
 	for r := int64(0); r < col.size; r++ {
@@ -200,28 +219,29 @@ func (c *coordinator) lookup(name string) (*wire.Table, error) {
 	return nil, base.Errorf(base.ErrUnknown, "no variable %q (variables: %s)", name, strings.Join(names, ", "))
 }
 
-// free notes that a node has dropped its shards of a variable; once every
-// node that held one has, the name can be used again.
-func (c *coordinator) free(name, node string) {
+// free notes that a rank is done with a variable. Once every rank is, the
+// variable is gone: free returns its table, whose nodes must drop their
+// shards, and the name can be used again. Until then every shard stays, so
+// a rank that frees early never takes rows from under the others.
+func (c *coordinator) free(name string, rank int64) *wire.Table {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t, ok := c.mu.tables[name]
-	if !ok {
-		return
+	if !ok || rank < 0 || rank >= int64(len(t.ShardRows)) {
+		return nil
 	}
 	f := c.mu.freed[name]
 	if f == nil {
-		f = map[string]bool{}
+		f = map[int64]bool{}
 		c.mu.freed[name] = f
 	}
-	f[node] = true
-	for _, n := range t.Nodes {
-		if !f[n] {
-			return
-		}
+	f[rank] = true
+	if len(f) < len(t.ShardRows) {
+		return nil
 	}
 	delete(c.mu.tables, name)
 	delete(c.mu.freed, name)
+	return t
 }
 
 func (c *coordinator) nodes() (ids, addrs []string) {

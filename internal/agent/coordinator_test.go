@@ -136,6 +136,7 @@ func TestCoordinatorPublishAnyOrder(t *testing.T) {
 		RankNode:  []int64{0, 1, 0, 2},
 		Nodes:     []string{"b", "a", "c"},
 		Addrs:     []string{"addr-b", "addr-a", "addr-c"},
+		ID:        1, // the coordinator's first variable
 	}
 	for _, perm := range permutations(len(nodes)) {
 		t.Run(fmt.Sprint(perm), func(t *testing.T) {
@@ -164,6 +165,22 @@ func TestCoordinatorPublishAnyOrder(t *testing.T) {
 				t.Errorf("lookup after publish = %+v, %v", got, err)
 			}
 		})
+	}
+}
+
+func TestCoordinatorDtype(t *testing.T) {
+	// The table carries the dtype every rank declared.
+	c := newTestCoordinator()
+	var shards []wire.Shard
+	for r := range int64(2) {
+		sh := shard("t", r, 2, "a")
+		sh.Dtype = "float64"
+		shards = append(shards, sh)
+	}
+	for i, r := range publishInOrder(t, c, shards) {
+		if r.err != nil || r.t.Dtype != "float64" {
+			t.Fatalf("rank %d: %+v, %v", i, r.t, r.err)
+		}
 	}
 }
 
@@ -208,6 +225,7 @@ func TestCoordinatorRoundFails(t *testing.T) {
 		return sh
 	}
 	failed := func(sh wire.Shard) wire.Shard { sh.Failed = true; return sh }
+	withDtype := func(sh wire.Shard, dtype string) wire.Shard { sh.Dtype = dtype; return sh }
 	cases := []struct {
 		name     string
 		before   []wire.Shard
@@ -220,6 +238,10 @@ func TestCoordinatorRoundFails(t *testing.T) {
 			[]string{"rank 1 says the world has 4 ranks", "rank 0 says 3"}},
 		{"disp", []wire.Shard{s(0, 3), s(2, 3)}, withDisp(s(1, 3), 5, 8), nil, base.ErrGeometry,
 			[]string{"disp 5", "disp 4"}},
+		{"dtype", []wire.Shard{withDtype(s(0, 3), "float32")}, withDtype(s(1, 3), "int32"), []wire.Shard{withDtype(s(2, 3), "float32")}, base.ErrGeometry,
+			[]string{`rank 1 has items of type "int32"`, `rank 0 has "float32"`}},
+		{"dtype vs untyped", []wire.Shard{s(0, 2)}, withDtype(s(1, 2), "uint8"), nil, base.ErrGeometry,
+			[]string{`"uint8"`, `""`}},
 		{"itemsize", []wire.Shard{s(1, 3)}, withDisp(s(0, 3), 4, 2), []wire.Shard{s(2, 3)}, base.ErrGeometry,
 			[]string{"itemsize 2", "itemsize 8"}},
 		{"rank too large", []wire.Shard{s(0, 2)}, s(2, 2), []wire.Shard{s(1, 2)}, base.ErrArgument,
@@ -347,7 +369,7 @@ func TestCoordinatorLateRankOfSmallerWorld(t *testing.T) {
 	defer cancel2()
 	_, err := c.publish(short, shard("v", 2, 3, "a"))
 	if !errors.Is(err, base.ErrGeometry) {
-		t.Skipf("BUG: coordinator.publish: the failed round was dropped from pending once len(shards) reached the FIRST rank's size (2), "+
+		t.Fatalf("coordinator.publish: the failed round was dropped from pending once len(shards) reached the FIRST rank's size (2), "+
 			"so late rank 2 (size 3) opened a new round and waited for its deadline: got %v, want the round's ErrGeometry at once", err)
 	}
 }
@@ -417,20 +439,28 @@ func TestCoordinatorLookupAndFree(t *testing.T) {
 	_, err = c.publish(context.Background(), shard("x", 0, 1, "a"))
 	checkErr(t, "publish of an existing name", err, base.ErrExists, []string{`"x"`})
 
-	// Free by only some nodes (and by strangers) keeps the variable.
-	c.free("x", "a")
-	c.free("x", "c") // holds no shard of x
-	c.free("x", "a")
-	c.free("unknown", "a")
+	// Free by only some ranks (twice, and by ranks out of range) keeps
+	// the variable: nothing is dropped while a rank may still read.
+	for _, r := range []int64{0, 7, -1, 0, 2} {
+		if tab := c.free("x", r); tab != nil {
+			t.Fatalf("free by rank %d dropped x while rank 1 holds it", r)
+		}
+	}
+	if c.free("unknown", 0) != nil {
+		t.Fatal("free of an unknown name returned a table")
+	}
 	if _, err := c.lookup("x"); err != nil {
-		t.Fatalf("x gone before node b freed it: %v", err)
+		t.Fatalf("x gone before rank 1 freed it: %v", err)
 	}
 	if err := publish("x", 2, "a"); !errors.Is(err, base.ErrExists) {
-		t.Fatalf("publish of x while b holds it: %v, want ErrExists", err)
+		t.Fatalf("publish of x while rank 1 holds it: %v, want ErrExists", err)
 	}
-	c.free("x", "b")
+	tab := c.free("x", 1)
+	if tab == nil || tab.Name != "x" || !reflect.DeepEqual(tab.Nodes, []string{"a", "b"}) {
+		t.Fatalf("the last free returns the table whose nodes must drop their shards: %+v", tab)
+	}
 	if _, err := c.lookup("x"); !errors.Is(err, base.ErrUnknown) {
-		t.Fatalf("lookup after every node freed x: %v, want ErrUnknown", err)
+		t.Fatalf("lookup after every rank freed x: %v, want ErrUnknown", err)
 	}
 	// The name is reusable, with any geometry, by a new round.
 	if err := publish("x", 3, "c", "c"); err != nil {

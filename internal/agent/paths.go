@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+
+	"github.com/ddstore-go/ddstore/internal/base"
 
 	"github.com/ddstore-go/ddstore/internal/shm"
 )
@@ -17,6 +20,15 @@ func DefaultRunDir() string {
 		return d
 	}
 	return filepath.Join(os.TempDir(), fmt.Sprintf("ddstore-%d", os.Geteuid()))
+}
+
+// CheckName rejects a namespace or node name that cannot name files and
+// sockets unambiguously: empty, longer than 255 bytes, or holding NUL.
+func CheckName(what, name string) error {
+	if name == "" || len(name) > 255 || strings.IndexByte(name, 0) >= 0 {
+		return base.Errorf(base.ErrArgument, "%s %q: want 1 to 255 bytes without NUL", what, name)
+	}
+	return nil
 }
 
 // SocketPath is the client socket of the agent of a namespace on a node.

@@ -114,12 +114,12 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			p.err = a.pool.Fetch(ctx, p.addr, m.Name, p.globals, p.dst)
+			p.err = a.pool.Fetch(ctx, p.addr, m.Name, t.ID, p.globals, p.dst)
 		}()
 	}
 	if len(f.pieces) > 0 {
 		p := &f.pieces[0]
-		p.err = a.pool.Fetch(ctx, p.addr, m.Name, p.globals, p.dst)
+		p.err = a.pool.Fetch(ctx, p.addr, m.Name, t.ID, p.globals, p.dst)
 	}
 	wg.Wait()
 	for i := range f.pieces {
@@ -139,7 +139,7 @@ type peerHandler Agent
 
 // Rows serves a Fetch: slices of this node's segments, read-locked until
 // they are sent.
-func (h *peerHandler) Rows(name string, globals []int64, rows [][]byte) ([][]byte, func(), error) {
+func (h *peerHandler) Rows(name string, id int64, globals []int64, rows [][]byte) ([][]byte, func(), error) {
 	a := (*Agent)(h)
 	a.mu.Lock()
 	v := a.mu.vars[name]
@@ -151,6 +151,10 @@ func (h *peerHandler) Rows(name string, globals []int64, rows [][]byte) ([][]byt
 	if v.gone || v.table == nil {
 		v.mu.RUnlock()
 		return rows, nil, base.Errorf(base.ErrUnknown, "node %q holds no published variable %q", a.cfg.Node, name)
+	}
+	if v.table.ID != id {
+		v.mu.RUnlock()
+		return rows, nil, base.Errorf(base.ErrFreed, "variable %q was freed and created again since the reader looked it up", name)
 	}
 	if err := v.lay.CheckAll(globals); err != nil {
 		v.mu.RUnlock()
@@ -221,7 +225,16 @@ func (h *peerHandler) Control(ctx context.Context, op wire.Op, body []byte) (fun
 		if err != nil {
 			return nil, err
 		}
-		c.free(m.Name, m.Node)
+		if t := c.free(m.Name, m.Rank); t != nil {
+			a.dropEverywhere(t)
+		}
+		return nil, nil
+	case wire.OpPeerDrop:
+		m, err := wire.DecodeDrop(body)
+		if err != nil {
+			return nil, err
+		}
+		a.drop(m.Name, m.ID)
 		return nil, nil
 	case wire.OpPeerNodes:
 		ids, addrs := c.nodes()

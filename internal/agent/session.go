@@ -364,6 +364,9 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) 
 				err = cerr
 			}
 		}
+		if err == nil {
+			err = base.Errorf(base.ErrGeometry, "variable %q: rank %d could not create its shard", m.Name, m.Rank)
+		}
 		return nil, err
 	}
 	a.mu.Lock()
@@ -375,12 +378,20 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) 
 		seg = v.segs[int(m.Rank)]
 		v.mu.RUnlock()
 	}
+	var bad error
 	if seg == nil {
-		return nil, base.Errorf(base.ErrUnknown, "variable %q: rank %d publishes a shard it never created", m.Name, m.Rank)
-	}
-	if h := seg.Header; h.Rows != m.Rows || h.Disp != m.Disp || h.ItemSize != m.ItemSize {
-		return nil, base.Errorf(base.ErrGeometry, "variable %q: rank %d created %d rows of disp %d, itemsize %d but publishes %d rows of disp %d, itemsize %d",
+		bad = base.Errorf(base.ErrUnknown, "variable %q: rank %d publishes a shard it never created", m.Name, m.Rank)
+	} else if h := seg.Header; h.Rows != m.Rows || h.Disp != m.Disp || h.ItemSize != m.ItemSize {
+		bad = base.Errorf(base.ErrGeometry, "variable %q: rank %d created %d rows of disp %d, itemsize %d but publishes %d rows of disp %d, itemsize %d",
 			m.Name, m.Rank, h.Rows, h.Disp, h.ItemSize, m.Rows, m.Disp, m.ItemSize)
+	}
+	if bad != nil {
+		if seg != nil {
+			a.takeBack(v, int(m.Rank), seg)
+		}
+		m.Failed = true
+		a.publish(ctx, m) // fails the round for every rank
+		return nil, bad
 	}
 	m.Node = a.cfg.Node
 	timeout := time.Duration(m.TimeoutMs) * time.Millisecond
@@ -393,13 +404,7 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) 
 	if err != nil {
 		// The variable does not exist: take this rank's shard back so that
 		// a corrected retry can create it again.
-		v.mu.Lock()
-		if v.table == nil && v.segs[int(m.Rank)] == seg {
-			delete(v.segs, int(m.Rank))
-			seg.Close()
-			shm.Remove(seg.Path)
-		}
-		v.mu.Unlock()
+		a.takeBack(v, int(m.Rank), seg)
 		return nil, err
 	}
 	v.mu.Lock()
@@ -408,6 +413,17 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) 
 		return nil, err
 	}
 	return v.localTable(), nil
+}
+
+// takeBack removes a rank's shard of a variable that was never published.
+func (a *Agent) takeBack(v *variable, rank int, seg *shm.Segment) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.table == nil && v.segs[rank] == seg {
+		delete(v.segs, rank)
+		seg.Close()
+		shm.Remove(seg.Path)
+	}
 }
 
 func (a *Agent) coordPublish(ctx context.Context, m wire.Shard) (*wire.Table, error) {
@@ -477,44 +493,75 @@ func (a *Agent) lookup(ctx context.Context, name string) (*variable, error) {
 	return v, nil
 }
 
-// free drops one rank's hold on a variable; once every local rank has
-// freed it, the node's segments go and the coordinator is told.
+// free tells the coordinator that a rank is done with a variable; the
+// shards stay until every rank is (then the coordinator drops them on every
+// node that holds one).
 func (a *Agent) free(ctx context.Context, name string, rank int) error {
 	a.mu.Lock()
 	v := a.mu.vars[name]
+	a.mu.Unlock()
 	if v == nil {
-		a.mu.Unlock()
 		return base.Errorf(base.ErrUnknown, "no variable %q on node %q", name, a.cfg.Node)
 	}
-	v.mu.Lock()
-	if rank >= 0 {
-		if _, ok := v.segs[rank]; ok {
-			v.freed[rank] = true
-		}
-	}
-	last := len(v.freed) == len(v.segs)
+	v.mu.RLock()
 	published := v.table != nil
-	v.mu.Unlock()
-	if last {
-		delete(a.mu.vars, name)
-	}
-	a.mu.Unlock()
-	if !last {
-		return nil
-	}
-	v.drop()
-	if !published {
+	v.mu.RUnlock()
+	if !published || rank < 0 {
 		return nil
 	}
 	addr, err := a.coordinatorAddr(ctx)
 	if err != nil {
 		return err
 	}
-	m := wire.Name{Name: name, Node: a.cfg.Node}
 	if addr == "" {
-		a.coord.Load().free(name, a.cfg.Node)
+		if t := a.coord.Load().free(name, int64(rank)); t != nil {
+			a.dropEverywhere(t)
+		}
 		return nil
 	}
+	m := wire.Name{Name: name, Node: a.cfg.Node, Rank: int64(rank)}
 	_, err = a.pool.Call(ctx, addr, wire.OpPeerFree, m.Encode)
 	return err
+}
+
+// dropEverywhere tells every node of a freed variable to drop its shards;
+// it runs on the coordinator, in the background (a node that is down is
+// only logged: its segments go when its agent stops).
+func (a *Agent) dropEverywhere(t *wire.Table) {
+	for i, node := range t.Nodes {
+		if node == a.cfg.Node {
+			a.drop(t.Name, t.ID)
+			continue
+		}
+		addr := t.Addrs[i]
+		a.go_(func() {
+			ctx, cancel := context.WithTimeout(a.ctx, a.cfg.Timeout)
+			defer cancel()
+			m := wire.Drop{Name: t.Name, ID: t.ID}
+			if _, err := a.pool.Call(ctx, addr, wire.OpPeerDrop, m.Encode); err != nil {
+				a.log.Warn("could not drop a freed variable on a node", "variable", t.Name, "node", node, "err", err)
+			}
+		})
+	}
+}
+
+// drop removes a freed variable's shards from this node, if they are of
+// that variable (id) and not of a newer one of the same name.
+func (a *Agent) drop(name string, id int64) {
+	a.mu.Lock()
+	v := a.mu.vars[name]
+	if v != nil {
+		v.mu.RLock()
+		same := v.table == nil || v.table.ID == id
+		v.mu.RUnlock()
+		if !same {
+			v = nil
+		} else {
+			delete(a.mu.vars, name)
+		}
+	}
+	a.mu.Unlock()
+	if v != nil {
+		v.drop()
+	}
 }

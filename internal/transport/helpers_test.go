@@ -98,7 +98,7 @@ func (h *fakeHandler) release() {
 	h.ctlGate.open()
 }
 
-func (h *fakeHandler) Rows(name string, globals []int64, rows [][]byte) ([][]byte, func(), error) {
+func (h *fakeHandler) Rows(name string, id int64, globals []int64, rows [][]byte) ([][]byte, func(), error) {
 	h.rowsCalls.Add(1)
 	if name == "plain-error" {
 		return rows, nil, errors.New("plain failure without a sentinel")
@@ -231,7 +231,7 @@ func goFetch(p *Pool, addr, name string, globals []int64, dst [][]byte) <-chan r
 	ch := make(chan result, 1)
 	go func() {
 		start := time.Now()
-		err := p.Fetch(context.Background(), addr, name, globals, dst)
+		err := p.Fetch(context.Background(), addr, name, 0, globals, dst)
 		ch <- result{err, time.Since(start)}
 	}()
 	return ch

@@ -43,7 +43,7 @@ func TestFetchRoundTrip(t *testing.T) {
 					globals[0], globals[n-1] = 0, int64(len(v.data)/size-1) // both ends
 				}
 				dst := newRowBuffers(n, size, 0xEE)
-				if err := p.Fetch(context.Background(), s.Addr(), fmt.Sprintf("v%d", size), globals, dst.rows); err != nil {
+				if err := p.Fetch(context.Background(), s.Addr(), fmt.Sprintf("v%d", size), 0, globals, dst.rows); err != nil {
 					t.Fatalf("Fetch: %v", err)
 				}
 				if err := checkRows(v, globals, dst.rows); err != nil {
@@ -71,7 +71,7 @@ func TestFetchRowOrderSmallRows(t *testing.T) {
 		globals[i] = int64(g)
 	}
 	dst := newRowBuffers(len(globals), 3, 0)
-	if err := p.Fetch(context.Background(), s.Addr(), "small", globals, dst.rows); err != nil {
+	if err := p.Fetch(context.Background(), s.Addr(), "small", 0, globals, dst.rows); err != nil {
 		t.Fatalf("Fetch: %v", err)
 	}
 	if err := checkRows(v, globals, dst.rows); err != nil {
@@ -85,7 +85,7 @@ func TestFetchNoRows(t *testing.T) {
 	h.addVar("v", 10, 8, false)
 	s, _ := startServer(t, h)
 	p := newPool(t, Options{ConnsPerPeer: 1})
-	if err := p.Fetch(context.Background(), s.Addr(), "v", nil, nil); err != nil {
+	if err := p.Fetch(context.Background(), s.Addr(), "v", 0, nil, nil); err != nil {
 		t.Fatalf("Fetch of no rows: %v", err)
 	}
 }
@@ -127,7 +127,7 @@ func TestFetchConcurrent(t *testing.T) {
 								return
 							}
 						}
-						if err := p.Fetch(context.Background(), s.Addr(), name, globals, dst.rows); err != nil {
+						if err := p.Fetch(context.Background(), s.Addr(), name, 0, globals, dst.rows); err != nil {
 							errs <- fmt.Errorf("worker %d: Fetch %d rows of %d bytes: %w", w, n, size, err)
 							return
 						}
@@ -215,7 +215,7 @@ func TestHandlerErrors(t *testing.T) {
 		t.Helper()
 		dst := newRowBuffers(3, 16, 0)
 		g := []int64{4, 0, 49}
-		if err := p.Fetch(ctx, s.Addr(), "v", g, dst.rows); err != nil {
+		if err := p.Fetch(ctx, s.Addr(), "v", 0, g, dst.rows); err != nil {
 			t.Fatalf("Fetch after an error reply: %v", err)
 		}
 		if err := checkRows(v, g, dst.rows); err != nil {
@@ -230,13 +230,13 @@ func TestHandlerErrors(t *testing.T) {
 		text     []string
 	}{
 		{"unknown variable", func() error {
-			return p.Fetch(ctx, s.Addr(), "nope", []int64{1}, [][]byte{make([]byte, 16)})
+			return p.Fetch(ctx, s.Addr(), "nope", 0, []int64{1}, [][]byte{make([]byte, 16)})
 		}, base.ErrUnknown, []string{`variable "nope" is not here`}},
 		{"index out of range", func() error {
-			return p.Fetch(ctx, s.Addr(), "v", []int64{1, 50}, [][]byte{make([]byte, 16), make([]byte, 16)})
+			return p.Fetch(ctx, s.Addr(), "v", 0, []int64{1, 50}, [][]byte{make([]byte, 16), make([]byte, 16)})
 		}, base.ErrIndex, []string{`row 50 of "v" not in [0, 50)`}},
 		{"plain error", func() error {
-			return p.Fetch(ctx, s.Addr(), "plain-error", []int64{1}, [][]byte{make([]byte, 16)})
+			return p.Fetch(ctx, s.Addr(), "plain-error", 0, []int64{1}, [][]byte{make([]byte, 16)})
 		}, base.ErrInternal, []string{"plain failure without a sentinel"}},
 		{"control error", func() error {
 			_, err := p.Call(ctx, s.Addr(), opFail, nil)
@@ -269,14 +269,14 @@ func TestFetchTimeoutBeforeReply(t *testing.T) {
 	p := newPool(t, Options{ConnsPerPeer: 1, Timeout: timeout})
 	ctx := context.Background()
 	// Connect first, so that the timing below is the call's alone.
-	if err := p.Fetch(ctx, s.Addr(), "v", []int64{0}, [][]byte{make([]byte, 32)}); err != nil {
+	if err := p.Fetch(ctx, s.Addr(), "v", 0, []int64{0}, [][]byte{make([]byte, 32)}); err != nil {
 		t.Fatalf("warm-up Fetch: %v", err)
 	}
 
 	globals := []int64{3, 1, 4, 1, 5}
 	dst := newRowBuffers(len(globals), 32, 0xEE)
 	start := time.Now()
-	err := p.Fetch(ctx, s.Addr(), "block", globals, dst.rows)
+	err := p.Fetch(ctx, s.Addr(), "block", 0, globals, dst.rows)
 	elapsed := time.Since(start)
 	wantSentinel(t, err, base.ErrTimeout)
 	wantText(t, err, s.Addr())
@@ -291,7 +291,7 @@ func TestFetchTimeoutBeforeReply(t *testing.T) {
 	// once this Fetch is done the late reply has been read and dropped.
 	g2 := []int64{7, 8}
 	d2 := newRowBuffers(2, 32, 0)
-	if err := p.Fetch(ctx, s.Addr(), "v", g2, d2.rows); err != nil {
+	if err := p.Fetch(ctx, s.Addr(), "v", 0, g2, d2.rows); err != nil {
 		t.Fatalf("Fetch after a timeout: %v", err)
 	}
 	if err := checkRows(v, g2, d2.rows); err != nil {
@@ -308,7 +308,7 @@ func TestFetchTimeoutBeforeReply(t *testing.T) {
 	}
 	// The blocking variable works now that it is released.
 	d3 := newRowBuffers(len(globals), 32, 0)
-	if err := p.Fetch(ctx, s.Addr(), "block", globals, d3.rows); err != nil {
+	if err := p.Fetch(ctx, s.Addr(), "block", 0, globals, d3.rows); err != nil {
 		t.Fatalf("Fetch of the released variable: %v", err)
 	}
 	if err := checkRows(blk, globals, d3.rows); err != nil {
@@ -324,7 +324,7 @@ func TestFetchContext(t *testing.T) {
 			v := h.addVar("v", 10, 8, false)
 			s, _ := startServer(t, h)
 			p := newPool(t, Options{ConnsPerPeer: 1, Timeout: 30 * time.Second})
-			if err := p.Fetch(context.Background(), s.Addr(), "v", []int64{0}, [][]byte{make([]byte, 8)}); err != nil {
+			if err := p.Fetch(context.Background(), s.Addr(), "v", 0, []int64{0}, [][]byte{make([]byte, 8)}); err != nil {
 				t.Fatalf("warm-up Fetch: %v", err)
 			}
 			var ctx context.Context
@@ -339,7 +339,7 @@ func TestFetchContext(t *testing.T) {
 			ch := make(chan result, 1)
 			go func() {
 				start := time.Now()
-				err := p.Fetch(ctx, s.Addr(), "block", []int64{1, 2}, dst.rows)
+				err := p.Fetch(ctx, s.Addr(), "block", 0, []int64{1, 2}, dst.rows)
 				ch <- result{err, time.Since(start)}
 			}()
 			waitSignal(t, h.rowsEntered, 5*time.Second, "Rows to start")
@@ -358,7 +358,7 @@ func TestFetchContext(t *testing.T) {
 			h.rowsGate.open()
 			eventually(t, 5*time.Second, "the late reply", func() bool { return h.released.Load() >= 2 })
 			after := [][]byte{make([]byte, 8)}
-			if err := p.Fetch(context.Background(), s.Addr(), "v", []int64{9}, after); err != nil {
+			if err := p.Fetch(context.Background(), s.Addr(), "v", 0, []int64{9}, after); err != nil {
 				t.Fatalf("Fetch after the cancelled one: %v", err)
 			}
 			if err := checkRows(v, []int64{9}, after); err != nil {
@@ -408,18 +408,18 @@ func TestFetchPreCancelledContext(t *testing.T) {
 	cancel()
 	t.Run("connected", func(t *testing.T) {
 		p := newPool(t, Options{ConnsPerPeer: 1})
-		if err := p.Fetch(context.Background(), s.Addr(), "v", []int64{0}, [][]byte{make([]byte, 8)}); err != nil {
+		if err := p.Fetch(context.Background(), s.Addr(), "v", 0, []int64{0}, [][]byte{make([]byte, 8)}); err != nil {
 			t.Fatalf("warm-up Fetch: %v", err)
 		}
 		// Either the reply wins or the ctx does; a ctx error must be ErrTimeout.
-		err := p.Fetch(ctx, s.Addr(), "v", []int64{0}, [][]byte{make([]byte, 8)})
+		err := p.Fetch(ctx, s.Addr(), "v", 0, []int64{0}, [][]byte{make([]byte, 8)})
 		if err != nil {
 			wantSentinel(t, err, base.ErrTimeout)
 		}
 	})
 	t.Run("not connected", func(t *testing.T) {
 		p := newPool(t, Options{ConnsPerPeer: 1})
-		err := p.Fetch(ctx, s.Addr(), "v", []int64{0}, [][]byte{make([]byte, 8)})
+		err := p.Fetch(ctx, s.Addr(), "v", 0, []int64{0}, [][]byte{make([]byte, 8)})
 		if err == nil {
 			t.Fatal("Fetch with a cancelled ctx on a new pool succeeded")
 		}
@@ -466,14 +466,14 @@ func TestServerCloseWhileFetchWaits(t *testing.T) {
 	}
 	d := newRowBuffers(3, 8, 0)
 	g := []int64{9, 0, 5}
-	if err := p.Fetch(context.Background(), s2.Addr(), "v", g, d.rows); err != nil {
+	if err := p.Fetch(context.Background(), s2.Addr(), "v", 0, g, d.rows); err != nil {
 		t.Fatalf("Fetch from a new server: %v", err)
 	}
 	if err := checkRows(v2, g, d.rows); err != nil {
 		t.Fatal(err)
 	}
 	// The old address is gone for good.
-	err := p.Fetch(context.Background(), s.Addr(), "block", []int64{1}, [][]byte{make([]byte, 8)})
+	err := p.Fetch(context.Background(), s.Addr(), "block", 0, []int64{1}, [][]byte{make([]byte, 8)})
 	wantSentinel(t, err, base.ErrPeer)
 }
 
@@ -506,7 +506,7 @@ func TestFetchNobodyListening(t *testing.T) {
 	ln.Close()
 	p := newPool(t, Options{ConnsPerPeer: 2, Timeout: 10 * time.Second})
 	start := time.Now()
-	err := p.Fetch(context.Background(), addr, "v", []int64{0}, [][]byte{make([]byte, 8)})
+	err := p.Fetch(context.Background(), addr, "v", 0, []int64{0}, [][]byte{make([]byte, 8)})
 	wantSentinel(t, err, base.ErrPeer)
 	wantText(t, err, addr)
 	if el := time.Since(start); el > 2*time.Second {
@@ -537,7 +537,7 @@ func TestPoolCloseFailsCallsInFlight(t *testing.T) {
 	p := NewPool(Options{ConnsPerPeer: 3, Timeout: 20 * time.Second})
 	// Dial every slot.
 	for range 3 {
-		if err := p.Fetch(context.Background(), s.Addr(), "v", []int64{1}, [][]byte{make([]byte, 8)}); err != nil {
+		if err := p.Fetch(context.Background(), s.Addr(), "v", 0, []int64{1}, [][]byte{make([]byte, 8)}); err != nil {
 			t.Fatalf("warm-up Fetch: %v", err)
 		}
 	}
@@ -580,7 +580,7 @@ func TestPoolCloseFailsCallsInFlight(t *testing.T) {
 	r = waitResult(t, call, 5*time.Second, "Call in flight at Close")
 	wantSentinel(t, r.err, base.ErrClosed, base.ErrPeer)
 
-	err := p.Fetch(context.Background(), s.Addr(), "v", []int64{1}, [][]byte{make([]byte, 8)})
+	err := p.Fetch(context.Background(), s.Addr(), "v", 0, []int64{1}, [][]byte{make([]byte, 8)})
 	wantSentinel(t, err, base.ErrClosed)
 	_, err = p.Call(context.Background(), s.Addr(), opEcho, nil)
 	wantSentinel(t, err, base.ErrClosed)

@@ -170,7 +170,7 @@ func (s *Server) serveConn(nc net.Conn) {
 				return
 			}
 			var release func()
-			rows, release, err = s.h.Rows(fetch.Name, fetch.Globals, rows[:0])
+			rows, release, err = s.h.Rows(fetch.Name, fetch.ID, fetch.Globals, rows[:0])
 			werr := w.reply(h.Op, h.ID, err, nil, rows)
 			if release != nil {
 				release()

@@ -63,7 +63,7 @@ func TestServerMalformedFrames(t *testing.T) {
 			default:
 			}
 			dst := newRowBuffers(len(g), 64, 0)
-			if err := p.Fetch(context.Background(), s.Addr(), "v", g, dst.rows); err != nil {
+			if err := p.Fetch(context.Background(), s.Addr(), "v", 0, g, dst.rows); err != nil {
 				bgErr <- err
 				return
 			}
@@ -96,6 +96,7 @@ func TestServerMalformedFrames(t *testing.T) {
 	withPayload = append(withPayload, 1, 2, 3, 4, 5, 6, 7, 8)
 	undecodable := frame(wire.OpFetch, 0, 1, 0, func(e *wire.Encoder) {
 		e.String("v")
+		e.I64(0)    // the variable's id
 		e.U32(1000) // a list of 1000 indices...
 		e.U64(1)    // ...with one in it
 	})
@@ -291,7 +292,7 @@ func TestReplyToUnknownID(t *testing.T) {
 	p := newPool(t, Options{ConnsPerPeer: 1, Timeout: 10 * time.Second})
 	for range 3 {
 		dst := newRowBuffers(5, rowSize, 0)
-		if err := p.Fetch(context.Background(), fp.Addr(), "v", []int64{0, 1, 2, 3, 4}, dst.rows); err != nil {
+		if err := p.Fetch(context.Background(), fp.Addr(), "v", 0, []int64{0, 1, 2, 3, 4}, dst.rows); err != nil {
 			t.Fatalf("Fetch: %v", err)
 		}
 		want := replyBytes(5 * rowSize)
@@ -332,7 +333,7 @@ func TestTimeoutMidPayload(t *testing.T) {
 	dst := newRowBuffers(nrows, rowSize, 0xEE)
 	globals := make([]int64, nrows)
 	start := time.Now()
-	err := p.Fetch(context.Background(), fp.Addr(), "v", globals, dst.rows)
+	err := p.Fetch(context.Background(), fp.Addr(), "v", 0, globals, dst.rows)
 	elapsed := time.Since(start)
 	wantSentinel(t, err, base.ErrTimeout)
 	wantText(t, err, fp.Addr())
@@ -380,7 +381,7 @@ func TestServerSurvivesAcceptError(t *testing.T) {
 	p := newPool(t, Options{ConnsPerPeer: 1, Timeout: 300 * time.Millisecond})
 	eventually(t, 5*time.Second, "the injected Accept error", ln.failed.Load)
 	dst := newRowBuffers(2, 8, 0)
-	err := p.Fetch(context.Background(), s.Addr(), "v", []int64{3, 4}, dst.rows)
+	err := p.Fetch(context.Background(), s.Addr(), "v", 0, []int64{3, 4}, dst.rows)
 	if err != nil {
 		t.Fatalf("transport.Server.acceptLoop (server.go) returns on the first Accept error that is not net.ErrClosed "+
 			"(here EMFILE), so the server never accepts again although its listener stays open and Close was not called; "+
@@ -429,7 +430,7 @@ func TestFetchTimeoutWhileSending(t *testing.T) {
 	ch := make(chan result, 1)
 	go func() {
 		start := time.Now()
-		err := p.Fetch(ctx, ln.Addr().String(), "v", globals, nil)
+		err := p.Fetch(ctx, ln.Addr().String(), "v", 0, globals, nil)
 		ch <- result{err, time.Since(start)}
 	}()
 	select {

@@ -136,12 +136,12 @@ func (p *Pool) get(ctx context.Context, addr string) (*conn, error) {
 }
 
 // Fetch implements Transport.
-func (p *Pool) Fetch(ctx context.Context, addr, name string, globals []int64, dst [][]byte) error {
+func (p *Pool) Fetch(ctx context.Context, addr, name string, id int64, globals []int64, dst [][]byte) error {
 	var want uint64
 	for _, d := range dst {
 		want += uint64(len(d))
 	}
-	m := wire.Fetch{Name: name, Globals: globals}
+	m := wire.Fetch{Name: name, ID: id, Globals: globals}
 	_, err := p.call(ctx, addr, wire.OpFetch, m.Encode, dst, want)
 	return err
 }

@@ -55,14 +55,14 @@ const (
 
 // Peer protocol ops.
 const (
-	OpJoin         Op = 32
-	OpPeerPublish  Op = 33
-	OpPeerLookup   Op = 34
-	OpFetch        Op = 35
-	OpPeerFree     Op = 36
-	OpPeerNodes    Op = 37
-	OpPeerInfo     Op = 38
-	OpPeerShutdown Op = 39
+	OpJoin        Op = 32
+	OpPeerPublish Op = 33
+	OpPeerLookup  Op = 34
+	OpFetch       Op = 35
+	OpPeerFree    Op = 36
+	OpPeerNodes   Op = 37
+	OpPeerInfo    Op = 38
+	OpPeerDrop    Op = 39
 )
 
 var opNames = map[Op]string{
@@ -70,7 +70,7 @@ var opNames = map[Op]string{
 	OpRead: "read", OpRegister: "register", OpUnregister: "unregister", OpFree: "free",
 	OpInfo: "info", OpJoin: "join", OpPeerPublish: "peer-publish", OpPeerLookup: "peer-lookup",
 	OpFetch: "fetch", OpPeerFree: "peer-free", OpPeerNodes: "peer-nodes", OpPeerInfo: "peer-info",
-	OpPeerShutdown: "peer-shutdown",
+	OpPeerDrop: "peer-drop",
 }
 
 func (o Op) String() string {

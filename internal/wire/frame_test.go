@@ -434,7 +434,7 @@ func TestOpString(t *testing.T) {
 		{OpRead, "read"}, {OpRegister, "register"}, {OpUnregister, "unregister"}, {OpFree, "free"},
 		{OpInfo, "info"}, {OpJoin, "join"}, {OpPeerPublish, "peer-publish"},
 		{OpPeerLookup, "peer-lookup"}, {OpFetch, "fetch"}, {OpPeerFree, "peer-free"},
-		{OpPeerNodes, "peer-nodes"}, {OpPeerInfo, "peer-info"}, {OpPeerShutdown, "peer-shutdown"},
+		{OpPeerNodes, "peer-nodes"}, {OpPeerInfo, "peer-info"}, {OpPeerDrop, "peer-drop"},
 		{Op(0), "op0"}, {Op(7 + 3), "op10"}, {Op(31), "op31"}, {Op(40), "op40"},
 		{Op(100), "op100"}, {Op(255), "op255"},
 	} {

@@ -141,6 +141,10 @@ type Table struct {
 	Addrs     []string // per node: peer address
 	Paths     []string // per rank: segment path on the asking node, "" elsewhere
 	Dtype     string   // the items' type, "" for untyped bytes
+	// ID tells apart variables of the same name made one after the other
+	// (created, freed by every rank, created again): a Fetch names it, so
+	// a stale table never reads rows of another variable.
+	ID int64
 }
 
 func (m *Table) Encode(e *Encoder) {
@@ -153,6 +157,7 @@ func (m *Table) Encode(e *Encoder) {
 	e.Strings(m.Addrs)
 	e.Strings(m.Paths)
 	e.String(m.Dtype)
+	e.I64(m.ID)
 }
 
 func DecodeTable(b []byte) (m Table, err error) {
@@ -162,6 +167,7 @@ func DecodeTable(b []byte) (m Table, err error) {
 	m.RankNode = d.I64s(nil)
 	m.Nodes, m.Addrs, m.Paths = d.Strings(), d.Strings(), d.Strings()
 	m.Dtype = d.String()
+	m.ID = d.I64()
 	if err := d.Done(); err != nil {
 		return m, err
 	}
@@ -259,15 +265,32 @@ func DecodeJoin(b []byte) (m Join, err error) {
 // the rows in the order asked.
 type Fetch struct {
 	Name    string
+	ID      int64 // the variable's Table.ID
 	Globals []int64
 }
 
-func (m *Fetch) Encode(e *Encoder) { e.String(m.Name); e.I64s(m.Globals) }
+func (m *Fetch) Encode(e *Encoder) { e.String(m.Name); e.I64(m.ID); e.I64s(m.Globals) }
 
 // DecodeFetch decodes into m, reusing its slice.
 func DecodeFetch(b []byte, m *Fetch) error {
 	d := NewDecoder(b)
 	m.Name = d.String()
+	m.ID = d.I64()
 	m.Globals = d.I64s(m.Globals)
 	return d.Done()
+}
+
+// Drop tells an agent that every rank has freed a variable: its shards on
+// that node go.
+type Drop struct {
+	Name string
+	ID   int64
+}
+
+func (m *Drop) Encode(e *Encoder) { e.String(m.Name); e.I64(m.ID) }
+
+func DecodeDrop(b []byte) (m Drop, err error) {
+	d := NewDecoder(b)
+	m.Name, m.ID = d.String(), d.I64()
+	return m, d.Done()
 }

@@ -234,8 +234,8 @@ func TestMessageBytes(t *testing.T) {
 			[]byte{4, 3, 2, 1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}},
 		{"Text", encodeMsg(Text{Text: "hi"}),
 			[]byte{2, 0, 0, 0, 'h', 'i'}},
-		{"Fetch", encodeMsg(Fetch{Name: "v", Globals: []int64{1, -2}}),
-			[]byte{1, 0, 'v', 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}},
+		{"Fetch", encodeMsg(Fetch{Name: "v", ID: 3, Globals: []int64{1, -2}}),
+			[]byte{1, 0, 'v', 3, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}},
 		{"Join", encodeMsg(Join{Node: "", Addr: "é"}),
 			[]byte{0, 0, 2, 0, 0xc3, 0xa9}},
 		{"Table", encodeMsg(Table{Name: "t", Disp: 1, ItemSize: 2, ShardRows: []int64{3}, RankNode: []int64{0}, Nodes: []string{"n"}, Addrs: []string{"a"}}),
@@ -249,6 +249,7 @@ func TestMessageBytes(t *testing.T) {
 				1, 0, 0, 0, 1, 0, 'a',
 				0, 0, 0, 0,
 				0, 0,
+				0, 0, 0, 0, 0, 0, 0, 0,
 			}},
 	} {
 		if !bytes.Equal(c.got, c.want) {

@@ -122,7 +122,7 @@ def shard(e, name, node, rank, size, rows, disp, itemsize, timeout_ms, attempt, 
 class Table:
     """A published variable's geometry (wire.Table)."""
 
-    __slots__ = ("name", "disp", "itemsize", "shard_rows", "rank_node", "nodes", "addrs", "paths", "dtype")
+    __slots__ = ("name", "disp", "itemsize", "shard_rows", "rank_node", "nodes", "addrs", "paths", "dtype", "id")
 
     @classmethod
     def decode(cls, body):
@@ -132,6 +132,7 @@ class Table:
         t.shard_rows, t.rank_node = d.i64s(), d.i64s()
         t.nodes, t.addrs, t.paths = d.strings(), d.strings(), d.strings()
         t.dtype = d.string()
+        t.id = d.i64()
         d.done()
         p = len(t.shard_rows)
         if len(t.rank_node) != p or len(t.paths) not in (0, p) or len(t.addrs) != len(t.nodes):

@@ -1,0 +1,189 @@
+"""The Python Store against real agents: one process, and several ranks on
+simulated nodes (one agent per node id, meeting over loopback)."""
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import ddstore
+from conftest import run_ranks
+
+DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32",
+          "float64"]
+
+
+def rows_of(dtype, n, disp, start=0):
+    """Patterned rows: row g holds values derived from g."""
+    g = np.arange(start, start + n, dtype=np.int64)[:, None] * 7 + np.arange(disp)[None, :]
+    if dtype == "bool":
+        return (g % 3 == 0)
+    return (g % 100).astype(dtype)
+
+
+@pytest.fixture
+def store(job):
+    s = ddstore.Store()
+    yield s
+    s.close()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_roundtrip_every_dtype(store, dtype):
+    data = rows_of(dtype, 50, 3)
+    store.add("v", data)
+    assert store.info("v") == (50, 3, np.dtype(dtype).itemsize)
+    assert store.describe("v")["dtype"] == dtype
+    out = np.empty((4, 3), dtype)
+    store.get_batch("v", out, [49, 0, 7, 49])
+    np.testing.assert_array_equal(out, data[[49, 0, 7, 49]])
+    one = np.empty((1, 3), dtype)  # arr.shape[0] rows, as DDStore
+    store.get("v", one, 12)
+    np.testing.assert_array_equal(one[0], data[12])
+    rng = np.empty((10, 3), dtype)
+    store.get("v", rng, 40)
+    np.testing.assert_array_equal(rng, data[40:50])
+
+
+def test_nd_rows_and_init_update(store):
+    data = np.arange(5 * 2 * 3, dtype=np.float64).reshape(5, 2, 3)
+    store.add("cube", data)
+    assert store.info("cube") == (5, 6, 8)
+    out = np.empty((2, 2, 3))
+    store.get_batch("cube", out, [4, 1])
+    np.testing.assert_array_equal(out, data[[4, 1]])
+    store.init("z", 6, 4, dtype="int32")
+    z = np.ones((6, 4), np.int32)
+    store.get("z", z, 0)
+    assert not z.any()
+    store.update("z", np.full((2, 4), 9, np.int32), 3)
+    store.get("z", z, 0)
+    assert z[3:5].tolist() == [[9] * 4] * 2 and not z[:3].any() and not z[5:].any()
+
+
+def test_errors_and_the_store_keeps_working(store):
+    data = rows_of("int32", 10, 2)
+    store.add("e", data)
+    out = np.zeros((3, 2), np.int32)
+    with pytest.raises(IndexError, match=r"indices\[1\] = 10 not in \[0, 10\)"):
+        store.get_batch("e", out, [1, 10, 2])
+    with pytest.raises(IndexError, match=r"-1"):
+        store.get_batch("e", out, [-1, 0, 0])
+    assert not out.any(), "a bad index must leave the destination untouched"
+    with pytest.raises(IndexError):
+        store.get("e", out, 8)
+    with pytest.raises(ValueError, match="holds int32, destination is float32"):
+        store.get_batch("e", np.zeros((3, 2), np.float32), [0, 1, 2])
+    with pytest.raises(ValueError, match="int32, destination is uint32"):
+        store.get_batch("e", np.zeros((3, 2), np.uint32), [0, 1, 2])  # same size, still refused
+    with pytest.raises(ValueError, match="6 items for 2 rows"):
+        store.get_batch("e", np.zeros((3, 2), np.int32), [0, 1])
+    with pytest.raises(KeyError, match="nope"):
+        store.get_batch("nope", out, [0, 1, 2])
+    with pytest.raises(ValueError, match="already exists"):
+        store.add("e", data)
+    with pytest.raises(IndexError, match=r"rows \[9, 11\)"):
+        store.update("e", np.zeros((2, 2), np.int32), 9)
+    with pytest.raises(ValueError):
+        store.add("bad", np.float32(3))
+    store.get_batch("e", out, [9, 0, 9])
+    np.testing.assert_array_equal(out, data[[9, 0, 9]])
+    store.free("e")
+    store.free("e")  # twice is fine
+    with pytest.raises(KeyError, match="freed"):
+        store.get_batch("e", out, [0, 1, 2])
+    store.close()
+    with pytest.raises(ValueError, match="closed"):
+        store.get_batch("e", out, [0, 1, 2])
+
+
+def test_threads_share_a_store(store):
+    data = rows_of("int64", 1000, 5)
+    store.add("t", data)
+    errors = []
+
+    def reader(seed):
+        rng = np.random.default_rng(seed)
+        out = np.empty((64, 5), np.int64)
+        try:
+            for _ in range(200):
+                idx = rng.integers(0, 1000, 64)
+                store.get_batch("t", out, idx)
+                np.testing.assert_array_equal(out, data[idx])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    ts = [threading.Thread(target=reader, args=(i,)) for i in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors
+
+
+def test_forked_child_reads(store):
+    data = rows_of("float32", 100, 4)
+    store.add("f", data)
+    out = np.empty((3, 4), np.float32)
+    store.get_batch("f", out, [1, 2, 3])  # the parent has live connections
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: must reconnect, never use the parent's sockets
+        ok = 1
+        try:
+            o = np.empty((50, 4), np.float32)
+            idx = np.arange(99, 49, -1)
+            store.get_batch("f", o, idx)
+            ok = int(np.array_equal(o, data[idx]))
+            store.get("f", o[:1], 7)
+            ok &= int(np.array_equal(o[0], data[7]))
+        except BaseException:
+            ok = 0
+        os.write(w, bytes([ok]))
+        os._exit(0)
+    os.close(w)
+    got = os.read(r, 1)
+    os.waitpid(pid, 0)
+    assert got == b"\x01"
+    store.get_batch("f", out, [97, 98, 99])  # the parent still works
+    np.testing.assert_array_equal(out, data[97:100])
+
+
+SCRIPT = r"""
+import sys, numpy as np, ddstore
+s = ddstore.Store()
+r, n = s.rank, s.size
+counts = [int(x) for x in sys.argv[1].split(",")]
+first = sum(counts[:r])
+rows = (np.arange(first, first + counts[r], dtype=np.int64)[:, None] * 10 + np.arange(3)).astype(np.int64)
+s.add("v", rows)
+total = sum(counts)
+want = np.arange(total, dtype=np.int64)[:, None] * 10 + np.arange(3)
+out = np.empty((total, 3), np.int64)
+s.get("v", out, 0)
+assert np.array_equal(out, want), (r, out)
+rng = np.random.default_rng(r)
+for k in range(20):
+    idx = rng.integers(0, total, 97)
+    o = np.empty((97, 3), np.int64)
+    s.get_batch("v", o, idx)
+    assert np.array_equal(o, want[idx]), (r, k)
+recv = s.alloc_recv((97, 3), np.int64)
+s.get_batch("v", recv, idx)
+assert np.array_equal(recv, want[idx])
+p = s.get_profile("v")
+print("rank", r, "remote", p["remote_rows"], "local", p["local_rows"])
+s.free("v")
+s.close()
+"""
+
+
+@pytest.mark.parametrize("nodes,counts", [
+    (["a", "b"], "30,17"),
+    (["a", "a", "b", "b"], "5,0,12,9"),
+])
+def test_ranks_on_two_nodes(job, nodes, counts):
+    outs = run_ranks(SCRIPT, nodes, job, args=(counts,))
+    remote = [int(o.split()[3]) for o in outs]
+    assert all(x > 0 for x in remote), outs  # every rank read rows of the other node
