@@ -39,13 +39,13 @@ type collective struct {
 	size int64
 	// seen and want decide when a failed round can be forgotten: once
 	// every rank of the largest world any of them believes in has come.
-	seen map[int64]bool
-	want int64
-	first          wire.Shard // the first shard to arrive sets the geometry
-	shards         map[int64]wire.Shard
-	done           chan struct{} // closed when table or err is set
-	table          *wire.Table
-	err            error
+	seen   map[int64]bool
+	want   int64
+	first  wire.Shard // the first shard to arrive sets the geometry
+	shards map[int64]wire.Shard
+	done   chan struct{} // closed when table or err is set
+	table  *wire.Table
+	err    error
 }
 
 func newCoordinator() *coordinator {
