@@ -16,7 +16,14 @@ FUZZTIME ?= 200000x
 RACE     ?= -race
 
 .DEFAULT_GOAL := help
-.PHONY: help build test fuzz-short bench bench-quick gobench clean
+# Debian packages the tests need (no PyPI on these machines): Python with
+# numpy, torch and mpi4py, pytest, venv for the install check, Open MPI, and
+# gcc for the race detector.
+DEB_PACKAGES := gcc python3 python3-numpy python3-pytest python3-venv python3-setuptools python3-pip \
+	python3-torch python3-mpi4py openmpi-bin libopenmpi-dev
+PYTHON   := /usr/bin/python3
+
+.PHONY: help build deps test gotest pytest python fuzz-short bench bench-quick gobench clean
 
 help: ## list the targets
 	@echo 'Usage: make TARGET'
@@ -27,7 +34,17 @@ help: ## list the targets
 build: ## build the ddstore binary into bin/ddstore
 	$(GO) build -o $(BIN) ./cmd/ddstore
 
-test: ## gofmt check, go vet, pure-Go build, race tests, then fuzz-short
+deps: ## install the Debian packages the tests need (apt-get, as root), if missing
+	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing:" $$missing; \
+		if [ "$$(id -u)" != 0 ]; then echo "make deps: run as root, or install:" $$missing; exit 1; fi; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing; \
+	fi
+
+test: deps gotest pytest python ## every test: Go (gofmt, vet, pure-Go build, race, fuzz-short), Python, pip install
+
+gotest: ## gofmt check, go vet, pure-Go build, race tests, then fuzz-short
 	@echo '== gofmt -l'
 	@out=$$(find . -name '*.go' -not -path './.git/*' -not -path './vendor/*' \
 		-not -path '*/testdata/*' -print | xargs -r gofmt -l); \
@@ -42,6 +59,15 @@ test: ## gofmt check, go vet, pure-Go build, race tests, then fuzz-short
 		exit 1; fi
 	$(GO) test $(RACE) -count=1 -timeout 20m ./...
 	@$(MAKE) --no-print-directory fuzz-short
+
+pytest: build ## the Python client's tests against agents built from this tree
+	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -q tests
+
+python: build ## pip-install the Python package (with the binary bundled) into .venv, and import it
+	mkdir -p python/ddstore/bin && cp $(BIN) python/ddstore/bin/ddstore
+	test -x .venv/bin/python || $(PYTHON) -m venv --system-site-packages .venv
+	.venv/bin/pip install -q --no-build-isolation --no-deps --force-reinstall ./python
+	cd / && $(CURDIR)/.venv/bin/python -c 'import ddstore, ddstore._agent as a; print("ddstore", ddstore.__version__, "binary", a.find_binary())'
 
 fuzz-short: ## run every fuzz target in the repo for FUZZTIME inputs each
 	@FUZZTIME='$(FUZZTIME)' GO='$(GO)' bash .ci/fuzz-short.sh
