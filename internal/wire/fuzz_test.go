@@ -145,6 +145,7 @@ func FuzzDecodeName(f *testing.F)       { fuzzCodec(f, nameSamples, DecodeName) 
 func FuzzDecodeRegion(f *testing.F)     { fuzzCodec(f, regionSamples, DecodeRegion) }
 func FuzzDecodeText(f *testing.F)       { fuzzCodec(f, textSamples, DecodeText) }
 func FuzzDecodeJoin(f *testing.F)       { fuzzCodec(f, joinSamples, DecodeJoin) }
+func FuzzDecodeDrop(f *testing.F)       { fuzzCodec(f, dropSamples, DecodeDrop) }
 
 func FuzzDecodeTable(f *testing.F) {
 	// A few invalid tables too: Check must refuse them.

@@ -131,6 +131,11 @@ var (
 		{Node: "node-1", Addr: "10.0.0.1:4000"},
 		{Node: "ノード", Addr: "[fe80::1%eth0]:1"},
 	}
+	dropSamples = []Drop{
+		{},
+		{Name: "x", ID: 7},
+		{Name: "features/0", ID: -1},
+	}
 	fetchSamples = []Fetch{
 		{},
 		{Name: "empty", Globals: []int64{}},
@@ -217,6 +222,7 @@ func TestMessageRoundTrip(t *testing.T) {
 	t.Run("Region", func(t *testing.T) { testCodec(t, regionSamples, DecodeRegion) })
 	t.Run("Text", func(t *testing.T) { testCodec(t, textSamples, DecodeText) })
 	t.Run("Join", func(t *testing.T) { testCodec(t, joinSamples, DecodeJoin) })
+	t.Run("Drop", func(t *testing.T) { testCodec(t, dropSamples, DecodeDrop) })
 	t.Run("Fetch", func(t *testing.T) { testCodec(t, fetchSamples, decodeFetch) })
 }
 
