@@ -1,0 +1,171 @@
+"""`python -m ddstore.bench`: the Python client's read figures next to the
+Go client's, measured in the same run on two nodes of this machine (two
+agents on loopback): get_batch GB/s of node-local and other-node rows, and
+get() latency of single rows.
+
+    python -m ddstore.bench [--quick] [--json]
+"""
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+from . import _agent
+from .store import Store
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rate(dur, nbytes, op):
+    """Median GB/s over samples of at least ~2 ms of repeated op()."""
+    op()
+    group, samples, t_end = 1, [], time.perf_counter() + dur
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(group):
+            op()
+        el = time.perf_counter() - t0
+        if el < 0.002:
+            group *= 2
+            continue
+        samples.append(group * nbytes / el / 1e9)
+        if time.perf_counter() > t_end and len(samples) >= 3:
+            return float(np.median(samples))
+
+
+def _latency(iters, op):
+    ts = np.empty(iters)
+    for i in range(iters):
+        t0 = time.perf_counter()
+        op(i)
+        ts[i] = time.perf_counter() - t0
+    return float(np.percentile(ts, 50) * 1e6), float(np.percentile(ts, 99) * 1e6)
+
+
+def run(row_sizes=(4096, 65536), batch=256, shard_bytes=64 << 20, dur=0.5, lat_iters=20000, binary=None):
+    ns = f"pybench-{os.getpid()}"
+    port = _free_port()
+    args = ("--rendezvous", f"127.0.0.1:{port}")
+    stores = [Store(namespace=ns, rank=r, size=2, local_rank=0, local_size=1, node=f"bench-{'ab'[r]}",
+                    agent_args=args, binary=binary) for r in range(2)]
+    s = stores[0]
+
+    def both(f):
+        errs = [None, None]
+
+        def go(r):
+            try:
+                f(r, stores[r])
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                errs[r] = e
+        ts = [threading.Thread(target=go, args=(r,)) for r in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        for e in errs:
+            if e is not None:
+                raise e
+
+    rows_out = []
+    try:
+        for rb in (64, *row_sizes):
+            n = shard_bytes // rb
+            name = f"b{rb}"
+
+            def add(r, st):
+                data = np.empty((n, rb), np.uint8)
+                data[:, :8] = (np.arange(n, dtype=np.int64) + r * n).view(np.uint8).reshape(n, 8)
+                st.add(name, data)
+            both(add)
+            rng = np.random.default_rng(1)
+            idx_local = [rng.integers(0, n, batch) for _ in range(64)]
+            idx_remote = [rng.integers(n, 2 * n, batch) for _ in range(64)]
+            dst = np.empty((batch, rb), np.uint8)
+            recv = s.alloc_recv((batch, rb), np.uint8)
+            k = [0]
+
+            def reader(out, idxs):
+                def op():
+                    k[0] = (k[0] + 1) % 64
+                    s.get_batch(name, out, idxs[k[0]])
+                return op
+            res = {"row_bytes": rb}
+            if rb != 64:
+                res["local_gbps"] = _rate(dur, batch * rb, reader(dst, idx_local))
+                assert (dst[:, :8].copy().view(np.int64)[:, 0] == idx_local[k[0]]).all()
+                res["remote_gbps"] = _rate(dur, batch * rb, reader(recv, idx_remote))
+                assert (recv[:, :8].copy().view(np.int64)[:, 0] == idx_remote[k[0]]).all()
+                res["remote_copy_gbps"] = _rate(dur, batch * rb, reader(dst, idx_remote))
+            one = np.empty((1, rb), np.uint8)
+            gl = rng.integers(0, n, lat_iters)
+            gr = rng.integers(n, 2 * n, max(lat_iters // 10, 100))
+            res["get_local_p50_us"], res["get_local_p99_us"] = _latency(lat_iters, lambda i: s.get(name, one, gl[i]))
+            res["get_remote_p50_us"], res["get_remote_p99_us"] = _latency(len(gr), lambda i: s.get(name, one, gr[i]))
+            s.free_recv(recv)
+            both(lambda r, st: st.free(name))
+            rows_out.append(res)
+    finally:
+        for st in stores:
+            st.close()
+        subprocess.run(["pkill", "-f", "--", f"--namespace {ns} "], check=False)
+    return rows_out
+
+
+def go_figures(binary, row_sizes, batch, shard_bytes, dur):
+    sizes = ",".join(str(x) for x in (64, *row_sizes))
+    out = subprocess.run([binary, "bench", "--json", "--sizes", sizes, "--batch", str(batch), "--shard",
+                          str(shard_bytes), "--duration", f"{int(dur * 1000)}ms"], check=True, capture_output=True,
+                         text=True).stdout
+    return {r["row_bytes"]: r for r in json.loads(out)["rows"]}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m ddstore.bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="short figures (about 30 s)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    a = ap.parse_args(argv)
+    dur, shard, lat = (0.3, 32 << 20, 5000) if a.quick else (1.5, 128 << 20, 20000)
+    binary = _agent.find_binary()
+    sizes = (4096, 65536)
+    py = run(sizes, 256, shard, dur, lat, binary)
+    go = go_figures(binary, sizes, 256, shard, dur)
+    for r in py:
+        g = go[r["row_bytes"]]
+        for key in ("local_gbps", "remote_gbps", "get_local_p50_us", "get_remote_p50_us"):
+            if key in r:
+                r["go_" + key] = g[key]
+        if "local_gbps" in r:
+            r["local_vs_go"] = r["local_gbps"] / g["local_gbps"]
+            r["remote_vs_go"] = r["remote_gbps"] / g["remote_gbps"]
+    if a.json:
+        print(json.dumps({"rows": py, "batch": 256, "shard_bytes": shard, "python": sys.version.split()[0],
+                          "numpy": np.__version__}))
+        return
+    print(f"ddstore Python bench: 2 nodes on loopback, batches of 256 random rows, {shard >> 20} MiB per rank, "
+          f"Python {sys.version.split()[0]}, numpy {np.__version__}\n")
+    hdr = ("row", "local GB/s", "go", "py/go", "remote GB/s", "go", "py/go", "remote copy GB/s",
+           "get local p50 µs", "p99", "go p50", "get remote p50 µs", "p99", "go p50")
+    print("  ".join(f"{h:>{max(len(h), 6)}}" for h in hdr))
+    for r in py:
+        f = lambda k, fmt="{:.2f}": fmt.format(r[k]) if k in r else "-"  # noqa: E731
+        cells = (str(r["row_bytes"]), f("local_gbps"), f("go_local_gbps"), f("local_vs_go"), f("remote_gbps"),
+                 f("go_remote_gbps"), f("remote_vs_go"), f("remote_copy_gbps"), f("get_local_p50_us"),
+                 f("get_local_p99_us"), f("go_get_local_p50_us"), f("get_remote_p50_us"), f("get_remote_p99_us"),
+                 f("go_get_remote_p50_us"))
+        print("  ".join(f"{c:>{max(len(h), 6)}}" for c, h in zip(cells, hdr)))
+
+
+if __name__ == "__main__":
+    main()
