@@ -21,17 +21,29 @@ func (s *Store) connect() (*lane, error) {
 	if err == nil || !errors.Is(err, base.ErrNoAgent) {
 		return l, err
 	}
+	spawned := false
 	if !s.cfg.NoSpawn && s.id.LocalRank <= 0 {
 		if serr := s.spawn(); serr != nil {
 			return nil, serr
 		}
+		spawned = true
 	}
+	// The other ranks give local rank 0 a head start, then start the agent
+	// themselves (the agent's lock keeps it one per node): local ranks
+	// need not match node ids, e.g. several simulated nodes on one machine.
+	grace := time.Now().Add(min(spawnGrace, s.cfg.AgentWait/2))
 	deadline := time.Now().Add(s.cfg.AgentWait)
 	wait := 2 * time.Millisecond
 	for {
 		l, _, err = dialLane(s.socket, &s.hello, s.cfg.Timeout)
 		if err == nil || !errors.Is(err, base.ErrNoAgent) {
 			return l, err
+		}
+		if !spawned && !s.cfg.NoSpawn && time.Now().After(grace) {
+			if serr := s.spawn(); serr != nil {
+				return nil, serr
+			}
+			spawned = true
 		}
 		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("%w: no agent for namespace %q on node %q answered at %s within %v (start one with `ddstore agent`, or let local rank 0 start it): %w",
@@ -41,6 +53,10 @@ func (s *Store) connect() (*lane, error) {
 		wait = min(2*wait, 100*time.Millisecond)
 	}
 }
+
+// spawnGrace is how long ranks other than local rank 0 wait for its agent
+// before starting one themselves.
+const spawnGrace = 3 * time.Second
 
 // AgentBinary finds the ddstore binary to run as an agent: DDSTORE_BIN,
 // then this executable if it is ddstore, then ddstore on PATH.

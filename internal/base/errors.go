@@ -74,3 +74,16 @@ func (e *remoteError) Unwrap() error { return e.sentinel }
 func Errorf(sentinel error, format string, args ...any) error {
 	return fmt.Errorf("%w: %s", sentinel, fmt.Sprintf(format, args...))
 }
+
+// Alias makes a package's own sentinel that reads msg but matches one of
+// the shared sentinels with errors.Is, so it crosses the wire with that
+// sentinel's code.
+func Alias(msg string, of error) error { return &alias{msg: msg, of: of} }
+
+type alias struct {
+	msg string
+	of  error
+}
+
+func (e *alias) Error() string { return e.msg }
+func (e *alias) Unwrap() error { return e.of }

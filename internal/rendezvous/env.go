@@ -11,6 +11,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/ddstore-go/ddstore/internal/base"
 )
 
 // Identity is where one rank stands in the job.
@@ -32,12 +34,12 @@ type Identity struct {
 // ErrNoIdentity is returned when the process cannot be placed at all; today
 // that means no node identity could be found, since a process without any
 // launcher variables is taken to be a single-process job rather than an error.
-var ErrNoIdentity = errors.New("ddstore: cannot tell rank and size from the environment")
+var ErrNoIdentity = base.Alias("ddstore: cannot tell rank and size from the environment", base.ErrArgument)
 
 // ErrBadEnv is returned when launcher variables are present but malformed,
 // inconsistent or incomplete. Falling back to a single process instead would
 // let a misconfigured job start N independent rank-0s that never meet.
-var ErrBadEnv = errors.New("ddstore: bad environment")
+var ErrBadEnv = base.Alias("ddstore: bad environment", base.ErrArgument)
 
 // hostname is a variable so that tests can pin the last-resort node name.
 var hostname = os.Hostname

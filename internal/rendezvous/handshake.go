@@ -18,14 +18,16 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/ddstore-go/ddstore/internal/base"
 )
 
 // ErrTimeout is returned by WaitRecord when its own timeout passes.
-var ErrTimeout = errors.New("ddstore: rendezvous timed out")
+var ErrTimeout = base.Alias("ddstore: rendezvous timed out", base.ErrTimeout)
 
 // ErrBadName is returned for a record name that could escape the handshake
 // directory or collide with WriteRecord's hidden temporary files.
-var ErrBadName = errors.New("ddstore: bad record name")
+var ErrBadName = base.Alias("ddstore: bad record name", base.ErrArgument)
 
 // maxNameLen leaves room, within the usual 255-byte file name limit, for the
 // dot and random suffix of the temporary file a record is written through.

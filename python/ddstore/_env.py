@@ -35,7 +35,11 @@ def _bad(var, value, want):
 
 
 def _int(s):
-    return int(s) if re.fullmatch(r"[+-]?[0-9]+", s) else None
+    """An integer as Go's strconv.Atoi reads it (64-bit), else None."""
+    if not re.fullmatch(r"[+-]?[0-9]+", s):
+        return None
+    n = int(s)
+    return n if -(1 << 63) <= n < (1 << 63) else None
 
 
 def _rank_and_size(env, rank_var, size_var):
@@ -71,10 +75,13 @@ def _with_local(rank, size, env, local_rank_var, size_var, local_size_var, local
 def _tasks_per_node(s):
     out = []
     for item in s.split(","):
-        m = re.fullmatch(r"([0-9]+)(?:\(x([0-9]+)\))?", item)
-        if not m or (m.group(2) is not None and int(m.group(2)) < 1):
+        m = re.fullmatch(r"([+-]?[0-9]+)(?:\(x([+-]?[0-9]+)\))?", item)
+        if not m:
             return None
-        out.append((int(m.group(1)), int(m.group(2) or 1)))
+        tasks, nodes = _int(m.group(1)), _int(m.group(2) or "1")
+        if tasks is None or tasks < 0 or nodes is None or nodes < 1:
+            return None
+        out.append((tasks, nodes))
     return out
 
 

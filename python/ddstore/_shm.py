@@ -8,7 +8,7 @@ import zlib
 
 import numpy as np
 
-from ._errors import ProtocolError, UnknownVariable
+from ._errors import ArgumentError, ProtocolError, UnknownVariable
 
 HEADER_BYTES = 4096
 _MAGIC = b"DDSTSHRD"
@@ -28,7 +28,8 @@ class Segment:
         try:
             st = os.fstat(fd)
             if st.st_uid != os.geteuid():
-                raise ProtocolError(f"ddstore: segment {path} belongs to uid {st.st_uid}, not {os.geteuid()}")
+                raise ArgumentError(f"ddstore: bad argument: segment {path} belongs to uid {st.st_uid}, "
+                                    f"not {os.geteuid()}")
             prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
             self.mm = mmap.mmap(fd, st.st_size, mmap.MAP_SHARED, prot)
         finally:

@@ -108,7 +108,8 @@ def parse_header(b):
 def status_error(status, body):
     d = Decoder(body)
     try:
-        msg = d.string32()
+        msg = bytes(d._take(d.u32())).decode(errors="replace")
+        d.done()
     except ProtocolError:
         msg = "ddstore: remote error (undecodable message)"
     return from_status(status, msg)

@@ -74,12 +74,12 @@ def identity(comm=None, rank=None, size=None, local_rank=None, local_size=None, 
     if comm is None:
         return env
     if hasattr(comm, "Split_type"):  # mpi4py
-        from mpi4py import MPI
-        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        try:
-            return _env.Identity(comm.Get_rank(), comm.Get_size(), local.Get_rank(), local.Get_size(), node, "mpi4py")
-        finally:
-            local.Free()
+        # Local ranks are the ranks of the same node id (not of the same
+        # shared-memory domain: DDSTORE_NODE_ID may split one machine).
+        nodes = comm.allgather(node)
+        r = comm.Get_rank()
+        same = [i for i, n in enumerate(nodes) if n == node]
+        return _env.Identity(r, comm.Get_size(), same.index(r), len(same), node, "mpi4py")
     if type(comm).__module__.startswith("torch"):
         import torch.distributed as dist
         r, s = dist.get_rank(comm), dist.get_world_size(comm)

@@ -212,15 +212,24 @@ class Store:
             return _Lane(self.socket_path, self._hello(), self._timeout)
         except NoAgent:
             pass
+        spawned = False
         if self._spawn and self.local_rank <= 0:
             _agent.spawn(self.namespace, self.node, self.socket_path, self._agent_args, self._binary)
-        deadline, wait = time.monotonic() + self._agent_wait, 0.002
+            spawned = True
+        # The other ranks give local rank 0 a head start, then start the agent
+        # themselves (its lock keeps it one per node), as the Go library does.
+        now = time.monotonic()
+        grace, deadline, wait = now + min(3.0, self._agent_wait / 2), now + self._agent_wait, 0.002
         while True:
             try:
                 return _Lane(self.socket_path, self._hello(), self._timeout)
             except NoAgent as e:
+                if not spawned and self._spawn and time.monotonic() > grace:
+                    _agent.spawn(self.namespace, self.node, self.socket_path, self._agent_args, self._binary)
+                    spawned = True
+                    continue
                 if time.monotonic() > deadline:
-                    raise NoAgent(f"ddstore: no agent for namespace {self.namespace!r} on node {self.node!r} answered "
+                    raise NoAgent(f"ddstore: no agent: none for namespace {self.namespace!r} on node {self.node!r} answered "
                                   f"at {self.socket_path} within {self._agent_wait}s: {e}") from None
             time.sleep(wait)
             wait = min(2 * wait, 0.1)

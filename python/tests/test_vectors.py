@@ -1,0 +1,317 @@
+"""The Python client against the test vectors the Go implementation writes
+(testdata/vectors.json, made by vectors_test.go; regenerate it with
+`go test -run TestVectors -update .` in the repository root). Each test
+rebuilds or decodes what Go recorded with the client's own code, so the two
+clients cannot drift apart unnoticed."""
+
+import json
+import os
+import re
+import sys
+import types
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# The ddstore package of this checkout, whatever directory pytest runs from.
+sys.path.insert(0, os.path.dirname(HERE))
+
+import ddstore  # noqa: E402
+from ddstore import _agent, _env, _errors, _wire, store  # noqa: E402
+
+VECTORS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "testdata", "vectors.json")
+
+with open(VECTORS, encoding="utf-8") as _f:
+    V = json.load(_f)
+
+
+def _ids(cases):
+    return [c["name"] for c in cases]
+
+
+# ---- frames -------------------------------------------------------------------
+
+
+def _body(message, f):
+    """The request body of a message, built the way ddstore/store.py builds it."""
+    e = _wire.Encoder()
+    if message == "Hello":  # Store._hello
+        return e.string(f["namespace"]).string(f["node"]).i64(f["rank"], f["size"], f["local_rank"],
+                                                              f["local_size"], f["pid"])
+    if message == "Shard":  # Store.add
+        return _wire.shard(e, f["name"], f["node"], f["rank"], f["size"], f["rows"], f["disp"], f["itemsize"],
+                           f["timeout_ms"], f["attempt"], f["failed"], f["dtype"])
+    if message == "Name":  # Lookup, Free
+        return e.string(f["name"]).string(f["node"]).i64(f["rank"])
+    if message == "Read":  # Store._fetch
+        return (e.string(f["name"]).u32(f["region"]).i64s(np.array(f["globals"], dtype=np.int64))
+                .i64s(np.array(f["offsets"], dtype=np.int64)))
+    if message == "Region":  # register(), Unregister
+        return e.u32(f["id"]).i64(f["size"])
+    if message == "Fetch":  # peer protocol: the client never sends it, but its encoder can
+        return e.string(f["name"]).i64(f["id"]).i64s(np.array(f["globals"], dtype=np.int64))
+    assert message is None, message
+    return e  # Info: empty body
+
+
+REQUESTS = {k: v for k, v in V["frames"].items() if not v["reply"]}
+
+
+def test_vectors_hold_every_request():
+    assert {v["op"] for v in REQUESTS.values()} >= {_wire.OP_HELLO, _wire.OP_CREATE, _wire.OP_PUBLISH, _wire.OP_LOOKUP,
+                                                    _wire.OP_READ, _wire.OP_REGISTER, _wire.OP_UNREGISTER,
+                                                    _wire.OP_FREE, _wire.OP_INFO}
+
+
+@pytest.mark.parametrize("name", sorted(REQUESTS))
+def test_request_frame(name):
+    v = REQUESTS[name]
+    got = bytes(_body(v.get("message"), v["fields"]).frame(v["op"], v["id"]))
+    assert got.hex() == v["hex"]
+
+
+@pytest.mark.parametrize("name", sorted(V["frames"]))
+def test_parse_header(name):
+    v = V["frames"][name]
+    b = bytes.fromhex(v["hex"])
+    op, status, blen, req_id, payload = _wire.parse_header(b[:_wire.HEADER.size])
+    assert (op, status, blen, req_id, payload) == (v["op"], v["status"], len(b) - _wire.HEADER.size, v["id"],
+                                                    v["payload"])
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(REQUESTS) if REQUESTS[n].get("message") == "Hello"])
+def test_store_hello(name, monkeypatch):
+    """Store._hello itself, not a copy of it."""
+    v = REQUESTS[name]
+    f = v["fields"]
+    monkeypatch.setattr(store.os, "getpid", lambda: f["pid"])
+    s = types.SimpleNamespace(namespace=f["namespace"], node=f["node"], rank=f["rank"], size=f["size"],
+                              local_rank=f["local_rank"], local_size=f["local_size"])
+    assert bytes(store.Store._hello(s).frame(v["op"], v["id"])).hex() == v["hex"]
+
+
+def test_error_frame():
+    v = V["frames"]["error_unknown"]
+    b = bytes.fromhex(v["hex"])
+    op, status, blen, req_id, payload = _wire.parse_header(b[:_wire.HEADER.size])
+    assert (op, status, req_id, payload) == (_wire.OP_LOOKUP, v["status"], v["id"], 0)
+    body = b[_wire.HEADER.size:]
+    assert len(body) == blen
+    e = _wire.status_error(status, body)
+    assert type(e) is ddstore.UnknownVariable
+    assert e.code == v["status"]
+    assert str(e) == v["fields"]["text"]
+
+
+_STATUS_BUGS = {}
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(c, id=c["name"], marks=[pytest.mark.xfail(strict=True, raises=_STATUS_BUGS[c["name"]][1],
+                                                           reason=_STATUS_BUGS[c["name"]][0])]
+                 if c["name"] in _STATUS_BUGS else [])
+    for c in V["status_errors"]])
+def test_status_error(case):
+    b = bytes.fromhex(case["hex"])
+    _, status, blen, _, _ = _wire.parse_header(b[:_wire.HEADER.size])
+    assert status == case["status"]
+    e = _wire.status_error(status, b[_wire.HEADER.size:_wire.HEADER.size + blen])
+    assert isinstance(e, ddstore.Error)
+    assert e.code == case["code"]
+    assert str(e) == bytes.fromhex(case["message_hex"]).decode("utf-8", "replace")
+
+
+# ---- bodies -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [n for n, b in sorted(V["bodies"].items()) if b["message"] == "Table"])
+def test_table_decode(name):
+    v = V["bodies"][name]
+    t = _wire.Table.decode(bytes.fromhex(v["hex"]))
+    got = {k: getattr(t, k) for k in _wire.Table.__slots__}
+    for k in ("shard_rows", "rank_node"):
+        assert got[k].dtype == np.int64
+        got[k] = got[k].tolist()
+    assert got == v["fields"]
+
+
+def test_hello_reply_decode():
+    v = V["bodies"]["hello_reply"]
+    d = _wire.Decoder(bytes.fromhex(v["hex"]))
+    got = {"node": d.string(), "agent_pid": d.i64()}
+    d.done()
+    assert got == v["fields"]
+
+
+def test_create_reply_decode():
+    v = V["bodies"]["create_reply"]
+    d = _wire.Decoder(bytes.fromhex(v["hex"]))
+    got = {"path": d.string32()}
+    d.done()
+    assert got == v["fields"]
+
+
+def test_register_reply_decode():
+    """store.register() reads the region id out of the reply."""
+    v = V["bodies"]["register_reply"]
+    body = bytes.fromhex(v["hex"])
+    lane = types.SimpleNamespace(call=lambda op, enc, fds=None, timeout=None: body)
+    assert store.register(lane, types.SimpleNamespace(size=0, fd=-1), None) == v["fields"]["id"]
+
+
+# ---- status codes -------------------------------------------------------------
+
+# The Python exception of each Go sentinel of internal/base/errors.go.
+CLASSES = {
+    "ErrIndex": ddstore.IndexOutOfRange, "ErrGeometry": ddstore.GeometryError, "ErrUnknown": ddstore.UnknownVariable,
+    "ErrExists": ddstore.VariableExists, "ErrBuffer": ddstore.BadBuffer, "ErrFreed": ddstore.FreedVariable,
+    "ErrClosed": ddstore.ClosedError, "ErrTimeout": ddstore.Timeout, "ErrPeer": ddstore.PeerError,
+    "ErrProtocol": ddstore.ProtocolError, "ErrNoAgent": ddstore.NoAgent, "ErrArgument": ddstore.ArgumentError,
+    "ErrInternal": ddstore.InternalError,
+}
+
+
+def test_status_codes():
+    codes = V["status_codes"]
+    assert {s["sentinel"] for s in codes.values()} == set(CLASSES), "a Go sentinel without a Python exception"
+    for code, s in codes.items():
+        cls = CLASSES[s["sentinel"]]
+        assert cls.code == int(code), s
+        e = _errors.from_status(int(code), s["text"])
+        assert type(e) is cls and str(e) == s["text"]
+    # Every exception class of the client is some sentinel's.
+    assert {c.code for c in _errors._BY_CODE.values()} == {int(c) for c in codes}
+    # A code from a newer agent is an InternalError.
+    assert type(_errors.from_status(max(int(c) for c in codes) + 1, "m")) is ddstore.InternalError
+
+
+_SENTINEL_TEXT = {CLASSES[s["sentinel"]]: s["text"] for s in V["status_codes"].values()}
+
+
+def _made_up_messages():
+    """(file, line, exception class name, message up to its first colon) of
+    every `Cls("ddstore: ...` and `Cls(f"ddstore: ...` in the client."""
+    pat = re.compile(r"\b(" + "|".join(c.__name__ for c in CLASSES.values()) + r')\(f?"(ddstore: [^:"]*)[:"]')
+    src = os.path.join(os.path.dirname(HERE), "ddstore")
+    out = []
+    for fn in sorted(os.listdir(src)):
+        if fn.endswith(".py"):
+            with open(os.path.join(src, fn), encoding="utf-8") as f:
+                for lineno, line in enumerate(f, 1):
+                    out.extend((fn, lineno, cls, prefix) for cls, prefix in pat.findall(line))
+    return out
+
+
+MESSAGES = _made_up_messages()
+
+_MESSAGE_BUGS = {}
+
+
+def test_message_scan_finds_messages():
+    assert len(MESSAGES) > 20
+
+
+@pytest.mark.parametrize("fn,lineno,cls_name,prefix", [
+    pytest.param(*m, id=f"{m[0]}:{m[1]}",
+                 marks=[pytest.mark.xfail(strict=True, raises=AssertionError,
+                                          reason=_MESSAGE_BUGS[(m[0], m[2], m[3])])]
+                 if (m[0], m[2], m[3]) in _MESSAGE_BUGS else [])
+    for m in MESSAGES])
+def test_message_prefix(fn, lineno, cls_name, prefix):
+    """A message the client makes up starts with its exception's sentinel
+    text, as Go's base.Errorf writes it (or, for ArgumentError, with the
+    text of Go's rendezvous.ErrBadEnv, which _env mirrors)."""
+    cls = getattr(ddstore, cls_name)
+    ok = (_SENTINEL_TEXT[cls],) + ((V["env"]["error_text"],) if cls is ddstore.ArgumentError else ())
+    assert prefix.startswith(ok), f"{fn}:{lineno}: {cls_name}({prefix!r}...), want a message starting with {ok}"
+
+
+# ---- layout -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", V["layout"], ids=_ids(V["layout"]))
+def test_layout(case):
+    rows = np.array(case["shard_rows"], dtype=np.int64)
+    p = len(rows)
+    t = types.SimpleNamespace(name="x", disp=1, itemsize=1, dtype="", shard_rows=rows,
+                              rank_node=np.zeros(p, dtype=np.int64), nodes=["n"], addrs=["a"], paths=[], id=1)
+    v = store._Var(t, 0)  # builds the prefix sums the way a Store does
+    assert v.total == case["total"]
+    assert v.prefix.tolist() == case["first"] + [case["total"]]
+    idx = np.array(case["globals"], dtype=np.int64)
+    owner = np.searchsorted(v.prefix, idx, side="right") - 1  # Store._gather
+    assert owner.tolist() == case["ranks"]
+    assert (idx - v.prefix[owner]).tolist() == case["locals"]
+    bad = np.array(case["out_of_range"], dtype=np.int64)
+    assert ((bad < 0) | (bad >= v.total)).all()  # Store.get_batch's check
+
+
+# ---- file names ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", V["escape"]["names"], ids=repr)
+def test_escape(case):
+    assert _agent.escape(case["name"]) == case["escaped"]
+
+
+@pytest.mark.parametrize("case", V["escape"]["sockets"], ids=lambda c: repr((c["namespace"], c["node"]))[:60])
+def test_socket_path(case):
+    assert _agent.socket_path(V["escape"]["run_dir"], case["namespace"], case["node"]) == case["path"]
+
+
+# ---- launcher environments ----------------------------------------------------
+
+_ENV_BUGS = {}
+
+_HOST = "hostname-must-not-be-used"
+
+
+def _env_param(c):
+    bug = _ENV_BUGS.get(c["name"])
+    marks = [pytest.mark.xfail(strict=True, reason=bug[0], raises=bug[1])] if bug else []
+    return pytest.param(c, id=c["name"], marks=marks)
+
+
+ENV_CASES = V["env"]["cases"]
+
+
+def test_env_cases_name_their_node():
+    for c in ENV_CASES:
+        assert c["env"].get("DDSTORE_NODE_ID") or c["env"].get("SLURMD_NODENAME"), c["name"]
+
+
+@pytest.mark.parametrize("case", [_env_param(c) for c in ENV_CASES])
+def test_from_env(case):
+    if "identity" in case:
+        i = case["identity"]
+        got = _env.from_env(dict(case["env"]), hostname=_HOST)
+        assert got.as_tuple() == (i["rank"], i["size"], i["local_rank"], i["local_size"], i["node"], i["launcher"])
+    else:
+        with pytest.raises(ddstore.ArgumentError) as ei:
+            _env.from_env(dict(case["env"]), hostname=_HOST)
+        msg = str(ei.value)
+        assert case["error"]["var"] in msg
+        assert msg.startswith(V["env"]["error_text"] + ": ")
+
+
+def _go_quotes_to_repr(msg):
+    """Go's message with its %q-quoted values written as Python's repr, the
+    one known difference of wording between the two."""
+    return re.sub(r'=("(?:[^"\\]|\\.)*")', lambda m: "=" + repr(json.loads(m.group(1))), msg)
+
+
+ENV_ERRORS = [c for c in ENV_CASES if "error" in c and c["name"] not in _ENV_BUGS]
+
+
+@pytest.mark.parametrize("case", ENV_ERRORS, ids=_ids(ENV_ERRORS))
+def test_from_env_message(case):
+    with pytest.raises(ddstore.ArgumentError) as ei:
+        _env.from_env(dict(case["env"]), hostname=_HOST)
+    assert str(ei.value) == _go_quotes_to_repr(case["error"]["message"])
+
+
+def test_from_env_error_code():
+    for c in ENV_CASES:
+        if "error" in c:
+            assert ddstore.ArgumentError.code == c["error"]["code"], c["name"]
