@@ -55,6 +55,9 @@ type Config struct {
 	// MaxLanes bounds the connections to the agent (one per goroutine
 	// reading rows of other nodes at once); default 16.
 	MaxLanes int
+	// Reader makes a store that holds no shard (split mode: a job reading
+	// variables another job published). It cannot Add or Init.
+	Reader bool
 }
 
 // Store is one rank's handle on the job's variables. Its methods are safe
@@ -143,7 +146,11 @@ func Open(cfg Config) (*Store, error) {
 		cfg.MaxLanes = 16
 	}
 	s := &Store{cfg: cfg, id: id, socket: cfg.Socket, lanes: make(chan *lane, cfg.MaxLanes)}
-	s.hello = wire.Hello{Namespace: cfg.Namespace, Node: id.Node, Rank: int64(id.Rank), Size: int64(id.Size),
+	helloRank := int64(id.Rank)
+	if cfg.Reader {
+		helloRank = -1
+	}
+	s.hello = wire.Hello{Namespace: cfg.Namespace, Node: id.Node, Rank: helloRank, Size: int64(id.Size),
 		LocalRank: int64(id.LocalRank), LocalSize: int64(id.LocalSize), Pid: int64(os.Getpid())}
 	s.mu.vars = make(map[string]*variable)
 	s.mu.freed = make(map[string]bool)
@@ -316,6 +323,9 @@ func (s *Store) Add(name string, rows []byte, disp, itemsize int64) error {
 func (s *Store) create(name string, rows []byte, nrows, disp, itemsize int64, bad error) error {
 	if err := checkName(name); err != nil {
 		return err
+	}
+	if s.cfg.Reader {
+		return base.Errorf(base.ErrArgument, "variable %q: a reader store holds no shard (it reads what another job published)", name)
 	}
 	if err := s.checkOpen(); err != nil {
 		return err
@@ -761,6 +771,9 @@ func (s *Store) Free(name string) error {
 	v.freed = true
 	v.unmap()
 	v.mu.Unlock()
+	if s.cfg.Reader {
+		return nil // a reader holds no share of the variable to give back
+	}
 	m := wire.Name{Name: name, Rank: int64(s.id.Rank)}
 	_, err := s.control(wire.OpFree, m.Encode, s.cfg.Timeout)
 	if errors.Is(err, base.ErrUnknown) {

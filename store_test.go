@@ -1,8 +1,11 @@
 package ddstore_test
 
 import (
+	"errors"
+	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/ddstore-go/ddstore"
 )
@@ -39,4 +42,38 @@ func TestGetBatchEveryRank(t *testing.T) {
 			return nil
 		})
 	}
+}
+
+// TestReaderStore: a store of another job (split mode) holds no shard,
+// reads every row of a variable published by the job, and cannot add.
+func TestReaderStore(t *testing.T) {
+	c := startCluster(t, []int{2, 1}, viaRendezvous)
+	c.addPattern(t, "pub", []int64{4, 0, 9}, 2, 4)
+	for node, a := range c.agents {
+		r, err := ddstore.Open(ddstore.Config{Namespace: c.ns, Rank: 0, Size: 1, Node: fmt.Sprintf("node%d", node),
+			Socket: a.Socket(), NoSpawn: true, Reader: true, Timeout: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		all := make([]byte, 13*8)
+		if err := r.Get("pub", all, 0); err != nil {
+			t.Fatal(err)
+		}
+		for g := range int64(13) {
+			checkRow(t, all[g*8:(g+1)*8], g)
+		}
+		if err := r.Add("mine", make([]byte, 8), 2, 4); !errors.Is(err, ddstore.ErrArgument) {
+			t.Errorf("reader Add: %v, want ErrArgument", err)
+		}
+		if err := r.Free("pub"); err != nil {
+			t.Error(err)
+		}
+		r.Close()
+	}
+	// The readers' Free gave nothing back: the job's variable is whole.
+	dst := make([]byte, 8)
+	if err := c.stores[2].Get("pub", dst, 12); err != nil {
+		t.Fatal(err)
+	}
+	checkRow(t, dst, 12)
 }

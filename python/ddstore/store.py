@@ -180,11 +180,14 @@ class Store:
 
     def __init__(self, comm=None, namespace=None, *, rank=None, size=None, local_rank=None, local_size=None,
                  node=None, socket_path=None, run_dir=None, spawn=True, agent_args=(), binary=None,
-                 timeout=120.0, publish_timeout=300.0, agent_wait=60.0, max_lanes=16):
+                 timeout=120.0, publish_timeout=300.0, agent_wait=60.0, max_lanes=16, reader=False):
         from .comm import identity
         ident = identity(comm, rank, size, local_rank, local_size, node)
         self.rank, self.size, self.local_rank, self.local_size, self.node = (
             ident.rank, ident.size, ident.local_rank, ident.local_size, ident.node)
+        # A reader (split mode: a job reading data another job published)
+        # holds no shard: it says rank -1 to the agent and cannot add.
+        self.reader = bool(reader)
         self.namespace = namespace or getattr(comm, "ns", None) or _agent.default_namespace()
         run_dir = run_dir or _agent.default_run_dir()
         self.socket_path = socket_path or _agent.socket_path(run_dir, self.namespace, self.node)
@@ -204,8 +207,9 @@ class Store:
     # -- connections --------------------------------------------------------
 
     def _hello(self):
+        rank = -1 if self.reader else self.rank
         return (_wire.Encoder().string(self.namespace).string(self.node)
-                .i64(self.rank, self.size, self.local_rank, self.local_size, os.getpid()))
+                .i64(rank, self.size, self.local_rank, self.local_size, os.getpid()))
 
     def _connect(self):
         try:
@@ -325,6 +329,9 @@ class Store:
 
     def _create(self, name, a, nrows, disp, itemsize, dt, bad=None):
         _check_name(name)
+        if self.reader:
+            raise ArgumentError(f"ddstore: bad argument: variable {name!r}: a reader store holds no shard "
+                                f"(it reads what another job published)")
         self._check_fork()
         with self._lock:
             if self._closed:
@@ -366,7 +373,7 @@ class Store:
         self._install(t)
 
     def _install(self, t):
-        v = _Var(t, self.rank)
+        v = _Var(t, -1 if self.reader else self.rank)
         with self._lock:
             if self._closed:
                 v.unmap()
@@ -645,6 +652,8 @@ class Store:
             if v is None:
                 continue
             v.unmap()
+            if self.reader:
+                continue  # a reader holds no share of the variable to give back
             try:
                 self._control(_wire.OP_FREE, _wire.Encoder().string(n).string("").i64(self.rank))
             except Error as e:

@@ -187,3 +187,21 @@ def test_ranks_on_two_nodes(job, nodes, counts):
     outs = run_ranks(SCRIPT, nodes, job, args=(counts,))
     remote = [int(o.split()[3]) for o in outs]
     assert all(x > 0 for x in remote), outs  # every rank read rows of the other node
+
+
+def test_reader_store(store):
+    data = rows_of("float64", 20, 2)
+    store.add("pub", data)
+    r = ddstore.Store(reader=True, spawn=False)
+    try:
+        out = np.empty((20, 2))
+        r.get("pub", out, 0)
+        np.testing.assert_array_equal(out, data)
+        with pytest.raises(ValueError, match="reader"):
+            r.add("mine", data)
+        r.free("pub")  # gives nothing back: the publisher's variable stays
+    finally:
+        r.close()
+    out = np.empty((1, 2))
+    store.get("pub", out, 19)
+    np.testing.assert_array_equal(out[0], data[19])
