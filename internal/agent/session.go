@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
 	"os"
 	"time"
@@ -69,7 +68,7 @@ func (a *Agent) serveSession(s *session) {
 	}()
 	var buf []byte
 	for {
-		h, body, err := s.readFrame(buf)
+		h, body, err := wire.ReadFrame(s, buf)
 		buf = body[:0]
 		if err != nil {
 			if errors.Is(err, base.ErrProtocol) {
@@ -103,50 +102,15 @@ func (a *Agent) serveSession(s *session) {
 	}
 }
 
-// readFrame reads one frame, collecting descriptors passed beside it.
-func (s *session) readFrame(buf []byte) (wire.Header, []byte, error) {
-	if cap(buf) < wire.HeaderSize {
-		buf = make([]byte, 0, 4096)
+// Read reads the connection for wire.ReadFrame, keeping the descriptors
+// a client passes beside a frame (Register) for the request that claims
+// them.
+func (s *session) Read(b []byte) (int, error) {
+	n, oobn, _, _, err := s.conn.ReadMsgUnix(b, s.oob)
+	if oobn > 0 {
+		s.takeFds(s.oob[:oobn])
 	}
-	buf = buf[:wire.HeaderSize]
-	if err := s.readFull(buf); err != nil {
-		return wire.Header{}, buf, err
-	}
-	h, err := wire.ParseHeader(buf)
-	if err != nil {
-		return h, buf, err
-	}
-	if int(h.BodyLen) > cap(buf) {
-		buf = make([]byte, h.BodyLen)
-	}
-	buf = buf[:h.BodyLen]
-	if err := s.readFull(buf); err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
-		}
-		return h, buf, err
-	}
-	return h, buf, nil
-}
-
-func (s *session) readFull(b []byte) error {
-	for n := 0; n < len(b); {
-		m, oobn, _, _, err := s.conn.ReadMsgUnix(b[n:], s.oob)
-		if oobn > 0 {
-			s.takeFds(s.oob[:oobn])
-		}
-		n += m
-		if err != nil {
-			if n > 0 && err == io.EOF {
-				return io.ErrUnexpectedEOF
-			}
-			return err
-		}
-		if m == 0 && oobn == 0 {
-			return io.ErrUnexpectedEOF
-		}
-	}
-	return nil
+	return n, err
 }
 
 func (s *session) takeFds(oob []byte) {
