@@ -29,7 +29,7 @@ type piece struct {
 }
 
 // splitBytes is the size from which a node's rows are fetched in pieces.
-const splitBytes = 256 << 10
+const splitBytes = 512 << 10
 
 // read serves a client's Read: rows of this node are copied from the
 // segments, rows of other nodes are fetched from their agents concurrently,
