@@ -23,6 +23,7 @@ import (
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/layout"
 	"github.com/ddstore-go/ddstore/internal/rendezvous"
+	"github.com/ddstore-go/ddstore/internal/schedule"
 	"github.com/ddstore-go/ddstore/internal/shm"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
@@ -57,6 +58,7 @@ func TestVectors(t *testing.T) {
 		"layout":        vectorLayout(t),
 		"escape":        vectorEscape(t),
 		"env":           vectorEnv(t),
+		"permutations":  vectorPermutations(t),
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
@@ -711,4 +713,34 @@ func hexDump(b []byte) string {
 		s.WriteByte('\n')
 	}
 	return s.String()
+}
+
+// ---- epoch orders ------------------------------------------------------------
+
+// vectorPermutations records schedule.Permutation, the order of an epoch,
+// which ddstore/schedule.py must compute identically (and the keys it sorts,
+// for the small cases, to locate a difference). python/tests/test_schedule.py
+// checks them.
+func vectorPermutations(t *testing.T) []obj {
+	var out []obj
+	for _, c := range []struct {
+		seed     uint64
+		epoch, n int
+		keys     bool
+	}{
+		{0, 0, 0, true}, {0, 0, 1, true}, {0, 0, 10, true}, {1, 0, 10, true}, {0, 1, 10, true},
+		{42, 7, 100, false}, {1<<64 - 1, 3, 64, true}, {0x9e3779b97f4a7c15, 1000, 257, false},
+		{12345, 2, 1000, false}, {7, 1 << 20, 33, false},
+	} {
+		p := schedule.Permutation(c.seed, c.epoch, c.n)
+		v := obj{"seed": c.seed, "epoch": c.epoch, "n": c.n, "permutation": p}
+		if len(p) != c.n {
+			t.Fatalf("Permutation(%d, %d, %d) has %d entries", c.seed, c.epoch, c.n, len(p))
+		}
+		if c.keys {
+			v["keys"] = schedule.SortKeys(c.seed, c.epoch, c.n)
+		}
+		out = append(out, v)
+	}
+	return out
 }

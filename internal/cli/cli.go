@@ -18,10 +18,11 @@ type command struct {
 }
 
 var commands = map[string]command{
-	"agent":   {"run the node agent of a namespace", runAgent},
-	"info":    {"show an agent's variables, rows, owners and memory", runInfo},
-	"bench":   {"measure reads against the machine's limits", runBench},
-	"version": {"print the version", runVersion},
+	"agent":    {"run the node agent of a namespace", runAgent},
+	"info":     {"show an agent's variables, rows, owners and memory", runInfo},
+	"bench":    {"measure reads against the machine's limits", runBench},
+	"schedule": {"plan which samples each rank reads from memory and storage", runSchedule},
+	"version":  {"print the version", runVersion},
 }
 
 // errUsage is returned after the usage text has been printed.

@@ -10,6 +10,7 @@ rank reads any sample by its global index.
 
 from ._errors import (ArgumentError, BadBuffer, ClosedError, Error, FreedVariable, GeometryError, IndexOutOfRange,
                       InternalError, NoAgent, PeerError, ProtocolError, Timeout, UnknownVariable, VariableExists)
+from . import schedule
 from .comm import FileComm
 from .store import Store
 

@@ -1,0 +1,68 @@
+package schedule
+
+import (
+	"fmt"
+	"testing"
+)
+
+// BenchmarkBuild plans and simulates a whole job of the issue's size — N =
+// 10^6 samples, P = 1024 ranks (8 per node), B = 32, E = 100 epochs, memory
+// for half the dataset — and reports its hit rate. One op is one job:
+//
+//	GOMAXPROCS=1 go test ./internal/schedule/ -run '^$' -bench Build -benchtime 1x
+func BenchmarkBuild(b *testing.B) {
+	for _, p := range Policies {
+		b.Run(string(p), func(b *testing.B) {
+			c := Config{Seed: 1, Epochs: 100, N: 1_000_000, Ranks: 1024, RanksPerNode: 8, Batch: 32,
+				Capacity: 500_000, Policy: p}
+			var sum Summary
+			for b.Loop() {
+				s, err := New(c)
+				if err != nil {
+					b.Fatal(err)
+				}
+				sum = s.Summarize()
+			}
+			b.ReportMetric(sum.HitRate, "hit-rate")
+			b.ReportMetric(float64(sum.StorageReadsSpread), "reads-spread")
+		})
+	}
+}
+
+// BenchmarkPermutation is one epoch's order of 10^6 samples.
+func BenchmarkPermutation(b *testing.B) {
+	var p permuter
+	var dst []int32
+	e := 0
+	for b.Loop() {
+		dst = p.permute(1, e, 1_000_000, dst)
+		e++
+	}
+}
+
+func ExampleSchedule_Summarize() {
+	s, err := New(Config{Seed: 7, Epochs: 10, N: 2048, Ranks: 4, RanksPerNode: 2, Batch: 16, Capacity: 1024, Policy: Locality})
+	if err != nil {
+		panic(err)
+	}
+	sum := s.Summarize()
+	fmt.Printf("hit rate %.3f (bound C/N %.3f), storage reads per rank per step %d..%d\n",
+		sum.HitRate, sum.Bound, sum.StorageReadsMin, sum.StorageReadsMax)
+	// Output: hit rate 0.500 (bound C/N 0.500), storage reads per rank per step 5..11
+}
+
+func ExampleSchedule_Steps() {
+	s, err := New(Config{Seed: 7, Epochs: 2, N: 64, Ranks: 2, RanksPerNode: 1, Batch: 4, Capacity: 32})
+	if err != nil {
+		panic(err)
+	}
+	const rank = 1
+	for st := range s.Steps(1) {
+		if st.Epoch.Index == 1 && st.Index < 2 {
+			fmt.Println("step", st.Index, "read", st.Samples(rank), "hits", st.Hits(rank), "prefetch", st.Prefetch(rank))
+		}
+	}
+	// Output:
+	// step 0 read [28 38 50 33] hits [true false false false] prefetch [51 57]
+	// step 1 read [29 30 51 57] hits [true true false false] prefetch [48]
+}

@@ -1,0 +1,354 @@
+package schedule
+
+import (
+	"iter"
+)
+
+// Schedule is the plan of a whole job: which samples each rank reads at each
+// step of each epoch, which of them memory holds and which come from
+// storage. It is built from a Config alone; epochs are simulated on demand,
+// one at a time, so a schedule of 100 epochs of 10^6 samples never holds
+// more than two epochs.
+type Schedule struct {
+	cfg   Config
+	order []int
+	geo   geometry
+	// Solar's epoch-to-epoch costs and the cost of its path through them
+	// and of running epochs in their natural order; nil and 0 otherwise.
+	cost         [][]int64
+	pathCost     int64
+	identityCost int64
+}
+
+// New validates cfg and plans the order of epochs (for Solar, the cost
+// matrix and the particle swarm: the expensive part); epochs themselves are
+// simulated when iterated.
+func New(cfg Config) (*Schedule, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	s := &Schedule{cfg: cfg, geo: newGeometry(cfg)}
+	if cfg.Policy == Solar {
+		s.cost = solarCosts(cfg)
+		s.order, s.pathCost, s.identityCost = solarOrder(cfg, s.cost)
+	} else {
+		s.order = make([]int, cfg.Epochs)
+		for i := range s.order {
+			s.order[i] = i
+		}
+	}
+	return s, nil
+}
+
+// Config returns the configuration, defaults filled in.
+func (s *Schedule) Config() Config { return s.cfg }
+
+// Order returns, for each position in the run, the epoch whose permutation
+// it draws: the identity except under Solar, which reorders epochs.
+func (s *Schedule) Order() []int { return append([]int(nil), s.order...) }
+
+// StepsPerEpoch returns how many steps every epoch has.
+func (s *Schedule) StepsPerEpoch() int { return s.geo.steps }
+
+// Epochs simulates the run and yields its epochs in the order they run. Each
+// Epoch is the caller's to keep.
+func (s *Schedule) Epochs() iter.Seq[*Epoch] {
+	return func(yield func(*Epoch) bool) { s.run(false, yield) }
+}
+
+// run simulates the epochs in order; with reuse, it fills the same Epoch
+// every time (the caller must be done with it before the next).
+func (s *Schedule) run(reuse bool, yield func(*Epoch) bool) {
+	sim := newSimulator(s)
+	var e *Epoch
+	for i, p := range s.order {
+		if e == nil || !reuse {
+			e = &Epoch{}
+		}
+		e.reset(i, p, s.cfg.Ranks, s.geo.steps)
+		sim.epoch(e)
+		e.finish()
+		if !yield(e) {
+			return
+		}
+	}
+}
+
+// simulator fills one epoch after another, carrying memory from each epoch
+// to the next.
+type simulator interface {
+	epoch(e *Epoch)
+}
+
+func newSimulator(s *Schedule) simulator {
+	switch s.cfg.Policy {
+	case Random:
+		return newRandomSim(s)
+	case Solar:
+		return newSolarSim(s)
+	default:
+		return newLocalitySim(s)
+	}
+}
+
+// Step is one step of the run, seen by every rank, with what to prefetch.
+type Step struct {
+	Epoch *Epoch // the epoch it belongs to
+	Index int    // the step within the epoch
+	next  *Epoch // the epoch after, nil for the last
+	ahead int
+}
+
+// Samples returns what rank reads at this step.
+func (st Step) Samples(rank int) []int32 { return st.Epoch.Samples(st.Index, rank) }
+
+// Hits returns, for each of Samples(rank), whether memory holds it.
+func (st Step) Hits(rank int) []bool { return st.Epoch.Hits(st.Index, rank) }
+
+// StorageReads returns the samples rank reads from storage at this step.
+func (st Step) StorageReads(rank int) []int32 { return st.Epoch.StorageReads(nil, st.Index, rank) }
+
+// Prefetch returns the storage reads of rank in the next steps (as many as
+// Steps was asked to look ahead), crossing into the next epoch: what a
+// loader starts reading while this step trains.
+func (st Step) Prefetch(rank int) []int32 {
+	var out []int32
+	e, i := st.Epoch, st.Index
+	for range st.ahead {
+		if i++; i == e.Steps() {
+			if e != st.Epoch || st.next == nil {
+				break
+			}
+			e, i = st.next, 0
+		}
+		out = e.StorageReads(out, i, rank)
+	}
+	return out
+}
+
+// Steps yields every step of the run in order; each Step's Prefetch looks
+// ahead steps ahead (at most one epoch).
+func (s *Schedule) Steps(ahead int) iter.Seq[Step] {
+	ahead = max(0, min(ahead, s.geo.steps))
+	return func(yield func(Step) bool) {
+		var cur *Epoch
+		emit := func(next *Epoch) bool {
+			for i := range cur.Steps() {
+				if !yield(Step{Epoch: cur, Index: i, next: next, ahead: ahead}) {
+					return false
+				}
+			}
+			return true
+		}
+		for e := range s.Epochs() {
+			if cur != nil && !emit(e) {
+				return
+			}
+			cur = e
+		}
+		if cur != nil {
+			emit(nil)
+		}
+	}
+}
+
+// Epoch is one simulated epoch: each rank's samples at each step, whether
+// memory held each one, and counts.
+type Epoch struct {
+	Index int // position in the run, from 0
+	Perm  int // the epoch whose permutation it draws (Permutation(seed, Perm, n))
+	Stats EpochStats
+
+	ranks, steps int
+	// The samples of rank r at step s are samples[bounds[s*ranks+r]:bounds[s*ranks+r+1]].
+	bounds  []int32
+	samples []int32
+	hit     []bool // memory held the sample
+	local   []bool // memory on the reading rank's node held it
+}
+
+// EpochStats counts what an epoch read.
+type EpochStats struct {
+	Accesses  int // samples read, padding included
+	Hits      int // of them, served from memory
+	LocalHits int // of the hits, served from the memory of the reader's node
+	// Storage reads of one rank at one step: the least and the most over
+	// the epoch's steps and ranks, and the largest difference between the
+	// ranks of one step.
+	ReadsMin, ReadsMax, ReadsSpread int
+}
+
+// HitRate returns Hits / Accesses.
+func (s EpochStats) HitRate() float64 {
+	if s.Accesses == 0 {
+		return 0
+	}
+	return float64(s.Hits) / float64(s.Accesses)
+}
+
+// Steps returns the number of steps.
+func (e *Epoch) Steps() int { return e.steps }
+
+func (e *Epoch) span(step, rank int) (int32, int32) {
+	k := step*e.ranks + rank
+	return e.bounds[k], e.bounds[k+1]
+}
+
+// Samples returns the samples rank reads at step, in order.
+func (e *Epoch) Samples(step, rank int) []int32 {
+	lo, hi := e.span(step, rank)
+	return e.samples[lo:hi:hi]
+}
+
+// Hits returns, for each of Samples(step, rank), whether memory holds it.
+func (e *Epoch) Hits(step, rank int) []bool {
+	lo, hi := e.span(step, rank)
+	return e.hit[lo:hi:hi]
+}
+
+// NodeLocal returns, for each of Samples(step, rank), whether the memory
+// of rank's own node holds it.
+func (e *Epoch) NodeLocal(step, rank int) []bool {
+	lo, hi := e.span(step, rank)
+	return e.local[lo:hi:hi]
+}
+
+// StorageReads appends to dst the samples rank reads from storage at step.
+func (e *Epoch) StorageReads(dst []int32, step, rank int) []int32 {
+	lo, hi := e.span(step, rank)
+	for k := lo; k < hi; k++ {
+		if !e.hit[k] {
+			dst = append(dst, e.samples[k])
+		}
+	}
+	return dst
+}
+
+// Global returns the samples of every rank at step, rank after rank: the
+// global batch.
+func (e *Epoch) Global(step int) []int32 {
+	lo, _ := e.span(step, 0)
+	_, hi := e.span(step, e.ranks-1)
+	return e.samples[lo:hi:hi]
+}
+
+func (e *Epoch) reset(index, perm, ranks, steps int) {
+	e.Index, e.Perm, e.Stats = index, perm, EpochStats{}
+	e.ranks, e.steps = ranks, steps
+	e.bounds = append(e.bounds[:0], 0)
+	e.samples, e.hit, e.local = e.samples[:0], e.hit[:0], e.local[:0]
+}
+
+// add appends a sample to the rank being filled; endRank closes it. Ranks
+// are filled in order, rank 0 of step 0 first.
+func (e *Epoch) add(x int32, hit, local bool) {
+	e.samples = append(e.samples, x)
+	e.hit = append(e.hit, hit)
+	e.local = append(e.local, local)
+}
+
+func (e *Epoch) addAll(xs []int32, hit, local []bool) {
+	e.samples = append(e.samples, xs...)
+	e.hit = append(e.hit, hit...)
+	e.local = append(e.local, local...)
+}
+
+func (e *Epoch) endRank() { e.bounds = append(e.bounds, int32(len(e.samples))) }
+
+// finish counts the epoch once it is filled.
+func (e *Epoch) finish() {
+	if len(e.bounds) != e.steps*e.ranks+1 {
+		panic("schedule: epoch filled with the wrong number of (step, rank) batches")
+	}
+	st := EpochStats{Accesses: len(e.samples), ReadsMin: -1}
+	for k, h := range e.hit {
+		if h {
+			st.Hits++
+			if e.local[k] {
+				st.LocalHits++
+			}
+		}
+	}
+	for s := range e.steps {
+		lo, hi := -1, -1
+		for r := range e.ranks {
+			a, b := e.span(s, r)
+			n := 0
+			for k := a; k < b; k++ {
+				if !e.hit[k] {
+					n++
+				}
+			}
+			if lo < 0 || n < lo {
+				lo = n
+			}
+			hi = max(hi, n)
+		}
+		if st.ReadsMin < 0 || lo < st.ReadsMin {
+			st.ReadsMin = lo
+		}
+		st.ReadsMax = max(st.ReadsMax, hi)
+		st.ReadsSpread = max(st.ReadsSpread, hi-lo)
+	}
+	st.ReadsMin = max(st.ReadsMin, 0)
+	e.Stats = st
+}
+
+// Summary is what a whole run reads.
+type Summary struct {
+	Config          Config
+	Order           []int     // the epoch each position of the run draws
+	StepsPerEpoch   int       //
+	HitRatePerEpoch []float64 // in run order
+	PerEpoch        []EpochStats
+	// HitRate is the mean of HitRatePerEpoch over epochs ≥ 1 (the warm
+	// ones; epoch 0 alone when there is one epoch). Bound is C/N, the best a
+	// fixed subset of memory does when every epoch is uniformly random.
+	HitRate, Bound float64
+	// Storage reads of one rank at one step over epochs ≥ 1: least, most,
+	// and the largest difference between the ranks of a step.
+	StorageReadsMin, StorageReadsMax, StorageReadsSpread int
+	// NodeLocal is the fraction of memory hits (epochs ≥ 1) read on the
+	// node whose memory holds the sample.
+	NodeLocal float64
+	// Solar: the cost (SOLAR's estimated misses per rank) of the path its
+	// particle swarm chose and of running epochs in order.
+	PathCost, IdentityCost int64
+}
+
+// Summarize simulates the whole run and returns its figures, holding one
+// epoch at a time.
+func (s *Schedule) Summarize() Summary {
+	sum := Summary{
+		Config: s.cfg, Order: s.Order(), StepsPerEpoch: s.geo.steps,
+		Bound:    float64(s.cfg.Capacity) / float64(s.cfg.N),
+		PathCost: s.pathCost, IdentityCost: s.identityCost,
+		StorageReadsMin: -1,
+	}
+	var hits, local int64
+	warm := 0
+	s.run(true, func(e *Epoch) bool {
+		st := e.Stats
+		sum.HitRatePerEpoch = append(sum.HitRatePerEpoch, st.HitRate())
+		sum.PerEpoch = append(sum.PerEpoch, st)
+		if e.Index == 0 && len(s.order) > 1 {
+			return true
+		}
+		warm++
+		sum.HitRate += st.HitRate()
+		hits += int64(st.Hits)
+		local += int64(st.LocalHits)
+		if sum.StorageReadsMin < 0 || st.ReadsMin < sum.StorageReadsMin {
+			sum.StorageReadsMin = st.ReadsMin
+		}
+		sum.StorageReadsMax = max(sum.StorageReadsMax, st.ReadsMax)
+		sum.StorageReadsSpread = max(sum.StorageReadsSpread, st.ReadsSpread)
+		return true
+	})
+	sum.HitRate /= float64(warm)
+	if hits > 0 {
+		sum.NodeLocal = float64(local) / float64(hits)
+	}
+	return sum
+}
