@@ -493,6 +493,21 @@ func (s *Store) Update(name string, rows []byte, offset int64) error {
 	return nil
 }
 
+// Shard returns this rank's own shard of a variable, mapped writable: the
+// rows written into it are what every rank reads (Update without a copy;
+// ingest writes files straight into it). It stays valid until Free or Close.
+func (s *Store) Shard(name string) ([]byte, error) {
+	v, err := s.acquire(name)
+	if err != nil {
+		return nil, err
+	}
+	defer v.mu.RUnlock()
+	if v.own == nil {
+		return nil, base.Errorf(base.ErrArgument, "variable %q: rank %d holds no shard", name, s.id.Rank)
+	}
+	return v.own, nil
+}
+
 // Get reads len(dst)/rowBytes consecutive rows from global row start; the
 // range may span several ranks' shards.
 func (s *Store) Get(name string, dst []byte, start int64) error {

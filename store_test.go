@@ -77,3 +77,34 @@ func TestReaderStore(t *testing.T) {
 	}
 	checkRow(t, dst, 12)
 }
+
+// TestShard: rows written into the own shard are what every rank reads.
+func TestShard(t *testing.T) {
+	c := startCluster(t, []int{1, 1}, viaRendezvous)
+	c.mustEach(t, func(r int, s *ddstore.Store) error { return s.Init("direct", 3, 1, 8) })
+	c.mustEach(t, func(r int, s *ddstore.Store) error {
+		sh, err := s.Shard("direct")
+		if err != nil {
+			return err
+		}
+		for i := range int64(3) {
+			pattern(sh[i*8:(i+1)*8], int64(r)*3+i)
+		}
+		return nil
+	})
+	dst := make([]byte, 6*8)
+	if err := c.stores[0].Get("direct", dst, 0); err != nil {
+		t.Fatal(err)
+	}
+	for g := range int64(6) {
+		checkRow(t, dst[g*8:(g+1)*8], g)
+	}
+	r, err := ddstore.Open(ddstore.Config{Namespace: c.ns, Rank: 0, Size: 1, Node: "node0", Socket: c.agents[0].Socket(), NoSpawn: true, Reader: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := r.Shard("direct"); !errors.Is(err, ddstore.ErrArgument) {
+		t.Errorf("reader Shard: %v, want ErrArgument", err)
+	}
+}
