@@ -321,6 +321,10 @@ func (s *Store) Add(name string, rows []byte, disp, itemsize int64) error {
 // A rank that cannot take part (bad, its local error) still tells the
 // coordinator, so that the other ranks fail at once instead of waiting.
 func (s *Store) create(name string, rows []byte, nrows, disp, itemsize int64, bad error) error {
+	return s.createTyped(name, rows, nrows, disp, itemsize, "", bad)
+}
+
+func (s *Store) createTyped(name string, rows []byte, nrows, disp, itemsize int64, dtype string, bad error) error {
 	if err := checkName(name); err != nil {
 		return err
 	}
@@ -342,7 +346,7 @@ func (s *Store) create(name string, rows []byte, nrows, disp, itemsize int64, ba
 		return base.Errorf(base.ErrExists, "variable %q already exists", name)
 	}
 	sh := wire.Shard{Name: name, Rank: int64(s.id.Rank), Size: int64(s.id.Size), Rows: nrows, Disp: disp, ItemSize: itemsize,
-		TimeoutMs: s.cfg.PublishTimeout.Milliseconds(), Attempt: attempt}
+		TimeoutMs: s.cfg.PublishTimeout.Milliseconds(), Attempt: attempt, Dtype: dtype}
 	fail := func(err error) error {
 		sh.Failed = true
 		s.control(wire.OpPublish, sh.Encode, s.cfg.PublishTimeout+s.cfg.Timeout)

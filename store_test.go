@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -106,5 +107,30 @@ func TestShard(t *testing.T) {
 	defer r.Close()
 	if _, err := r.Shard("direct"); !errors.Is(err, ddstore.ErrArgument) {
 		t.Errorf("reader Shard: %v, want ErrArgument", err)
+	}
+}
+
+// TestTyped: a typed variable carries its dtype to every rank; ranks that
+// disagree on it all fail; an unknown dtype names the valid ones.
+func TestTyped(t *testing.T) {
+	c := startCluster(t, []int{1, 1}, viaRendezvous)
+	c.mustEach(t, func(r int, s *ddstore.Store) error { return s.InitAs("f", 2, 3, ddstore.Float32) })
+	in, err := c.stores[1].Info("f")
+	if err != nil || in.Dtype != "float32" || in.ItemSize != 4 || in.Disp != 3 || in.TotalRows != 4 {
+		t.Fatalf("Info: %+v, %v", in, err)
+	}
+	errs := c.each(func(r int, s *ddstore.Store) error {
+		return s.AddAs("g", make([]byte, 8), 1, map[int]ddstore.Dtype{0: ddstore.Int64, 1: ddstore.Float64}[r])
+	})
+	for r, err := range errs {
+		if !errors.Is(err, ddstore.ErrGeometry) || !strings.Contains(err.Error(), "float64") {
+			t.Errorf("rank %d: %v, want ErrGeometry naming the types", r, err)
+		}
+	}
+	errs = c.each(func(r int, s *ddstore.Store) error { return s.InitAs("h", 1, 1, "complex64") })
+	for r, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), "complex64") {
+			t.Errorf("rank %d: %v, want an error naming complex64", r, err)
+		}
 	}
 }

@@ -1,0 +1,75 @@
+package ddstore
+
+import (
+	"strings"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+)
+
+// Dtype names the type of a variable's items, the way numpy and torch name
+// them. Typed variables let clients check a destination's type (the Python
+// client refuses to read float32 rows into int32, which DDStore allows).
+type Dtype string
+
+// The item types ddstore knows.
+const (
+	Bool     Dtype = "bool"
+	Int8     Dtype = "int8"
+	Int16    Dtype = "int16"
+	Int32    Dtype = "int32"
+	Int64    Dtype = "int64"
+	Uint8    Dtype = "uint8"
+	Uint16   Dtype = "uint16"
+	Uint32   Dtype = "uint32"
+	Uint64   Dtype = "uint64"
+	Float16  Dtype = "float16"
+	BFloat16 Dtype = "bfloat16"
+	Float32  Dtype = "float32"
+	Float64  Dtype = "float64"
+)
+
+var dtypeSizes = map[Dtype]int64{
+	Bool: 1, Int8: 1, Int16: 2, Int32: 4, Int64: 8, Uint8: 1, Uint16: 2, Uint32: 4, Uint64: 8,
+	Float16: 2, BFloat16: 2, Float32: 4, Float64: 8,
+}
+
+// ItemSize is the size of one item, or an error naming the valid types.
+func (d Dtype) ItemSize() (int64, error) {
+	if n, ok := dtypeSizes[d]; ok {
+		return n, nil
+	}
+	names := make([]string, 0, len(dtypeSizes))
+	for _, k := range []Dtype{Bool, Int8, Int16, Int32, Int64, Uint8, Uint16, Uint32, Uint64, Float16, BFloat16, Float32, Float64} {
+		names = append(names, string(k))
+	}
+	return 0, base.Errorf(base.ErrArgument, "dtype %q: want one of %s", string(d), strings.Join(names, ", "))
+}
+
+// InitAs is Init for a typed variable: nrows zero-filled rows of disp items
+// of type dtype.
+func (s *Store) InitAs(name string, nrows, disp int64, dtype Dtype) error {
+	size, err := dtype.ItemSize()
+	if err == nil && disp < 1 {
+		err = base.Errorf(base.ErrGeometry, "variable %q: disp %d: want >= 1", name, disp)
+	}
+	if err == nil && nrows < 0 {
+		err = base.Errorf(base.ErrGeometry, "variable %q: %d rows: want >= 0", name, nrows)
+	}
+	return s.createTyped(name, nil, nrows, disp, size, string(dtype), err)
+}
+
+// AddAs is Add for a typed variable: rows of disp items of type dtype.
+func (s *Store) AddAs(name string, rows []byte, disp int64, dtype Dtype) error {
+	size, err := dtype.ItemSize()
+	if err == nil && disp < 1 {
+		err = base.Errorf(base.ErrGeometry, "variable %q: disp %d: want >= 1", name, disp)
+	}
+	if err == nil && int64(len(rows))%(disp*size) != 0 {
+		err = base.Errorf(base.ErrBuffer, "variable %q: %d bytes is not a whole number of %d-byte rows (disp %d x %s)", name, len(rows), disp*size, disp, dtype)
+	}
+	var nrows int64
+	if err == nil {
+		nrows = int64(len(rows)) / (disp * size)
+	}
+	return s.createTyped(name, rows, nrows, disp, size, string(dtype), err)
+}
