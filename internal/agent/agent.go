@@ -300,7 +300,9 @@ func (a *Agent) idleLoop() {
 
 // becomeCoordinator is called when rank 0 says hello in handshake mode.
 func (a *Agent) becomeCoordinator() error {
-	if a.cfg.HandshakeDir == "" || a.coord.Load() != nil {
+	// With a rendezvous address too, the rendezvous decides (whoever could
+	// listen there coordinates): never two coordinators.
+	if a.cfg.HandshakeDir == "" || a.cfg.Rendezvous != "" || a.coord.Load() != nil {
 		return nil
 	}
 	c := newCoordinator()
@@ -335,7 +337,7 @@ func (a *Agent) coordinatorAddr(ctx context.Context) (string, error) {
 		}
 		addr = rec.Addr
 	}
-	j := wire.Join{Node: a.cfg.Node, Addr: a.addr}
+	j := wire.Join{Node: a.cfg.Node, Addr: a.addr, Namespace: a.cfg.Namespace}
 	if _, err := a.callUntil(ctx, addr, wire.OpJoin, j.Encode); err != nil {
 		return "", err
 	}

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/wire"
@@ -148,6 +149,19 @@ func (h *peerHandler) Rows(name string, id int64, globals []int64, rows [][]byte
 		return rows, nil, base.Errorf(base.ErrUnknown, "node %q holds no variable %q", a.cfg.Node, name)
 	}
 	v.mu.RLock()
+	if v.table == nil && !v.gone && len(v.segs) > 0 {
+		// This node's shards exist: the round is completing and its reply
+		// is on its way here. Wait for it, boundedly.
+		v.mu.RUnlock()
+		t := time.NewTimer(a.cfg.Timeout)
+		select {
+		case <-v.ready:
+		case <-t.C:
+		case <-a.ctx.Done():
+		}
+		t.Stop()
+		v.mu.RLock()
+	}
 	if v.gone || v.table == nil {
 		v.mu.RUnlock()
 		return rows, nil, base.Errorf(base.ErrUnknown, "node %q holds no published variable %q", a.cfg.Node, name)
@@ -191,6 +205,10 @@ func (h *peerHandler) Control(ctx context.Context, op wire.Op, body []byte) (fun
 		m, err := wire.DecodeJoin(body)
 		if err != nil {
 			return nil, err
+		}
+		if m.Namespace != a.cfg.Namespace {
+			return nil, base.Errorf(base.ErrArgument, "agent of node %q in namespace %q reached the coordinator of namespace %q: give each job its own rendezvous address or handshake directory",
+				m.Node, m.Namespace, a.cfg.Namespace)
 		}
 		c.join(m.Node, m.Addr)
 		return nil, nil

@@ -26,10 +26,14 @@ type variable struct {
 	byRank []*shm.Segment       // after publish: segment per rank, nil off this node
 	freed  map[int]bool
 	gone   bool
+	// ready is closed once the table is set: a peer may ask for rows of a
+	// variable whose round completed but whose reply has not reached this
+	// agent yet (another rank's Add returned first).
+	ready chan struct{}
 }
 
 func newVariable(name string) *variable {
-	return &variable{name: name, segs: make(map[int]*shm.Segment), freed: make(map[int]bool)}
+	return &variable{name: name, segs: make(map[int]*shm.Segment), freed: make(map[int]bool), ready: make(chan struct{})}
 }
 
 // setTable installs the published table; the caller holds v.mu.
@@ -55,6 +59,7 @@ func (v *variable) setTable(t *wire.Table, node string) error {
 		byRank[r] = seg
 	}
 	v.table, v.lay, v.byRank = t, lay, byRank
+	close(v.ready)
 	return nil
 }
 

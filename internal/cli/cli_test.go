@@ -36,7 +36,7 @@ func TestMainUsage(t *testing.T) {
 	if code != 2 || out != "" || !strings.Contains(errOut, "Usage: ddstore COMMAND") {
 		t.Fatalf("no args: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
-	for _, name := range []string{"agent", "info", "bench", "schedule", "version"} {
+	for _, name := range []string{"agent", "info", "bench", "schedule", "version", "ingest"} {
 		if !strings.Contains(errOut, "  "+name+" ") {
 			t.Errorf("usage does not list %s:\n%s", name, errOut)
 		}
@@ -54,7 +54,7 @@ func TestMainUsage(t *testing.T) {
 }
 
 func TestSubcommandFlags(t *testing.T) {
-	for _, cmd := range []string{"agent", "info", "bench", "schedule", "version"} {
+	for _, cmd := range []string{"agent", "info", "bench", "schedule", "version", "ingest"} {
 		t.Run(cmd, func(t *testing.T) {
 			for _, h := range []string{"--help", "-h"} {
 				code, out, errOut := run(t, cmd, h)
@@ -69,7 +69,11 @@ func TestSubcommandFlags(t *testing.T) {
 			if code != 2 || out != "" || !strings.Contains(errOut, "no-such-flag") || !strings.Contains(errOut, "Usage: ddstore "+cmd) {
 				t.Errorf("%s --no-such-flag: exit %d, stdout %q, stderr %q", cmd, code, out, errOut)
 			}
-			code, out, errOut = run(t, cmd, "extra")
+			extra := []string{cmd, "extra"}
+			if cmd == "ingest" { // its one argument is the file: "extra" is a second
+				extra = []string{cmd, "data.npy", "--name", "x", "extra"}
+			}
+			code, out, errOut = run(t, extra...)
 			if code != 2 || out != "" || !strings.Contains(errOut, `unexpected argument "extra"`) {
 				t.Errorf("%s extra: exit %d, stdout %q, stderr %q", cmd, code, out, errOut)
 			}

@@ -249,15 +249,16 @@ func DecodeText(b []byte) (m Text, err error) {
 
 // Join announces an agent to the coordinator.
 type Join struct {
-	Node string
-	Addr string
+	Node      string
+	Addr      string
+	Namespace string // the coordinator refuses agents of another job
 }
 
-func (m *Join) Encode(e *Encoder) { e.String(m.Node); e.String(m.Addr) }
+func (m *Join) Encode(e *Encoder) { e.String(m.Node); e.String(m.Addr); e.String(m.Namespace) }
 
 func DecodeJoin(b []byte) (m Join, err error) {
 	d := NewDecoder(b)
-	m.Node, m.Addr = d.String(), d.String()
+	m.Node, m.Addr, m.Namespace = d.String(), d.String(), d.String()
 	return m, d.Done()
 }
 

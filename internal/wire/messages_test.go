@@ -242,8 +242,8 @@ func TestMessageBytes(t *testing.T) {
 			[]byte{2, 0, 0, 0, 'h', 'i'}},
 		{"Fetch", encodeMsg(Fetch{Name: "v", ID: 3, Globals: []int64{1, -2}}),
 			[]byte{1, 0, 'v', 3, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}},
-		{"Join", encodeMsg(Join{Node: "", Addr: "é"}),
-			[]byte{0, 0, 2, 0, 0xc3, 0xa9}},
+		{"Join", encodeMsg(Join{Node: "", Addr: "é", Namespace: "j"}),
+			[]byte{0, 0, 2, 0, 0xc3, 0xa9, 1, 0, 'j'}},
 		{"Table", encodeMsg(Table{Name: "t", Disp: 1, ItemSize: 2, ShardRows: []int64{3}, RankNode: []int64{0}, Nodes: []string{"n"}, Addrs: []string{"a"}}),
 			[]byte{
 				1, 0, 't',

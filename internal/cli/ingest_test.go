@@ -1,0 +1,552 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ddstore-go/ddstore"
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/source"
+)
+
+// writeNPY writes a version 1.0 .npy file of float32 rows of shape
+// (rows, 3, 5) whose items are row*100 + item, and returns its data.
+func writeNPY(t *testing.T, path string, rows int64) []byte {
+	t.Helper()
+	dict := fmt.Sprintf("{'descr': '<f4', 'fortran_order': False, 'shape': (%d, 3, 5), }", rows)
+	pad := 64 - (10+len(dict)+1)%64
+	dict += strings.Repeat(" ", pad) + "\n"
+	b := append([]byte("\x93NUMPY\x01\x00"), 0, 0)
+	binary.LittleEndian.PutUint16(b[8:], uint16(len(dict)))
+	b = append(b, dict...)
+	data := make([]byte, 0, rows*60)
+	for r := range rows {
+		for i := range int64(15) {
+			data = binary.LittleEndian.AppendUint32(data, math.Float32bits(float32(r*100+i)))
+		}
+	}
+	if err := os.WriteFile(path, append(b, data...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// node is an agent in this process and the flags that reach it.
+type node struct {
+	a     *ddstore.Agent
+	name  string
+	flags []string
+}
+
+// startNodes starts one agent per node of a fresh namespace; several meet
+// through a rendezvous address.
+func startNodes(t *testing.T, n int) (string, []node) {
+	t.Helper()
+	ns := fmt.Sprintf("clitest-%d-%d", os.Getpid(), nsSeq.Add(1))
+	dir := privateDir(t)
+	rdv := ""
+	if n > 1 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rdv = l.Addr().String()
+		l.Close()
+	}
+	var nodes []node
+	for i := range n {
+		name := fmt.Sprintf("n%d", i)
+		sock := filepath.Join(dir, name+".sock")
+		a, err := ddstore.StartAgent(ddstore.AgentConfig{Namespace: ns, Node: name, Socket: sock, Rendezvous: rdv,
+			PeerListen: "127.0.0.1:0", Timeout: 5 * time.Second, JoinTimeout: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { a.Close() })
+		nodes = append(nodes, node{a: a, name: name, flags: []string{"--socket", sock, "--namespace", ns, "--node", name}})
+	}
+	return ns, nodes
+}
+
+// reader opens a store that reads what ingest left in a namespace.
+func reader(t *testing.T, ns string, nd node) *ddstore.Store {
+	t.Helper()
+	s, err := ddstore.Open(ddstore.Config{Namespace: ns, Node: nd.name, Socket: nd.a.Socket(), Rank: 0, Size: 1, NoSpawn: true, Reader: true, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// checkVariable reads every row of a variable back and compares with want.
+func checkVariable(t *testing.T, s *ddstore.Store, name string, want []byte, rows, disp, itemsize int64) {
+	t.Helper()
+	in, err := s.Info(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.TotalRows != rows || in.Disp != disp || in.ItemSize != itemsize {
+		t.Fatalf("variable %q: %d rows of disp %d, itemsize %d; want %d, %d, %d", name, in.TotalRows, in.Disp, in.ItemSize, rows, disp, itemsize)
+	}
+	got := make([]byte, len(want))
+	if err := s.Get(name, got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("variable %q differs from the file", name)
+	}
+}
+
+func TestIngestNPY(t *testing.T) {
+	ns, nodes := startNodes(t, 1)
+	path := filepath.Join(t.TempDir(), "feat.npy")
+	want := writeNPY(t, path, 1001)
+	// Flags go on either side of the file; small reads make many pieces.
+	args := append([]string{"ingest", "--name", "feat", path, "--rank", "0", "--size", "1", "--read-size", "4K", "--readers", "3"}, nodes[0].flags...)
+	code, out, errOut := run(t, args...)
+	if code != 0 || errOut != "" {
+		t.Fatalf("ingest: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	for _, w := range []string{
+		fmt.Sprintf("ingest %s: 1001 rows of shape [3 5] float32 (58.7 KiB); rank 0 of 1 on node n0 loads rows [0, 1001) into \"feat\"", path),
+		`ingested "feat": rows [0, 1001) of 1001, 58.7 KiB, in `, " GB/s\n",
+	} {
+		if !strings.Contains(out, w) {
+			t.Errorf("ingest output lacks %q:\n%s", w, out)
+		}
+	}
+	checkVariable(t, reader(t, ns, nodes[0]), "feat", want, 1001, 15, 4)
+
+	// The name is taken now.
+	code, _, errOut = run(t, args...)
+	if code != 1 || !strings.Contains(errOut, `variable "feat" already exists`) {
+		t.Errorf("second ingest: exit %d, stderr %q", code, errOut)
+	}
+}
+
+func TestIngestRaw(t *testing.T) {
+	ns, nodes := startNodes(t, 1)
+	path := filepath.Join(t.TempDir(), "rows.bin")
+	want := make([]byte, 40*333)
+	for i := range want {
+		want[i] = byte(i * 31)
+	}
+	if err := os.WriteFile(path, want, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := run(t, append([]string{"ingest", path, "--name", "raw", "--row-bytes", "40", "--dtype", "int64", "--capacity", "1M"}, nodes[0].flags...)...)
+	if code != 0 {
+		t.Fatalf("ingest: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	checkVariable(t, reader(t, ns, nodes[0]), "raw", want, 333, 5, 8)
+}
+
+// TestIngestTwoNodes: two ingest processes, one per node, each load their
+// share; every row reads back from either node.
+func TestIngestTwoNodes(t *testing.T) {
+	ns, nodes := startNodes(t, 2)
+	path := filepath.Join(t.TempDir(), "feat.npy")
+	want := writeNPY(t, path, 777)
+	var wg sync.WaitGroup
+	outs := make([]string, 2)
+	for r, nd := range nodes {
+		wg.Go(func() {
+			code, out, errOut := run(t, append([]string{"ingest", path, "--name", "feat", "--rank", fmt.Sprint(r), "--size", "2", "--read-size", "1K"}, nd.flags...)...)
+			if code != 0 {
+				t.Errorf("ingest rank %d: exit %d, stdout %q, stderr %q", r, code, out, errOut)
+			}
+			outs[r] = out
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	if !strings.Contains(outs[0], "loads rows [0, 388)") || !strings.Contains(outs[1], "loads rows [388, 777)") {
+		t.Errorf("shares:\n%s\n%s", outs[0], outs[1])
+	}
+	for _, nd := range nodes {
+		s := reader(t, ns, nd)
+		checkVariable(t, s, "feat", want, 777, 15, 4)
+		in, _ := s.Info("feat")
+		if fmt.Sprint(in.ShardRows) != "[388 389]" || fmt.Sprint(in.Nodes) != "[n0 n1]" {
+			t.Errorf("shards %v on %v", in.ShardRows, in.Nodes)
+		}
+		if _, err := s.Info(commitName("feat")); !errors.Is(err, base.ErrUnknown) {
+			t.Errorf("the commit variable is still there: %v", err)
+		}
+	}
+}
+
+// badSource reads like its inner source but fails at one row.
+type badSource struct {
+	source.Source
+	failAt int64
+}
+
+func (b *badSource) ReadRows(start, count int64, dst []byte) error {
+	if b.failAt >= start && b.failAt < start+count {
+		return base.Errorf(base.ErrArgument, "row %d is unreadable", b.failAt)
+	}
+	return b.Source.ReadRows(start, count, dst)
+}
+
+// TestIngestFailureLeavesNothing: when one node cannot read its rows, or
+// the nodes read files of different lengths, every node fails and the
+// variable is gone everywhere.
+func TestIngestFailureLeavesNothing(t *testing.T) {
+	dir := t.TempDir()
+	path, short := filepath.Join(dir, "feat.npy"), filepath.Join(dir, "short.npy")
+	writeNPY(t, path, 500)
+	writeNPY(t, short, 499)
+	open := func(p string) source.Source {
+		src, err := source.Open(p, source.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { src.Close() })
+		return src
+	}
+	for _, tc := range []struct {
+		name string
+		srcs func() []source.Source
+		want []string // per rank
+	}{
+		{"unreadable row", func() []source.Source { return []source.Source{open(path), &badSource{open(path), 400}} },
+			[]string{"another rank failed, so nothing is kept", "row 400 is unreadable"}},
+		{"other lengths", func() []source.Source { return []source.Source{open(path), open(short)} },
+			[]string{"another rank failed", "another rank failed"}},
+		{"one node", func() []source.Source { return []source.Source{&badSource{open(path), 0}} },
+			[]string{"row 0 is unreadable"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srcs := tc.srcs()
+			ns, nodes := startNodes(t, len(srcs))
+			errs := make([]error, len(srcs))
+			var wg sync.WaitGroup
+			for r, nd := range nodes {
+				wg.Go(func() {
+					s, err := ddstore.Open(ddstore.Config{Namespace: ns, Node: nd.name, Socket: nd.a.Socket(), Rank: r, Size: len(srcs),
+						LocalRank: 0, LocalSize: 1, NoSpawn: true, PublishTimeout: 10 * time.Second})
+					if err != nil {
+						errs[r] = err
+						return
+					}
+					defer s.Close()
+					errs[r] = ingest(context.Background(), s, srcs[r], "feat", source.ReadOptions{PieceBytes: 600})
+				})
+			}
+			wg.Wait()
+			for r, err := range errs {
+				if err == nil || !strings.Contains(err.Error(), tc.want[r]) {
+					t.Errorf("rank %d: %v, want an error saying %q", r, err, tc.want[r])
+				}
+			}
+			for _, nd := range nodes {
+				in, err := ddstore.QueryAgent(nd.a.Socket(), ns, nd.name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if in.MemoryBytes != 0 {
+					t.Errorf("node %s keeps %d bytes: %+v", nd.name, in.MemoryBytes, in.Variables)
+				}
+				for _, v := range in.Variables {
+					// The agent keeps an empty record (no shard, no bytes)
+					// of the failed commit round; the variable is gone.
+					if v.Published || v.Name == "feat" || v.LocalBytes != 0 {
+						t.Errorf("node %s keeps %+v", nd.name, v)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestIngestBadInput: each is a clear error, and nothing is loaded.
+func TestIngestBadInput(t *testing.T) {
+	_, nodes := startNodes(t, 1)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "feat.npy")
+	writeNPY(t, path, 100)
+	trunc := filepath.Join(dir, "trunc.npy")
+	writeNPY(t, trunc, 100)
+	if err := os.Truncate(trunc, 64+99*60); err != nil {
+		t.Fatal(err)
+	}
+	empty := filepath.Join(dir, "empty.npy")
+	writeNPY(t, empty, 0)
+	raw := filepath.Join(dir, "rows.bin")
+	if err := os.WriteFile(raw, make([]byte, 100), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fl := append([]string{"--rank", "0", "--size", "1"}, nodes[0].flags...)
+	cases := []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{path, "--capacity", "5K"}, 1, "--capacity 5.0 KiB is below the dataset's 5.9 KiB (100 rows of 60 bytes): a storage tier that reads the other rows from the file on demand is not built yet"},
+		{[]string{trunc}, 1, "trunc.npy is truncated"},
+		{[]string{empty}, 1, "has no rows"},
+		{[]string{filepath.Join(dir, "none.npy")}, 1, "none.npy: no such file or directory"},
+		{[]string{raw}, 1, "unknown format"},
+		{[]string{raw, "--row-bytes", "7"}, 1, "100 bytes is not a whole number of 7-byte rows"},
+		{[]string{path, "--dtype", "float64"}, 1, "holds items of float32, not float64"},
+		{[]string{path, "--row-bytes", "8"}, 1, "has rows of 60 bytes"},
+		{[]string{path, "--capacity", "lots"}, 1, `size "lots"`},
+		{[]string{path, "--read-size", "0"}, 1, `size "0"`},
+		{[]string{path, "--readers", "0"}, 1, "--readers 0"},
+	}
+	if !source.HDF5 {
+		cases = append(cases, struct {
+			args []string
+			code int
+			want string
+		}{[]string{filepath.Join(dir, "x.h5:/data")}, 1, "built without HDF5: rebuild with `go build -tags hdf5"})
+	}
+	for _, tc := range cases {
+		code, out, errOut := run(t, append(append([]string{"ingest", "--name", "v"}, tc.args...), fl...)...)
+		if code != tc.code || out != "" || !strings.Contains(errOut, tc.want) {
+			t.Errorf("ingest %v: exit %d, stdout %q, stderr %q; want exit %d saying %q", tc.args, code, out, errOut, tc.code, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"ingest", path}, "--name is required"},
+		{[]string{"ingest", "--name", "v"}, "name the file to load"},
+		{[]string{"ingest", "--name", "v", path, "--rank", "1"}, "give --rank and --size together"},
+	} {
+		code, _, errOut := run(t, tc.args...)
+		if code != 2 || !strings.Contains(errOut, tc.want) || !strings.Contains(errOut, "Usage: ddstore ingest") {
+			t.Errorf("%v: exit %d, stderr %q", tc.args, code, errOut)
+		}
+	}
+	in, err := ddstore.QueryAgent(nodes[0].a.Socket(), "", "")
+	if err == nil && (len(in.Variables) != 0 || in.MemoryBytes != 0) {
+		t.Errorf("bad input left %+v", in.Variables)
+	}
+	code, _, errOut := run(t, "ingest", "--help")
+	for _, w := range []string{"FILE[:DATASET] --name NAME", "stops 30 s after its last client", "ddstore agent --daemon"} {
+		if code != 0 || !strings.Contains(errOut, w) {
+			t.Errorf("ingest --help lacks %q: exit %d\n%s", w, code, errOut)
+		}
+	}
+}
+
+func TestShare(t *testing.T) {
+	for _, n := range []int64{0, 1, 7, 100, 1001, math.MaxInt64} {
+		for _, p := range []int{1, 2, 3, 7, 64, 1000} {
+			at := int64(0)
+			for r := range p {
+				lo, hi := share(n, r, p)
+				if d := hi - lo; lo != at || d < n/int64(p) || d-n/int64(p) > 1 {
+					t.Fatalf("share(%d, %d, %d) = [%d, %d) after %d", n, r, p, lo, hi, at)
+				}
+				at = hi
+			}
+			if at != n {
+				t.Fatalf("shares of %d over %d end at %d", n, p, at)
+			}
+		}
+	}
+}
+
+func TestProgress(t *testing.T) {
+	var buf bytes.Buffer
+	if isTerminal(&buf) || isTerminal(os.NewFile(^uintptr(0), "none")) {
+		t.Fatal("a buffer is no terminal")
+	}
+	p := &progress{w: &buf, total: 1000, rb: 1000, t0: time.Now().Add(-time.Second)}
+	if got := p.line(250, false); !strings.HasPrefix(got, "ingest:  25.0%  250/1000 rows  0.") || !strings.Contains(got, "GB/s  ETA 3s") {
+		t.Errorf("line: %q", got)
+	}
+	if got := p.line(500, true); !strings.HasPrefix(got, "[===============               ]  50.0%  500/1000 rows") {
+		t.Errorf("bar: %q", got)
+	}
+	if got := p.line(0, false); !strings.Contains(got, "ETA ?") {
+		t.Errorf("line before any row: %q", got)
+	}
+	// Not on a terminal: a line per tenth, nothing after the end.
+	q := startProgress(&buf, 100, 10)
+	for range 10 {
+		q.add(10)
+		time.Sleep(250 * time.Millisecond)
+		if buf.Len() > 0 && strings.Count(buf.String(), "\n") >= 9 {
+			break
+		}
+	}
+	q.finish()
+	if n := strings.Count(buf.String(), "\n"); n < 1 || n > 9 || strings.Contains(buf.String(), "\r") || strings.Contains(buf.String(), "100.0%") {
+		t.Errorf("plain progress:\n%s", buf.String())
+	}
+}
+
+const python = "/usr/bin/python3"
+
+// needH5py skips unless this build reads HDF5 and python3 has h5py.
+func needH5py(t testing.TB) {
+	t.Helper()
+	if !source.HDF5 {
+		t.Skip("built without HDF5 (go test -tags hdf5)")
+	}
+	if out, err := exec.Command(python, "-c", "import h5py").CombinedOutput(); err != nil {
+		t.Skipf("%s cannot import h5py (Debian: apt-get install python3-h5py): %v: %s", python, err, bytes.TrimSpace(out))
+	}
+}
+
+func runPython(t testing.TB, code string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(python, append([]string{"-c", code}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("python: %v\n%s", err, out)
+	}
+	return string(out)
+}
+
+// TestIngestHDF5: gzip-compressed and plain chunked datasets that h5py
+// writes load, on two nodes, as h5py reads them.
+func TestIngestHDF5(t *testing.T) {
+	needH5py(t)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "data.h5")
+	runPython(t, `
+import sys, numpy as np, h5py
+a = np.arange(3001 * 12, dtype=np.int32).reshape(3001, 3, 4) * 7
+with h5py.File(sys.argv[1], 'w') as f:
+    f.create_dataset('g/gzip', data=a, chunks=(100, 3, 4), compression='gzip')
+    f.create_dataset('plain', data=a, chunks=(64, 3, 4))
+open(sys.argv[2], 'wb').write(a.tobytes())
+`, file, filepath.Join(dir, "data.bin"))
+	want, err := os.ReadFile(filepath.Join(dir, "data.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ds := range []string{"g/gzip", "/plain"} {
+		ns, nodes := startNodes(t, 2)
+		var wg sync.WaitGroup
+		for r, nd := range nodes {
+			wg.Go(func() {
+				code, out, errOut := run(t, append([]string{"ingest", file + ":" + ds, "--name", "x", "--rank", fmt.Sprint(r), "--size", "2", "--read-size", "8K"}, nd.flags...)...)
+				if code != 0 {
+					t.Errorf("ingest %s rank %d: exit %d, stdout %q, stderr %q", ds, r, code, out, errOut)
+				}
+			})
+		}
+		wg.Wait()
+		if !t.Failed() {
+			checkVariable(t, reader(t, ns, nodes[1]), "x", want, 3001, 12, 4)
+		}
+	}
+	_, nodes := startNodes(t, 1)
+	code, _, errOut := run(t, append([]string{"ingest", file + ":/nope", "--name", "x"}, nodes[0].flags...)...)
+	if code != 1 || !strings.Contains(errOut, `has no dataset "/nope" (datasets there: /g/gzip, /plain)`) {
+		t.Errorf("missing dataset: exit %d, stderr %q", code, errOut)
+	}
+}
+
+// BenchmarkIngestHDF5 loads a 256 MiB chunked HDF5 dataset into a fresh
+// variable (Init, chunk-aligned parallel reads into the shard) and, in the
+// same run, times h5py's read_direct of the same dataset into a reused
+// buffer: the metrics are both rates and their ratio. The file is read
+// once before, so both read from the page cache.
+//
+//	go test -tags hdf5 -run '^$' -bench IngestHDF5 -benchtime 10x ./internal/cli/
+func BenchmarkIngestHDF5(b *testing.B) {
+	needH5py(b)
+	dir := b.TempDir()
+	file := filepath.Join(dir, "bench.h5")
+	// 65536 rows of 1024 float32 (4 KiB), chunks of 256 rows (1 MiB);
+	// "gzip" is the same with level-1 gzip of compressible integers.
+	runPython(b, `
+import sys, numpy as np, h5py
+rng = np.random.default_rng(0)
+with h5py.File(sys.argv[1], 'w') as f:
+    f.create_dataset('plain', data=rng.standard_normal((65536, 1024), dtype=np.float32), chunks=(256, 1024))
+    f.create_dataset('gzip', data=rng.integers(0, 16, (65536, 1024), dtype=np.int32), chunks=(256, 1024), compression='gzip', compression_opts=1)
+`, file)
+	for _, ds := range []string{"plain", "gzip"} {
+		b.Run(ds, func(b *testing.B) {
+			h5pyRate := func() float64 {
+				out := runPython(b, `
+import sys, time, numpy as np, h5py
+with h5py.File(sys.argv[1], 'r') as f:
+    d = f[sys.argv[2]]
+    buf = np.empty(d.shape, d.dtype)
+    d.read_direct(buf)
+    ts = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        d.read_direct(buf)
+        ts.append(time.perf_counter() - t0)
+    print(buf.nbytes / sorted(ts)[2] / 1e9)
+`, file, ds)
+				var r float64
+				if _, err := fmt.Sscan(out, &r); err != nil {
+					b.Fatalf("h5py said %q", out)
+				}
+				return r
+			}
+			before := h5pyRate()
+			ns := fmt.Sprintf("clibench-%d-%d", os.Getpid(), nsSeq.Add(1))
+			run := b.TempDir()
+			if err := os.Chmod(run, 0o700); err != nil {
+				b.Fatal(err)
+			}
+			sock := filepath.Join(run, "a.sock")
+			a, err := ddstore.StartAgent(ddstore.AgentConfig{Namespace: ns, Node: "n0", Socket: sock})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer a.Close()
+			s, err := ddstore.Open(ddstore.Config{Namespace: ns, Node: "n0", Socket: sock, Rank: 0, Size: 1, LocalRank: 0, LocalSize: 1, NoSpawn: true})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			src, err := source.Open(file+":"+ds, source.Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer src.Close()
+			size := src.Rows() * source.RowBytes(src)
+			b.SetBytes(size)
+			var secs float64
+			b.ResetTimer()
+			for i := range b.N {
+				name := fmt.Sprint("v", i)
+				t0 := time.Now()
+				if err := ingest(context.Background(), s, src, name, source.ReadOptions{}); err != nil {
+					b.Fatal(err)
+				}
+				secs += time.Since(t0).Seconds()
+				b.StopTimer()
+				if err := s.Free(name); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+			b.StopTimer()
+			after := h5pyRate()
+			rate := float64(size) * float64(b.N) / secs / 1e9
+			ref := (before + after) / 2
+			b.ReportMetric(rate, "ingest-GB/s")
+			b.ReportMetric(ref, "h5py-GB/s")
+			b.ReportMetric(rate/ref, "x-h5py")
+		})
+	}
+}

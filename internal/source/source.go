@@ -1,0 +1,309 @@
+// Package source reads the rows of a dataset file — a .npy array, an HDF5
+// dataset or a raw file of fixed-size rows — straight into a caller's
+// buffer (ingest reads into a rank's shard in shared memory), in large
+// reads aligned to the file's natural read unit.
+//
+// A row is everything under the first dimension: a dataset of shape
+// (N, 3, 32, 32) has N rows of 3·32·32 items. Items keep the bytes the file
+// holds (little-endian), so a row read here is the row numpy or h5py would
+// return.
+package source
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+)
+
+// Source is a dataset of Rows rows, each RowShape items of Dtype. Its
+// methods are safe for concurrent use; ReadRows from several goroutines is
+// how Read gets its parallelism.
+type Source interface {
+	// Rows is the length of the first dimension.
+	Rows() int64
+	// RowShape is the shape of one row (the dimensions after the first);
+	// empty for a 1-D dataset.
+	RowShape() []int64
+	// Dtype names the items' type as ddstore does: bool, int8, int16,
+	// int32, int64, uint8, uint16, uint32, uint64, float16, bfloat16,
+	// float32, float64.
+	Dtype() string
+	// ItemSize is the size of one item in bytes.
+	ItemSize() int64
+	// ReadRows reads rows [start, start+count) into dst, which must hold
+	// exactly count rows.
+	ReadRows(start, count int64, dst []byte) error
+	// ChunkRows is the natural read unit in rows: an HDF5 dataset's chunk,
+	// or a default of about DefaultChunkBytes for flat files. Reads that
+	// begin and end on multiples of it never read a chunk twice.
+	ChunkRows() int64
+	// Close releases the file.
+	Close() error
+}
+
+// Options say how to read a file whose format does not say it all.
+type Options struct {
+	// RowBytes is the size of a row of a raw file (required there). For a
+	// .npy or HDF5 file, when set, the file's rows must be this size.
+	RowBytes int64
+	// Dtype is the item type of a raw file (default uint8, one item per
+	// byte). For a .npy or HDF5 file, when set, the file's must match.
+	Dtype string
+	// ChunkBytes sets ChunkRows of files that have no chunks of their own
+	// (.npy, raw, contiguous HDF5); default DefaultChunkBytes.
+	ChunkBytes int64
+}
+
+// DefaultChunkBytes is the read unit of files without chunks: large enough
+// that a read costs far more than the call, small enough to spread a shard
+// over several readers.
+const DefaultChunkBytes = 4 << 20
+
+// Kind is a file format.
+type Kind int
+
+const (
+	KindNPY Kind = iota + 1
+	KindRaw
+	KindHDF5
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindNPY:
+		return "npy"
+	case KindRaw:
+		return "raw"
+	case KindHDF5:
+		return "hdf5"
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// Spec is a parsed source specification.
+type Spec struct {
+	Kind    Kind
+	File    string
+	Dataset string // HDF5: the dataset's path inside the file
+}
+
+// hdf5Magic opens every HDF5 file that has no user block.
+var hdf5Magic = []byte("\x89HDF\r\n\x1a\n")
+
+var hdf5Exts = []string{".h5", ".hdf5", ".hdf", ".he5"}
+
+// ParseSpec says what spec names: FILE:DATASET for HDF5 (a file ending in
+// .h5, .hdf5, .hdf or .he5, or one that starts with HDF5's signature),
+// FILE.npy, or any other FILE as raw rows when opts.RowBytes is set.
+// File names may hold colons: the split is at the first colon whose left
+// side is an HDF5 file name.
+func ParseSpec(spec string, opts Options) (Spec, error) {
+	if spec == "" {
+		return Spec{}, base.Errorf(base.ErrArgument, "source: empty file name")
+	}
+	for i := 0; i < len(spec); i++ {
+		if spec[i] != ':' {
+			continue
+		}
+		if file := spec[:i]; file != "" && isHDF5(file) {
+			ds := spec[i+1:]
+			if ds == "" {
+				return Spec{}, base.Errorf(base.ErrArgument, "source %s: empty dataset name after the colon: want FILE:DATASET, e.g. %s:/data", spec, file)
+			}
+			return Spec{Kind: KindHDF5, File: file, Dataset: ds}, nil
+		}
+	}
+	if isHDF5(spec) {
+		return Spec{Kind: KindHDF5, File: spec}, nil
+	}
+	if strings.EqualFold(filepath.Ext(spec), ".npy") {
+		return Spec{Kind: KindNPY, File: spec}, nil
+	}
+	if opts.RowBytes > 0 {
+		return Spec{Kind: KindRaw, File: spec}, nil
+	}
+	if _, err := os.Stat(spec); err != nil {
+		return Spec{}, fileError(spec, err)
+	}
+	return Spec{}, base.Errorf(base.ErrArgument,
+		"source %s: unknown format: want a .npy file, an HDF5 dataset as FILE:DATASET (FILE ending in .h5 or .hdf5), or a raw file of fixed-size rows with a row size (--row-bytes)", spec)
+}
+
+// isHDF5 says whether name is an HDF5 file by its extension or, for a file
+// that exists, by its first bytes.
+func isHDF5(name string) bool {
+	ext := strings.ToLower(filepath.Ext(name))
+	for _, e := range hdf5Exts {
+		if ext == e {
+			return true
+		}
+	}
+	f, err := os.Open(name)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return false
+	}
+	head := make([]byte, len(hdf5Magic))
+	if _, err := io.ReadFull(f, head); err != nil {
+		return false
+	}
+	return bytes.Equal(head, hdf5Magic)
+}
+
+// Open opens the dataset spec names (see ParseSpec).
+func Open(spec string, opts Options) (Source, error) {
+	sp, err := ParseSpec(spec, opts)
+	if err != nil {
+		return nil, err
+	}
+	if opts.RowBytes < 0 {
+		return nil, base.Errorf(base.ErrArgument, "source %s: row size %d bytes: want > 0", spec, opts.RowBytes)
+	}
+	if opts.ChunkBytes < 0 {
+		return nil, base.Errorf(base.ErrArgument, "source %s: chunk of %d bytes: want > 0", spec, opts.ChunkBytes)
+	}
+	if opts.Dtype != "" {
+		if _, ok := ItemSize(opts.Dtype); !ok {
+			return nil, base.Errorf(base.ErrArgument, "source %s: unknown dtype %q: want one of %s", spec, opts.Dtype, strings.Join(Dtypes(), ", "))
+		}
+	}
+	var src Source
+	switch sp.Kind {
+	case KindNPY:
+		src, err = openNPY(sp.File, opts)
+	case KindRaw:
+		src, err = openRaw(sp.File, opts)
+	case KindHDF5:
+		if sp.Dataset == "" {
+			// Say which datasets there are when we can.
+			return nil, noDataset(sp.File)
+		}
+		src, err = openHDF5(sp.File, sp.Dataset, opts)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := checkAgainst(spec, src, opts); err != nil {
+		src.Close()
+		return nil, err
+	}
+	return src, nil
+}
+
+// checkAgainst compares a self-describing file with what the caller
+// expects of it.
+func checkAgainst(spec string, src Source, opts Options) error {
+	if opts.Dtype != "" && opts.Dtype != src.Dtype() {
+		return base.Errorf(base.ErrArgument, "source %s holds items of %s, not %s", spec, src.Dtype(), opts.Dtype)
+	}
+	if rb := RowBytes(src); opts.RowBytes > 0 && opts.RowBytes != rb {
+		return base.Errorf(base.ErrArgument, "source %s has rows of %d bytes (shape %v of %s), not %d", spec, rb, src.RowShape(), src.Dtype(), opts.RowBytes)
+	}
+	return nil
+}
+
+// RowBytes is the size of one row of src.
+func RowBytes(src Source) int64 { return Disp(src.RowShape()) * src.ItemSize() }
+
+// Disp is the number of items in a row of the given shape.
+func Disp(rowShape []int64) int64 {
+	d := int64(1)
+	for _, n := range rowShape {
+		d *= n
+	}
+	return d
+}
+
+// dtypes maps ddstore's item type names to their sizes.
+var dtypes = []struct {
+	name string
+	size int64
+}{
+	{"bool", 1}, {"int8", 1}, {"int16", 2}, {"int32", 4}, {"int64", 8},
+	{"uint8", 1}, {"uint16", 2}, {"uint32", 4}, {"uint64", 8},
+	{"float16", 2}, {"bfloat16", 2}, {"float32", 4}, {"float64", 8},
+}
+
+// ItemSize returns the size of an item of the named type.
+func ItemSize(dtype string) (int64, bool) {
+	for _, d := range dtypes {
+		if d.name == dtype {
+			return d.size, true
+		}
+	}
+	return 0, false
+}
+
+// Dtypes lists the item type names ddstore knows.
+func Dtypes() []string {
+	names := make([]string, len(dtypes))
+	for i, d := range dtypes {
+		names[i] = d.name
+	}
+	return names
+}
+
+// checkGeometry bounds a dataset's shape so that every size derived from it
+// fits in an int64.
+func checkGeometry(name string, shape []int64, itemSize int64) error {
+	if len(shape) == 0 {
+		return base.Errorf(base.ErrArgument, "source %s is a scalar (shape ()): want at least one dimension, the rows", name)
+	}
+	total := itemSize
+	for _, n := range shape {
+		if n < 0 {
+			return base.Errorf(base.ErrArgument, "source %s: shape %v has a negative dimension", name, shape)
+		}
+		if n == 0 {
+			total = 0
+			continue
+		}
+		if total > math.MaxInt64/n {
+			return base.Errorf(base.ErrArgument, "source %s: shape %v of %d-byte items is more bytes than an int64 counts", name, shape, itemSize)
+		}
+		total *= n
+	}
+	if Disp(shape[1:]) == 0 {
+		return base.Errorf(base.ErrArgument, "source %s: shape %v: rows of zero items", name, shape)
+	}
+	return nil
+}
+
+// checkRead validates the arguments of ReadRows.
+func checkRead(name string, rows, rowBytes, start, count int64, dst []byte) error {
+	if start < 0 || count < 0 || start > rows || count > rows-start {
+		return base.Errorf(base.ErrIndex, "source %s: rows [%d, %d) are outside [0, %d)", name, start, start+count, rows)
+	}
+	if int64(len(dst)) != count*rowBytes {
+		return base.Errorf(base.ErrBuffer, "source %s: destination of %d bytes for %d rows of %d bytes: want %d", name, len(dst), count, rowBytes, count*rowBytes)
+	}
+	return nil
+}
+
+// chunkRowsFor is the read unit of a file without chunks.
+func chunkRowsFor(rowBytes, chunkBytes int64) int64 {
+	if chunkBytes <= 0 {
+		chunkBytes = DefaultChunkBytes
+	}
+	return max(1, chunkBytes/rowBytes)
+}
+
+// fileError names the file in an error opening it; it still matches
+// fs.ErrNotExist and the like.
+func fileError(name string, err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		err = pe.Err
+	}
+	return fmt.Errorf("%w: source %s: %w", base.ErrArgument, name, err)
+}
