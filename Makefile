@@ -20,7 +20,7 @@ RACE     ?= -race
 # numpy, torch and mpi4py, pytest, venv for the install check, Open MPI, and
 # gcc for the race detector.
 DEB_PACKAGES := gcc python3 python3-numpy python3-pytest python3-venv python3-setuptools python3-pip \
-	python3-torch python3-mpi4py openmpi-bin libopenmpi-dev
+	python3-torch python3-mpi4py openmpi-bin libopenmpi-dev libhdf5-dev python3-h5py
 PYTHON   := /usr/bin/python3
 
 .PHONY: help build deps test gotest pytest python fuzz-short bench bench-quick gobench clean
@@ -58,6 +58,9 @@ gotest: ## gofmt check, go vet, pure-Go build, race tests, then fuzz-short
 		echo "make test: 'go test $(RACE)' needs cgo and a C compiler (apt-get install gcc), or run 'make test RACE='"; \
 		exit 1; fi
 	$(GO) test $(RACE) -count=1 -timeout 20m ./...
+	@echo '== HDF5 (build tag hdf5, cgo on libhdf5)'
+	$(GO) vet -tags hdf5 ./internal/source/ ./internal/cli/
+	$(GO) test $(RACE) -tags hdf5 -count=1 ./internal/source/ ./internal/cli/
 	@$(MAKE) --no-print-directory fuzz-short
 
 pytest: build ## the Python client's tests against agents built from this tree

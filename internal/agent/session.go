@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -379,14 +380,20 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) 
 	return v.localTable(), nil
 }
 
-// takeBack removes a rank's shard of a variable that was never published.
+// takeBack removes a rank's shard of a variable that was never published,
+// and the variable itself once it holds no shard.
 func (a *Agent) takeBack(v *variable, rank int, seg *shm.Segment) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.table == nil && v.segs[rank] == seg {
 		delete(v.segs, rank)
 		seg.Close()
 		shm.Remove(seg.Path)
+	}
+	if v.table == nil && len(v.segs) == 0 && a.mu.vars[v.name] == v {
+		delete(a.mu.vars, v.name)
 	}
 }
 
@@ -488,25 +495,30 @@ func (a *Agent) free(ctx context.Context, name string, rank int) error {
 	return err
 }
 
-// dropEverywhere tells every node of a freed variable to drop its shards;
-// it runs on the coordinator, in the background (a node that is down is
-// only logged: its segments go when its agent stops).
+// dropEverywhere tells every node of a freed variable to drop its shards,
+// all at once, and returns when they have (or failed: a node that is down is
+// only logged, its segments go when its agent stops). It runs on the
+// coordinator while answering the last rank's Free, so once every rank's
+// Free has returned the name can be created again everywhere.
 func (a *Agent) dropEverywhere(t *wire.Table) {
+	var wg sync.WaitGroup
 	for i, node := range t.Nodes {
 		if node == a.cfg.Node {
 			a.drop(t.Name, t.ID)
 			continue
 		}
-		addr := t.Addrs[i]
-		a.go_(func() {
+		wg.Add(1)
+		go func(addr string) {
+			defer wg.Done()
 			ctx, cancel := context.WithTimeout(a.ctx, a.cfg.Timeout)
 			defer cancel()
 			m := wire.Drop{Name: t.Name, ID: t.ID}
 			if _, err := a.pool.Call(ctx, addr, wire.OpPeerDrop, m.Encode); err != nil {
 				a.log.Warn("could not drop a freed variable on a node", "variable", t.Name, "node", node, "err", err)
 			}
-		})
+		}(t.Addrs[i])
 	}
+	wg.Wait()
 }
 
 // drop removes a freed variable's shards from this node, if they are of

@@ -116,8 +116,11 @@ func runIngest(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer s.Close()
+	// The first SIGINT or SIGTERM stops the reads, and the variable is
+	// freed; a second one kills as usual.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	context.AfterFunc(ctx, stop)
 	rb := source.RowBytes(src)
 	lo, hi := share(src.Rows(), s.Rank(), s.Size())
 	fmt.Fprintf(stdout, "ingest %s: %d rows of shape %v %s (%s); rank %d of %d on node %s loads rows [%d, %d) into %q\n",
@@ -197,15 +200,15 @@ func share(n int64, r, p int) (lo, hi int64) {
 // the dataset's rows.
 func commitName(name string) string { return ".ddstore-ingest/" + name }
 
-// ingest loads this rank's share of src into a new variable. Every rank
-// creates the variable (a collective), reads its rows into its shard, then
+// ingest loads this rank's share of src into a new variable of the file's
+// item type. Every rank creates the variable (a collective), reads its rows into its shard, then
 // takes part in a second collective that says whether every rank did; if
 // not, or on any error, every rank frees the variable, so nothing
 // half-loaded is left.
 func ingest(ctx context.Context, s *ddstore.Store, src source.Source, name string, o source.ReadOptions) error {
 	rb := source.RowBytes(src)
 	lo, hi := share(src.Rows(), s.Rank(), s.Size())
-	if err := s.Init(name, hi-lo, source.Disp(src.RowShape()), src.ItemSize()); err != nil {
+	if err := s.InitAs(name, hi-lo, source.Disp(src.RowShape()), ddstore.Dtype(src.Dtype())); err != nil {
 		return err
 	}
 	shard, err := s.Shard(name)
@@ -272,12 +275,17 @@ type progress struct {
 	total, rb int64
 	done      atomic.Int64
 	t0        time.Time
+	every     time.Duration // how often it looks
 	stop      chan struct{}
 	wg        sync.WaitGroup
 }
 
 func startProgress(w io.Writer, total, rb int64) *progress {
-	p := &progress{w: w, tty: isTerminal(w), total: total, rb: rb, t0: time.Now(), stop: make(chan struct{})}
+	return startProgressEvery(w, total, rb, 200*time.Millisecond)
+}
+
+func startProgressEvery(w io.Writer, total, rb int64, every time.Duration) *progress {
+	p := &progress{w: w, tty: isTerminal(w), total: total, rb: rb, t0: time.Now(), every: every, stop: make(chan struct{})}
 	p.wg.Go(p.loop)
 	return p
 }
@@ -285,7 +293,7 @@ func startProgress(w io.Writer, total, rb int64) *progress {
 func (p *progress) add(rows int64) { p.done.Add(rows) }
 
 func (p *progress) loop() {
-	tick := time.NewTicker(200 * time.Millisecond)
+	tick := time.NewTicker(p.every)
 	defer tick.Stop()
 	step := int64(0) // the last tenth reported
 	for {
