@@ -68,24 +68,33 @@ func openRaw(name string, opts Options) (Source, error) {
 	if opts.RowBytes%is != 0 {
 		return nil, base.Errorf(base.ErrArgument, "source %s: rows of %d bytes are not a whole number of %d-byte %s items", name, opts.RowBytes, is, dtype)
 	}
+	f, size, err := openRegular(name)
+	if err != nil {
+		return nil, err
+	}
+	if size%opts.RowBytes != 0 {
+		f.Close()
+		return nil, base.Errorf(base.ErrArgument, "source %s: %d bytes is not a whole number of %d-byte rows (%d rows and %d bytes over: truncated, or another row size?)",
+			name, size, opts.RowBytes, size/opts.RowBytes, size%opts.RowBytes)
+	}
+	return &flat{f: f, name: name, rows: size / opts.RowBytes, rowShape: []int64{opts.RowBytes / is}, dtype: dtype,
+		itemSize: is, rowBytes: opts.RowBytes, chunkRows: chunkRowsFor(opts.RowBytes, opts.ChunkBytes)}, nil
+}
+
+// openRegular opens a regular file for reading and returns its size.
+func openRegular(name string) (*os.File, int64, error) {
 	f, err := os.Open(name)
 	if err != nil {
-		return nil, fileError(name, err)
+		return nil, 0, fileError(name, err)
 	}
 	fi, err := f.Stat()
 	if err != nil {
 		f.Close()
-		return nil, fileError(name, err)
+		return nil, 0, fileError(name, err)
 	}
 	if !fi.Mode().IsRegular() {
 		f.Close()
-		return nil, base.Errorf(base.ErrArgument, "source %s is not a regular file (%v)", name, fi.Mode().Type())
+		return nil, 0, base.Errorf(base.ErrArgument, "source %s is not a regular file (%v)", name, fi.Mode().Type())
 	}
-	if fi.Size()%opts.RowBytes != 0 {
-		f.Close()
-		return nil, base.Errorf(base.ErrArgument, "source %s: %d bytes is not a whole number of %d-byte rows (%d rows and %d bytes over: truncated, or another row size?)",
-			name, fi.Size(), opts.RowBytes, fi.Size()/opts.RowBytes, fi.Size()%opts.RowBytes)
-	}
-	return &flat{f: f, name: name, rows: fi.Size() / opts.RowBytes, rowShape: []int64{opts.RowBytes / is}, dtype: dtype,
-		itemSize: is, rowBytes: opts.RowBytes, chunkRows: chunkRowsFor(opts.RowBytes, opts.ChunkBytes)}, nil
+	return f, fi.Size(), nil
 }

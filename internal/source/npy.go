@@ -201,20 +201,11 @@ var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 
 // openNPY opens a .npy array; its rows are the first dimension.
 func openNPY(name string, opts Options) (Source, error) {
-	f, err := os.Open(name)
+	f, size, err := openRegular(name)
 	if err != nil {
-		return nil, fileError(name, err)
+		return nil, err
 	}
-	fi, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, fileError(name, err)
-	}
-	if !fi.Mode().IsRegular() {
-		f.Close()
-		return nil, base.Errorf(base.ErrArgument, "source %s is not a regular file (%v)", name, fi.Mode().Type())
-	}
-	s, err := npyFromHeader(name, f, fi.Size(), opts)
+	s, err := npyFromHeader(name, f, size, opts)
 	if err != nil {
 		f.Close()
 		return nil, err
