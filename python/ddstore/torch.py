@@ -38,9 +38,10 @@ import torch.utils.data as _tud
 
 from ._errors import Error, IndexOutOfRange, UnknownVariable
 from .dtypes import as_array, numpy_dtype
+from .sampler import ScheduledSampler
 from .store import Store
 
-__all__ = ["DistDataset", "DistDatasetReader", "WindowedDataset", "row_of", "ThreadDataLoader"]
+__all__ = ["DistDataset", "DistDatasetReader", "WindowedDataset", "row_of", "ThreadDataLoader", "ScheduledSampler"]
 
 # torch >= 1.11 exports these; older builds keep them in _utils only.
 _default_collate = getattr(_tud, "default_collate", None) or _tud._utils.collate.default_collate
