@@ -49,8 +49,8 @@ func (d Dtype) ItemSize() (int64, error) {
 // of type dtype.
 func (s *Store) InitAs(name string, nrows, disp int64, dtype Dtype) error {
 	size, err := dtype.ItemSize()
-	if err == nil && disp < 1 {
-		err = base.Errorf(base.ErrGeometry, "variable %q: disp %d: want >= 1", name, disp)
+	if err == nil {
+		err = rowError(name, disp, size)
 	}
 	if err == nil && nrows < 0 {
 		err = base.Errorf(base.ErrGeometry, "variable %q: %d rows: want >= 0", name, nrows)
@@ -61,8 +61,8 @@ func (s *Store) InitAs(name string, nrows, disp int64, dtype Dtype) error {
 // AddAs is Add for a typed variable: rows of disp items of type dtype.
 func (s *Store) AddAs(name string, rows []byte, disp int64, dtype Dtype) error {
 	size, err := dtype.ItemSize()
-	if err == nil && disp < 1 {
-		err = base.Errorf(base.ErrGeometry, "variable %q: disp %d: want >= 1", name, disp)
+	if err == nil {
+		err = rowError(name, disp, size)
 	}
 	if err == nil && int64(len(rows))%(disp*size) != 0 {
 		err = base.Errorf(base.ErrBuffer, "variable %q: %d bytes is not a whole number of %d-byte rows (disp %d x %s)", name, len(rows), disp*size, disp, dtype)

@@ -1,7 +1,6 @@
 package ddstore
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -76,17 +75,18 @@ type Store struct {
 		attempts map[string]int64 // Add/Init calls per name (see wire.Shard.Attempt)
 		closed   bool
 	}
-	ctl   *lane      // registers receive buffers; guarded by ctlMu
+	ctl   *lane      // carries control ops (create, publish, lookup, register, free); guarded by ctlMu
 	ctlMu sync.Mutex // lock order: ctlMu, then mu
+	// lanes holds MaxLanes tokens: a lane ready for use, or nil for a slot
+	// with no lane yet (or whose lane broke), which the taker dials.
 	lanes chan *lane
-	nlane atomic.Int32
 	recv  atomic.Pointer[[]*recvBuf]
 }
 
 // recvBuf is a receive buffer the agent can write into (AllocRecv).
 type recvBuf struct {
 	region *shm.Region
-	id     uint32
+	id     atomic.Uint32 // the agent's id; changes if the control session is redialed
 	base   uintptr
 }
 
@@ -101,6 +101,7 @@ type variable struct {
 	segs  []*shm.Segment
 	nodes []string // per rank: node id
 	dtype string
+	id    int64 // the table's id: reads name it, so a re-created variable is never mixed in
 	freed bool
 	prof  profile
 }
@@ -146,6 +147,9 @@ func Open(cfg Config) (*Store, error) {
 		cfg.MaxLanes = 16
 	}
 	s := &Store{cfg: cfg, id: id, socket: cfg.Socket, lanes: make(chan *lane, cfg.MaxLanes)}
+	for range cfg.MaxLanes {
+		s.lanes <- nil
+	}
 	helloRank := int64(id.Rank)
 	if cfg.Reader {
 		helloRank = -1
@@ -226,39 +230,43 @@ func (s *Store) Size() int      { return s.id.Size }
 func (s *Store) Node() string   { return s.id.Node }
 func (s *Store) Socket() string { return s.socket }
 
-// getLane takes a lane from the pool, dialing one if none is free and the
-// pool is not full.
+// getLane takes a lane from the pool, dialing one when it gets an empty
+// slot; it waits at most the request timeout for a slot.
 func (s *Store) getLane() (*lane, error) {
+	var l *lane
 	select {
-	case l := <-s.lanes:
-		return l, nil
+	case l = <-s.lanes:
 	default:
-	}
-	if n := s.nlane.Add(1); n <= int32(s.cfg.MaxLanes) {
-		l, _, err := dialLane(s.socket, &s.hello, s.cfg.Timeout)
-		if err != nil {
-			s.nlane.Add(-1)
-			return nil, err
+		t := time.NewTimer(s.cfg.Timeout)
+		defer t.Stop()
+		select {
+		case l = <-s.lanes:
+		case <-t.C:
+			return nil, base.Errorf(base.ErrTimeout, "all %d connections to the agent stayed busy for %v", s.cfg.MaxLanes, s.cfg.Timeout)
 		}
+	}
+	if l != nil {
 		return l, nil
 	}
-	s.nlane.Add(-1)
-	return <-s.lanes, nil
+	l, _, err := dialLane(s.socket, &s.hello, s.cfg.Timeout)
+	if err != nil {
+		s.lanes <- nil // give the slot back
+		return nil, err
+	}
+	return l, nil
 }
 
+// putLane gives a lane's slot back: the lane itself if it still works,
+// else an empty slot (a waiter dials a new one).
 func (s *Store) putLane(l *lane) {
-	if l.broken {
-		l.close()
-		s.nlane.Add(-1)
-		return
-	}
 	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if s.mu.closed {
+	closed := s.mu.closed
+	s.mu.RUnlock()
+	if l.broken || closed {
 		l.close()
-		return
+		l = nil
 	}
-	s.lanes <- l // never blocks: at most MaxLanes lanes exist
+	s.lanes <- l // never blocks: one token per slot
 }
 
 // control runs a request on the control lane.
@@ -274,6 +282,15 @@ func (s *Store) control(op wire.Op, fill func(*wire.Encoder), timeout time.Durat
 			return nil, err
 		}
 		s.ctl = l
+		// Receive buffers were registered on the old session, which the
+		// agent dropped with it: register them again.
+		for _, r := range *s.recv.Load() {
+			id, err := l.register(r.region, s.cfg.Timeout)
+			if err != nil {
+				return nil, err
+			}
+			r.id.Store(id)
+		}
 	}
 	body, err := s.ctl.call(op, fill, timeout)
 	return append([]byte(nil), body...), err
@@ -291,11 +308,16 @@ func (s *Store) checkOpen() error {
 // Init creates a variable whose shard on this rank is nrows zero-filled
 // rows of disp items of itemsize bytes. Like Add, every rank calls it.
 func (s *Store) Init(name string, nrows, disp, itemsize int64) error {
-	var bad error
-	if disp < 1 || itemsize < 1 || itemsize > 64 {
-		bad = base.Errorf(base.ErrGeometry, "variable %q: disp %d, itemsize %d: want disp >= 1 and itemsize 1..64", name, disp, itemsize)
+	return s.create(name, nil, nrows, disp, itemsize, rowError(name, disp, itemsize))
+}
+
+// rowError checks a row shape (one check for every way a variable is made:
+// positive, itemsize at most 64, no overflow) and names the variable.
+func rowError(name string, disp, itemsize int64) error {
+	if err := (layout.Row{Disp: disp, ItemSize: itemsize}).Validate(); err != nil {
+		return fmt.Errorf("variable %q: %w", name, err)
 	}
-	return s.create(name, nil, nrows, disp, itemsize, bad)
+	return nil
 }
 
 // Add creates a variable whose shard on this rank is rows: len(rows) must
@@ -305,10 +327,9 @@ func (s *Store) Init(name string, nrows, disp, itemsize int64) error {
 // after. Ranks that disagree on disp or itemsize all get ErrGeometry.
 func (s *Store) Add(name string, rows []byte, disp, itemsize int64) error {
 	rb := disp * itemsize
-	var bad error
+	bad := rowError(name, disp, itemsize)
 	switch {
-	case disp < 1 || itemsize < 1 || itemsize > 64 || rb <= 0:
-		bad = base.Errorf(base.ErrGeometry, "variable %q: disp %d, itemsize %d: want disp >= 1 and itemsize 1..64", name, disp, itemsize)
+	case bad != nil:
 	case int64(len(rows))%rb != 0:
 		bad = base.Errorf(base.ErrBuffer, "variable %q: %d bytes is not a whole number of %d-byte rows (disp %d x itemsize %d)", name, len(rows), rb, disp, itemsize)
 	default:
@@ -400,7 +421,7 @@ func (s *Store) install(t *wire.Table) (*variable, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := &variable{name: t.Name, lay: lay, rb: lay.Bytes(), local: make([][]byte, len(t.ShardRows)), nodes: make([]string, len(t.ShardRows)), dtype: t.Dtype}
+	v := &variable{name: t.Name, lay: lay, rb: lay.Bytes(), local: make([][]byte, len(t.ShardRows)), nodes: make([]string, len(t.ShardRows)), dtype: t.Dtype, id: t.ID}
 	for r := range t.ShardRows {
 		v.nodes[r] = t.Nodes[t.RankNode[r]]
 		if r >= len(t.Paths) || t.Paths[r] == "" {
@@ -617,12 +638,12 @@ func (s *Store) fetch(v *variable, dst []byte, pos []int64, at func(int) int64) 
 	defer s.putLane(l)
 	rb := v.rb
 	m := &l.read
-	m.Name = v.name
+	m.Name, m.ID = v.name, v.id
 	m.Globals, m.Offsets = m.Globals[:0], m.Offsets[:0]
 	rbuf, off := s.recvOf(dst)
 	var stage []byte
 	if rbuf != nil {
-		m.Region = rbuf.id
+		m.Region = rbuf.id.Load()
 		for _, p := range pos {
 			m.Globals = append(m.Globals, at(int(p)))
 			m.Offsets = append(m.Offsets, off+p*rb)
@@ -685,7 +706,8 @@ func (s *Store) AllocRecv(n int) ([]byte, error) {
 		r.Close()
 		return nil, err
 	}
-	rb := &recvBuf{region: r, id: id, base: uintptr(unsafe.Pointer(unsafe.SliceData(r.Mem)))}
+	rb := &recvBuf{region: r, base: uintptr(unsafe.Pointer(unsafe.SliceData(r.Mem)))}
+	rb.id.Store(id)
 	old := *s.recv.Load()
 	next := append(append([]*recvBuf(nil), old...), rb)
 	s.recv.Store(&next)
@@ -709,7 +731,7 @@ func (s *Store) FreeRecv(buf []byte) error {
 	}
 	s.recv.Store(&next)
 	if s.ctl != nil {
-		m := wire.Region{ID: r.id}
+		m := wire.Region{ID: r.id.Load()}
 		s.ctl.call(wire.OpUnregister, m.Encode, s.cfg.Timeout)
 	}
 	return r.region.Close()
@@ -770,8 +792,10 @@ func (s *Store) Profile(name string) (Profile, error) {
 func (s *Store) EpochBegin() error { return s.checkOpen() }
 func (s *Store) EpochEnd() error   { return s.checkOpen() }
 
-// Free releases a variable on this rank. Its shard on this node goes once
-// every local rank has freed it; reads by this rank fail with ErrFreed.
+// Free releases a variable on this rank: its reads fail with ErrFreed from
+// now on. The shards stay until every rank of the job has freed it (a rank
+// that finishes early never takes rows from under the others); then they go
+// on every node and the name can be created again.
 func (s *Store) Free(name string) error {
 	if err := s.checkOpen(); err != nil {
 		return err
@@ -794,10 +818,7 @@ func (s *Store) Free(name string) error {
 		return nil // a reader holds no share of the variable to give back
 	}
 	m := wire.Name{Name: name, Rank: int64(s.id.Rank)}
-	_, err := s.control(wire.OpFree, m.Encode, s.cfg.Timeout)
-	if errors.Is(err, base.ErrUnknown) {
-		err = nil // another local rank's Free already took the node's shards
-	}
+	_, err := s.control(wire.OpFree, m.Encode, 3*s.cfg.Timeout)
 	return err
 }
 
@@ -829,14 +850,17 @@ func (s *Store) Close() error {
 	}
 	s.recv.Store(&[]*recvBuf{})
 	s.ctlMu.Unlock()
-	for {
+	// Close the idle lanes, keeping their slots (lanes in use are closed
+	// when they come back: putLane sees the store closed).
+	for n := len(s.lanes); n > 0; n-- {
 		select {
 		case l := <-s.lanes:
-			l.close()
-			continue
+			if l != nil {
+				l.close()
+			}
+			s.lanes <- nil
 		default:
 		}
-		break
 	}
 	return nil
 }

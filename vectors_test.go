@@ -165,7 +165,7 @@ func vShard(m wire.Shard) obj {
 func vName(m wire.Name) obj { return obj{"name": m.Name, "node": m.Node, "rank": m.Rank} }
 
 func vRead(m wire.Read) obj {
-	return obj{"name": m.Name, "region": m.Region, "globals": m.Globals, "offsets": m.Offsets}
+	return obj{"name": m.Name, "region": m.Region, "id": m.ID, "globals": m.Globals, "offsets": m.Offsets}
 }
 
 func vRegion(m wire.Region) obj { return obj{"id": m.ID, "size": m.Size} }
@@ -200,7 +200,7 @@ func vectorFrames(t *testing.T) obj {
 		Attempt: 1, Failed: false, Dtype: "float32"}
 	failed := shard
 	failed.Attempt, failed.Failed = 2, true
-	read := wire.Read{Name: "x", Region: 1, Globals: []int64{5, 0}, Offsets: []int64{0, 32}}
+	read := wire.Read{Name: "x", Region: 1, ID: 5, Globals: []int64{5, 0}, Offsets: []int64{0, 32}}
 	fetch := wire.Fetch{Name: "x", ID: 5, Globals: []int64{3}}
 	frames := []vectorFrame{
 		helloFrame("hello", 1, wire.Hello{Namespace: "ns", Node: "n1", Rank: 0, Size: 2, LocalRank: 0, LocalSize: 2, Pid: 4242}),

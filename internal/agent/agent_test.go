@@ -426,7 +426,7 @@ func TestAgentFullFlow(t *testing.T) {
 		t.Errorf("info after register: %d regions, %d bytes", in.Regions, in.MemoryBytes)
 	}
 	read := func(globals, offsets []int64) error {
-		m := wire.Read{Name: sh.Name, Region: rm.ID, Globals: globals, Offsets: offsets}
+		m := wire.Read{Name: sh.Name, Region: rm.ID, ID: tab.ID, Globals: globals, Offsets: offsets}
 		body, err := r.call(wire.OpRead, m.Encode)
 		if err == nil && len(body) != 0 {
 			t.Fatalf("read reply has a %d-byte body", len(body))
@@ -473,7 +473,10 @@ func TestAgentFullFlow(t *testing.T) {
 	if _, err := r.call(wire.OpRead, (&wire.Read{Name: "nope", Region: rm.ID}).Encode); !errors.Is(err, base.ErrUnknown) {
 		t.Errorf("read of an unknown variable: %v, want ErrUnknown", err)
 	}
-	if _, err := r.call(wire.OpRead, (&wire.Read{Name: sh.Name, Region: rm.ID + 100}).Encode); !errors.Is(err, base.ErrArgument) {
+	if _, err := r.call(wire.OpRead, (&wire.Read{Name: sh.Name, Region: rm.ID, ID: tab.ID + 1}).Encode); !errors.Is(err, base.ErrFreed) {
+		t.Errorf("read naming another table id: %v, want ErrFreed", err)
+	}
+	if _, err := r.call(wire.OpRead, (&wire.Read{Name: sh.Name, Region: rm.ID + 100, ID: tab.ID}).Encode); !errors.Is(err, base.ErrArgument) {
 		t.Errorf("read into an unknown region: %v, want ErrArgument", err)
 	}
 
@@ -486,6 +489,16 @@ func TestAgentFullFlow(t *testing.T) {
 	}
 	if _, err := r.call(wire.OpRegister, (&wire.Region{Size: 0}).Encode, reg.Fd); !errors.Is(err, base.ErrArgument) {
 		t.Errorf("register of size 0: %v, want ErrArgument", err)
+	}
+	// A memfd that could still shrink under the agent's mapping is refused.
+	unsealed, err := unix.MemfdCreate("unsealed", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(unsealed)
+	unix.Ftruncate(unsealed, regionSize)
+	if _, err := r.call(wire.OpRegister, (&wire.Region{Size: regionSize}).Encode, unsealed); !errors.Is(err, base.ErrArgument) || !strings.Contains(err.Error(), "sealed") {
+		t.Errorf("register of an unsealed memfd: %v, want ErrArgument naming the seal", err)
 	}
 	// Another connection cannot unregister this one's region.
 	other := dialRaw(t, a)

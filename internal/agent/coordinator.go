@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/layout"
@@ -28,6 +29,10 @@ type coordinator struct {
 	}
 }
 
+// lateGrace is how long after a round timed out its late ranks still get
+// its error at once, rather than starting a round of their own.
+var lateGrace = 10 * time.Second
+
 // collKey names one round of a collective: the ranks' n-th Add of a name.
 type collKey struct {
 	name    string
@@ -46,6 +51,8 @@ type collective struct {
 	done   chan struct{} // closed when table or err is set
 	table  *wire.Table
 	err    error
+	// timedOut is when the round failed for missing ranks; see lateGrace.
+	timedOut time.Time
 }
 
 func newCoordinator() *coordinator {
@@ -80,6 +87,12 @@ func (c *coordinator) publish(ctx context.Context, sh wire.Shard) (*wire.Table, 
 	}
 	key := collKey{sh.Name, sh.Attempt}
 	col := c.mu.pending[key]
+	if col != nil && !col.timedOut.IsZero() && time.Since(col.timedOut) > lateGrace {
+		// Ranks that never came may never come (a crashed job): a shard
+		// arriving long after the round timed out starts a fresh round, so
+		// a later job's first Add is not refused with this round's error.
+		col = nil
+	}
 	if col == nil {
 		col = &collective{size: sh.Size, first: sh, shards: make(map[int64]wire.Shard), seen: make(map[int64]bool), done: make(chan struct{})}
 		c.mu.pending[key] = col
@@ -124,6 +137,7 @@ func (c *coordinator) publish(ctx context.Context, sh wire.Shard) (*wire.Table, 
 	case <-ctx.Done():
 		c.mu.Lock()
 		col.fail(base.Errorf(base.ErrTimeout, "variable %q: %s", sh.Name, col.missing()))
+		col.timedOut = time.Now()
 		c.mu.Unlock()
 	}
 	if col.err != nil {

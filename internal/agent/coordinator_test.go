@@ -485,3 +485,31 @@ func TestCoordinatorNodes(t *testing.T) {
 		t.Fatalf("nodes() = %v, %v", ids, addrs)
 	}
 }
+
+// A round that timed out because a rank never came does not refuse a later
+// job's first round with its old error once lateGrace has passed.
+func TestCoordinatorTimedOutRoundForgotten(t *testing.T) {
+	old := lateGrace
+	lateGrace = 50 * time.Millisecond
+	defer func() { lateGrace = old }()
+	c := newTestCoordinator()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	_, err := c.publish(ctx, shard("v", 0, 2, "a"))
+	cancel()
+	if !errors.Is(err, base.ErrTimeout) {
+		t.Fatalf("lonely rank: %v, want ErrTimeout", err)
+	}
+	time.Sleep(2 * lateGrace) // the crashed job is gone; a new one starts
+	errs := make(chan error, 2)
+	for r := range int64(2) {
+		go func() {
+			_, err := c.publish(context.Background(), shard("v", r, 2, "a"))
+			errs <- err
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatalf("new job's round: %v", err)
+		}
+	}
+}

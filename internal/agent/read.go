@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -33,8 +34,9 @@ type piece struct {
 const splitBytes = 512 << 10
 
 // read serves a client's Read: rows of this node are copied from the
-// segments, rows of other nodes are fetched from their agents concurrently,
-// one request per node, straight into the client's receive region.
+// segments, rows of other nodes are fetched from their agents concurrently
+// (one request per owner node, cut into pieces when large), straight into
+// the client's receive region.
 func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 	v, err := a.lookup(ctx, m.Name)
 	if err != nil {
@@ -54,6 +56,9 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 	}()
 	if v.gone {
 		return base.Errorf(base.ErrFreed, "variable %q was freed", m.Name)
+	}
+	if m.ID != v.table.ID {
+		return base.Errorf(base.ErrFreed, "variable %q was freed and created again since this client looked it up", m.Name)
 	}
 	if err := v.lay.CheckAll(m.Globals); err != nil {
 		return err
@@ -125,6 +130,9 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 	wg.Wait()
 	for i := range f.pieces {
 		if err := f.pieces[i].err; err != nil {
+			if errors.Is(err, base.ErrFreed) {
+				a.forgetStale(v)
+			}
 			return err
 		}
 	}
@@ -133,6 +141,20 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 		clear(f.nodes[i].dst)
 	}
 	return nil
+}
+
+// forgetStale drops a cached table of a variable this node holds no shard
+// of, after an owner said it was freed: the next lookup asks the
+// coordinator again (nodes with shards learn of frees through PeerDrop).
+func (a *Agent) forgetStale(v *variable) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	v.mu.RLock()
+	stale := len(v.segs) == 0
+	v.mu.RUnlock()
+	if stale && a.mu.vars[v.name] == v {
+		delete(a.mu.vars, v.name)
+	}
 }
 
 // peerHandler is the agent as seen by other agents.
@@ -217,11 +239,7 @@ func (h *peerHandler) Control(ctx context.Context, op wire.Op, body []byte) (fun
 		if err != nil {
 			return nil, err
 		}
-		timeout := a.cfg.JoinTimeout
-		if m.TimeoutMs > 0 {
-			timeout = min(timeout, msDuration(m.TimeoutMs))
-		}
-		pctx, cancel := context.WithTimeout(ctx, timeout)
+		pctx, cancel := context.WithTimeout(ctx, a.roundTimeout(m))
 		defer cancel()
 		t, err := c.publish(pctx, m)
 		if err != nil {

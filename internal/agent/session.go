@@ -222,6 +222,9 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 		fd := s.fds[0]
 		s.fds = s.fds[1:]
 		defer unix.Close(fd)
+		if err := shm.CheckSealed(fd); err != nil {
+			return nil, err
+		}
 		size, err := shm.FdSize(fd)
 		if err != nil || m.Size <= 0 || size < m.Size {
 			return nil, base.Errorf(base.ErrArgument, "receive region of %d bytes, descriptor has %d", m.Size, size)
@@ -319,8 +322,21 @@ func checkShard(m wire.Shard) error {
 func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) {
 	if err := checkShard(m); err != nil || m.Failed {
 		// This rank cannot take part: fail the round for every rank now
-		// rather than let the others wait for it until their timeout.
+		// rather than let the others wait for it until their timeout, and
+		// take back a shard it created before failing (a retry creates it
+		// again).
 		if m.Size >= 1 && m.Rank >= 0 && m.Rank < m.Size && m.Name != "" && len(m.Name) <= maxName {
+			a.mu.Lock()
+			v := a.mu.vars[m.Name]
+			a.mu.Unlock()
+			if v != nil {
+				v.mu.RLock()
+				seg := v.segs[int(m.Rank)]
+				v.mu.RUnlock()
+				if seg != nil {
+					a.takeBack(v, int(m.Rank), seg)
+				}
+			}
 			m.Failed, m.Node = true, a.cfg.Node
 			pctx, cancel := context.WithTimeout(ctx, a.cfg.JoinTimeout)
 			_, cerr := a.coordPublish(pctx, m)
@@ -359,11 +375,11 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) 
 		return nil, bad
 	}
 	m.Node = a.cfg.Node
-	timeout := time.Duration(m.TimeoutMs) * time.Millisecond
-	if timeout <= 0 {
-		timeout = a.cfg.JoinTimeout
-	}
-	pctx, cancel := context.WithTimeout(ctx, timeout)
+	timeout := a.roundTimeout(m)
+	// The coordinator's clock decides the round (it starts when the shard
+	// arrives there); this agent waits a margin longer, so that it never
+	// gives up on a round the coordinator completes.
+	pctx, cancel := context.WithTimeout(ctx, timeout+a.cfg.Timeout)
 	defer cancel()
 	t, err := a.coordPublish(pctx, m)
 	if err != nil {
@@ -380,6 +396,15 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) 
 	return v.localTable(), nil
 }
 
+// roundTimeout is how long the coordinator waits for a round's ranks: the
+// shard's own timeout, bounded by the agent's join timeout.
+func (a *Agent) roundTimeout(m wire.Shard) time.Duration {
+	if m.TimeoutMs > 0 {
+		return min(a.cfg.JoinTimeout, msDuration(m.TimeoutMs))
+	}
+	return a.cfg.JoinTimeout
+}
+
 // takeBack removes a rank's shard of a variable that was never published,
 // and the variable itself once it holds no shard.
 func (a *Agent) takeBack(v *variable, rank int, seg *shm.Segment) {
@@ -392,8 +417,12 @@ func (a *Agent) takeBack(v *variable, rank int, seg *shm.Segment) {
 		seg.Close()
 		shm.Remove(seg.Path)
 	}
-	if v.table == nil && len(v.segs) == 0 && a.mu.vars[v.name] == v {
-		delete(a.mu.vars, v.name)
+	if v.table == nil && len(v.segs) == 0 {
+		v.gone = true
+		v.wake()
+		if a.mu.vars[v.name] == v {
+			delete(a.mu.vars, v.name)
+		}
 	}
 }
 
@@ -403,7 +432,11 @@ func (a *Agent) coordPublish(ctx context.Context, m wire.Shard) (*wire.Table, er
 		return nil, err
 	}
 	if addr == "" {
-		return a.coord.Load().publish(ctx, m)
+		// Here the round's own timeout, as the coordinator applies it to
+		// shards arriving from other agents (peerHandler.Control).
+		cctx, cancel := context.WithTimeout(ctx, a.roundTimeout(m))
+		defer cancel()
+		return a.coord.Load().publish(cctx, m)
 	}
 	body, err := a.pool.Call(ctx, addr, wire.OpPeerPublish, m.Encode)
 	if err != nil {
@@ -428,6 +461,8 @@ func (a *Agent) lookup(ctx context.Context, name string) (*variable, error) {
 		}
 	}
 	var t *wire.Table
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
+	defer cancel()
 	addr, err := a.coordinatorAddr(ctx)
 	if err != nil {
 		return nil, err
@@ -480,6 +515,10 @@ func (a *Agent) free(ctx context.Context, name string, rank int) error {
 	if !published || rank < 0 {
 		return nil
 	}
+	// The last rank's Free waits for the coordinator to drop the shards
+	// everywhere, each drop bounded by the timeout.
+	ctx, cancel := context.WithTimeout(ctx, 2*a.cfg.Timeout)
+	defer cancel()
 	addr, err := a.coordinatorAddr(ctx)
 	if err != nil {
 		return err

@@ -29,7 +29,8 @@ type variable struct {
 	// ready is closed once the table is set: a peer may ask for rows of a
 	// variable whose round completed but whose reply has not reached this
 	// agent yet (another rank's Add returned first).
-	ready chan struct{}
+	ready     chan struct{}
+	readyShut bool // ready is closed (v.mu held to change)
 }
 
 func newVariable(name string) *variable {
@@ -59,8 +60,17 @@ func (v *variable) setTable(t *wire.Table, node string) error {
 		byRank[r] = seg
 	}
 	v.table, v.lay, v.byRank = t, lay, byRank
-	close(v.ready)
+	v.wake()
 	return nil
+}
+
+// wake releases peers waiting for the table: it is set, or will never be
+// (the variable was dropped or taken back). The caller holds v.mu.
+func (v *variable) wake() {
+	if !v.readyShut {
+		close(v.ready)
+		v.readyShut = true
+	}
 }
 
 // localTable is the table with the segment paths of this node's ranks, as
@@ -86,6 +96,7 @@ func (v *variable) drop() {
 		shm.Remove(seg.Path)
 	}
 	v.segs, v.byRank, v.gone = map[int]*shm.Segment{}, nil, true
+	v.wake()
 }
 
 func (v *variable) info() VarInfo {

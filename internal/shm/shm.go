@@ -6,7 +6,9 @@
 package shm
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"hash/crc32"
 	"os"
@@ -84,9 +86,20 @@ func Escape(s string) string {
 	return b.String()
 }
 
-// SegmentPath is the file of rank's shard of a variable on a node.
+// SegmentPath is the file of rank's shard of a variable on a node. File
+// names are limited to 255 bytes: a long variable name is replaced by a hash
+// of it, and when the namespace and node are long too, the whole name is.
 func SegmentPath(namespace, node, variable string, rank int) string {
-	return fmt.Sprintf("%s/ddstore.%s.%s.%s.r%d", Dir, Escape(namespace), Escape(node), Escape(variable), rank)
+	name := fmt.Sprintf("ddstore.%s.%s.%s.r%d", Escape(namespace), Escape(node), Escape(variable), rank)
+	if len(name) > 250 {
+		sum := sha256.Sum256([]byte(variable))
+		name = fmt.Sprintf("ddstore.%s.%s.%s.r%d", Escape(namespace), Escape(node), "h"+hex.EncodeToString(sum[:16]), rank)
+		if len(name) > 250 {
+			sum := sha256.Sum256([]byte(namespace + "\x00" + node + "\x00" + variable))
+			name = fmt.Sprintf("ddstore.h%s.r%d", hex.EncodeToString(sum[:20]), rank)
+		}
+	}
+	return Dir + "/" + name
 }
 
 // SegmentPrefix is the common start of every segment of a namespace on a
@@ -218,7 +231,7 @@ func NewRegion(name string, size int) (*Region, error) {
 	if size <= 0 {
 		return nil, base.Errorf(base.ErrArgument, "region size %d: want > 0", size)
 	}
-	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC)
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, fmt.Errorf("ddstore: memfd_create: %w", err)
 	}
@@ -226,12 +239,28 @@ func NewRegion(name string, size int) (*Region, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("ddstore: size region to %d bytes: %w", size, err)
 	}
+	// Sealed at this size: the agent maps it and writes into it, which a
+	// later shrink would turn into a fault in the agent (CheckSealed).
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("ddstore: seal region: %w", err)
+	}
 	mem, err := MapFd(fd, size)
 	if err != nil {
 		unix.Close(fd)
 		return nil, err
 	}
 	return &Region{Fd: fd, Mem: mem}, nil
+}
+
+// CheckSealed refuses a descriptor whose size can still change: mapped by
+// the agent, a shrunk file would fault the agent on its next write.
+func CheckSealed(fd int) error {
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil || seals&unix.F_SEAL_SHRINK == 0 {
+		return base.Errorf(base.ErrArgument, "receive region not sealed against shrinking (memfd_create with MFD_ALLOW_SEALING, then F_ADD_SEALS F_SEAL_SHRINK)")
+	}
+	return nil
 }
 
 // MapFd maps size bytes of a shared-memory descriptor read-write.

@@ -601,3 +601,19 @@ func TestCreateBadGeometry(t *testing.T) {
 		t.Fatal("shm.Create does not validate its Header: " + strings.Join(bugs, "; "))
 	}
 }
+
+func TestSegmentPathLongNames(t *testing.T) {
+	long := strings.Repeat("é/", 300)
+	seen := map[string]bool{}
+	for _, c := range [][3]string{{"ns", "node", long}, {"ns", "node", long + "x"}, {strings.Repeat("n", 255), strings.Repeat("m", 255), "v"}, {"ns", "node", "short"}} {
+		p := SegmentPath(c[0], c[1], c[2], 3)
+		base := p[strings.LastIndexByte(p, '/')+1:]
+		if len(base) > 255 {
+			t.Errorf("%d-byte file name for %q", len(base), c)
+		}
+		if seen[p] {
+			t.Errorf("two names share %s", p)
+		}
+		seen[p] = true
+	}
+}

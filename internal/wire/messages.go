@@ -195,6 +195,7 @@ func (m *Table) Check() error {
 type Read struct {
 	Name    string
 	Region  uint32
+	ID      int64 // the table id the client read its geometry from
 	Globals []int64
 	Offsets []int64
 }
@@ -202,6 +203,7 @@ type Read struct {
 func (m *Read) Encode(e *Encoder) {
 	e.String(m.Name)
 	e.U32(m.Region)
+	e.I64(m.ID)
 	e.I64s(m.Globals)
 	e.I64s(m.Offsets)
 }
@@ -209,7 +211,7 @@ func (m *Read) Encode(e *Encoder) {
 // DecodeRead decodes into m, reusing its slices.
 func DecodeRead(b []byte, m *Read) error {
 	d := NewDecoder(b)
-	m.Name, m.Region = d.String(), d.U32()
+	m.Name, m.Region, m.ID = d.String(), d.U32(), d.I64()
 	m.Globals = d.I64s(m.Globals)
 	m.Offsets = d.I64s(m.Offsets)
 	if err := d.Done(); err != nil {

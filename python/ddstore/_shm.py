@@ -1,6 +1,7 @@
 """Shared memory: the agent's shard segments (files under /dev/shm, mapped
 here) and memfd receive regions (handed to the agent over the socket)."""
 
+import fcntl
 import mmap
 import os
 import struct
@@ -62,9 +63,11 @@ class Region:
     __slots__ = ("fd", "mm", "size", "id")
 
     def __init__(self, size):
-        self.fd = os.memfd_create("ddstore-recv", os.MFD_CLOEXEC)
+        self.fd = os.memfd_create("ddstore-recv", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(self.fd, size)
+            # Sealed at this size: the agent maps it and writes into it.
+            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
             self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(self.fd)

@@ -122,11 +122,11 @@ def register(lane, region, timeout):
 class _Var:
     """A variable as this rank sees it."""
 
-    __slots__ = ("name", "disp", "itemsize", "rb", "dtype", "npdtype", "total", "prefix", "bounds", "shard_rows",
+    __slots__ = ("name", "id", "disp", "itemsize", "rb", "dtype", "npdtype", "total", "prefix", "bounds", "shard_rows",
                  "nodes", "local", "typed", "own", "segs", "single", "single_first", "profile")
 
     def __init__(self, t, own_rank):
-        self.name, self.disp, self.itemsize, self.dtype = t.name, t.disp, t.itemsize, t.dtype
+        self.name, self.id, self.disp, self.itemsize, self.dtype = t.name, t.id, t.disp, t.itemsize, t.dtype
         self.rb = t.disp * t.itemsize
         self.shard_rows = t.shard_rows
         self.prefix = np.concatenate(([0], np.cumsum(t.shard_rows))).astype(np.int64)
@@ -536,7 +536,7 @@ class Store:
                 stage = lane.staging(k * rb, self._timeout)
                 offsets = np.arange(k, dtype=np.int64) * rb
                 rid = stage.id
-            enc = _wire.Encoder().string(v.name).u32(rid).i64s(idx[pos]).i64s(offsets)
+            enc = _wire.Encoder().string(v.name).u32(rid).i64(v.id).i64s(idx[pos]).i64s(offsets)
             lane.call(_wire.OP_READ, enc)
             if region is None:
                 dst[pos] = stage.array()[:k * rb].reshape(k, rb)
@@ -654,11 +654,8 @@ class Store:
             v.unmap()
             if self.reader:
                 continue  # a reader holds no share of the variable to give back
-            try:
-                self._control(_wire.OP_FREE, _wire.Encoder().string(n).string("").i64(self.rank))
-            except Error as e:
-                if e.code != 3:  # another local rank's free took the node's shards already
-                    raise
+            self._control(_wire.OP_FREE, _wire.Encoder().string(n).string("").i64(self.rank),
+                          timeout=3 * self._timeout)
 
     def close(self):
         with self._lock:

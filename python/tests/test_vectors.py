@@ -45,7 +45,7 @@ def _body(message, f):
     if message == "Name":  # Lookup, Free
         return e.string(f["name"]).string(f["node"]).i64(f["rank"])
     if message == "Read":  # Store._fetch
-        return (e.string(f["name"]).u32(f["region"]).i64s(np.array(f["globals"], dtype=np.int64))
+        return (e.string(f["name"]).u32(f["region"]).i64(f["id"]).i64s(np.array(f["globals"], dtype=np.int64))
                 .i64s(np.array(f["offsets"], dtype=np.int64)))
     if message == "Region":  # register(), Unregister
         return e.u32(f["id"]).i64(f["size"])
