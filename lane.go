@@ -24,7 +24,6 @@ type lane struct {
 	stage   *shm.Region
 	stageID uint32
 	read    wire.Read
-	pos     []int // position in the destination of each row fetched
 	broken  bool
 }
 

@@ -66,7 +66,6 @@ type Store struct {
 	id     rendezvous.Identity
 	hello  wire.Hello
 	socket string
-	node   string // the agent's node
 
 	mu struct {
 		sync.RWMutex

@@ -406,12 +406,17 @@ func (a *Agent) info() Info {
 		PeerAddr: a.addr, Coordinator: a.coord.Load() != nil, Regions: a.regions.count()}
 	a.mu.Lock()
 	in.Clients = len(a.mu.sessions)
+	vars := make([]*variable, 0, len(a.mu.vars))
 	for _, v := range a.mu.vars {
+		vars = append(vars, v)
+	}
+	a.mu.Unlock()
+	// Outside a.mu: a variable's lock may wait on rows being sent.
+	for _, v := range vars {
 		vi := v.info()
 		in.MemoryBytes += vi.LocalBytes
 		in.Variables = append(in.Variables, vi)
 	}
-	a.mu.Unlock()
 	sortVarInfos(in.Variables)
 	in.MemoryBytes += a.regions.bytes()
 	s := &a.stats

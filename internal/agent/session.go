@@ -275,6 +275,9 @@ func (a *Agent) createShard(m wire.Shard) (string, error) {
 		v = newVariable(m.Name)
 		a.mu.vars[m.Name] = v
 	}
+	if v.published.Load() {
+		return "", base.Errorf(base.ErrExists, "variable %q already exists", m.Name)
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.table != nil {

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/layout"
@@ -24,17 +25,19 @@ type variable struct {
 	lay    *layout.Layout
 	segs   map[int]*shm.Segment // local ranks' shards
 	byRank []*shm.Segment       // after publish: segment per rank, nil off this node
-	freed  map[int]bool
 	gone   bool
 	// ready is closed once the table is set: a peer may ask for rows of a
 	// variable whose round completed but whose reply has not reached this
 	// agent yet (another rank's Add returned first).
 	ready     chan struct{}
 	readyShut bool // ready is closed (v.mu held to change)
+	// published mirrors table != nil without v.mu, which a peer transfer
+	// may hold for a while: a second Add of the name fails at once.
+	published atomic.Bool
 }
 
 func newVariable(name string) *variable {
-	return &variable{name: name, segs: make(map[int]*shm.Segment), freed: make(map[int]bool), ready: make(chan struct{})}
+	return &variable{name: name, segs: make(map[int]*shm.Segment), ready: make(chan struct{})}
 }
 
 // setTable installs the published table; the caller holds v.mu.
@@ -60,6 +63,7 @@ func (v *variable) setTable(t *wire.Table, node string) error {
 		byRank[r] = seg
 	}
 	v.table, v.lay, v.byRank = t, lay, byRank
+	v.published.Store(true)
 	v.wake()
 	return nil
 }
