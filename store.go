@@ -76,10 +76,15 @@ type Store struct {
 	}
 	ctl   *lane      // carries control ops (create, publish, lookup, register, free); guarded by ctlMu
 	ctlMu sync.Mutex // lock order: ctlMu, then mu
-	// lanes holds MaxLanes tokens: a lane ready for use, or nil for a slot
-	// with no lane yet (or whose lane broke), which the taker dials.
-	lanes chan *lane
-	recv  atomic.Pointer[[]*recvBuf]
+	// slots bounds the lanes in use at once (MaxLanes); idle holds the
+	// lanes not in use, reused last-in first-out so that a few warm lanes
+	// (and their staging regions) serve most requests.
+	slots chan struct{}
+	idle  struct {
+		sync.Mutex
+		lanes []*lane
+	}
+	recv atomic.Pointer[[]*recvBuf]
 }
 
 // recvBuf is a receive buffer the agent can write into (AllocRecv).
@@ -145,10 +150,7 @@ func Open(cfg Config) (*Store, error) {
 	if cfg.MaxLanes <= 0 {
 		cfg.MaxLanes = 16
 	}
-	s := &Store{cfg: cfg, id: id, socket: cfg.Socket, lanes: make(chan *lane, cfg.MaxLanes)}
-	for range cfg.MaxLanes {
-		s.lanes <- nil
-	}
+	s := &Store{cfg: cfg, id: id, socket: cfg.Socket, slots: make(chan struct{}, cfg.MaxLanes)}
 	helloRank := int64(id.Rank)
 	if cfg.Reader {
 		helloRank = -1
@@ -229,43 +231,50 @@ func (s *Store) Size() int      { return s.id.Size }
 func (s *Store) Node() string   { return s.id.Node }
 func (s *Store) Socket() string { return s.socket }
 
-// getLane takes a lane from the pool, dialing one when it gets an empty
-// slot; it waits at most the request timeout for a slot.
+// getLane takes a slot (waiting at most the request timeout), then the most
+// recently used idle lane, or dials one.
 func (s *Store) getLane() (*lane, error) {
-	var l *lane
 	select {
-	case l = <-s.lanes:
+	case s.slots <- struct{}{}:
 	default:
 		t := time.NewTimer(s.cfg.Timeout)
 		defer t.Stop()
 		select {
-		case l = <-s.lanes:
+		case s.slots <- struct{}{}:
 		case <-t.C:
 			return nil, base.Errorf(base.ErrTimeout, "all %d connections to the agent stayed busy for %v", s.cfg.MaxLanes, s.cfg.Timeout)
 		}
 	}
-	if l != nil {
+	s.idle.Lock()
+	if n := len(s.idle.lanes); n > 0 {
+		l := s.idle.lanes[n-1]
+		s.idle.lanes = s.idle.lanes[:n-1]
+		s.idle.Unlock()
 		return l, nil
 	}
+	s.idle.Unlock()
 	l, _, err := dialLane(s.socket, &s.hello, s.cfg.Timeout)
 	if err != nil {
-		s.lanes <- nil // give the slot back
+		<-s.slots
 		return nil, err
 	}
 	return l, nil
 }
 
-// putLane gives a lane's slot back: the lane itself if it still works,
-// else an empty slot (a waiter dials a new one).
+// putLane returns a lane and its slot; a broken lane, or one of a closed
+// store, is closed instead of kept.
 func (s *Store) putLane(l *lane) {
 	s.mu.RLock()
 	closed := s.mu.closed
 	s.mu.RUnlock()
 	if l.broken || closed {
 		l.close()
-		l = nil
+	} else {
+		s.idle.Lock()
+		s.idle.lanes = append(s.idle.lanes, l)
+		s.idle.Unlock()
 	}
-	s.lanes <- l // never blocks: one token per slot
+	<-s.slots
 }
 
 // control runs a request on the control lane.
@@ -849,17 +858,13 @@ func (s *Store) Close() error {
 	}
 	s.recv.Store(&[]*recvBuf{})
 	s.ctlMu.Unlock()
-	// Close the idle lanes, keeping their slots (lanes in use are closed
-	// when they come back: putLane sees the store closed).
-	for n := len(s.lanes); n > 0; n-- {
-		select {
-		case l := <-s.lanes:
-			if l != nil {
-				l.close()
-			}
-			s.lanes <- nil
-		default:
-		}
+	// Close the idle lanes (lanes in use are closed when they come back:
+	// putLane sees the store closed).
+	s.idle.Lock()
+	for _, l := range s.idle.lanes {
+		l.close()
 	}
+	s.idle.lanes = nil
+	s.idle.Unlock()
 	return nil
 }
