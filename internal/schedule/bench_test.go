@@ -66,3 +66,26 @@ func ExampleSchedule_Steps() {
 	// step 0 read [28 38 50 33] hits [true false false false] prefetch [51 57]
 	// step 1 read [29 30 51 57] hits [true true false false] prefetch [48]
 }
+
+// BenchmarkEmitEpoch is what `ddstore schedule --emit-rank R --epoch 99`
+// plans: epoch 99 of the issue's job (N = 10^6, P = 1024, 8 per node, B = 32,
+// E = 100, memory for half the dataset). One op is one epoch.
+func BenchmarkEmitEpoch(b *testing.B) {
+	for _, p := range []Policy{Locality, Random} {
+		b.Run(string(p), func(b *testing.B) {
+			c := Config{Seed: 1, Epochs: 100, N: 1_000_000, Ranks: 1024, RanksPerNode: 8, Batch: 32,
+				Capacity: 500_000, Policy: p}
+			s, err := New(c)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				for e := range s.Epochs() {
+					if e.Index == 99 {
+						break
+					}
+				}
+			}
+		})
+	}
+}

@@ -265,9 +265,19 @@ class Store:
         with self._lock:
             if self._closed:
                 raise ClosedError(f"ddstore: closed: store of rank {self.rank} closed")
-            if self._ctl is None or self._ctl.broken:
-                self._ctl = self._connect()
+            self._ensure_ctl()
             return self._ctl.call(op, enc, timeout=timeout or self._timeout)
+
+    def _ensure_ctl(self):
+        """(Re)connect the control lane; receive buffers registered on a
+        session the agent dropped are registered again. Holds self._lock."""
+        if self._ctl is not None and not self._ctl.broken:
+            return
+        lost = self._ctl is not None
+        self._ctl = self._connect()
+        if lost:
+            for r, _ in self._recv:
+                r.id = register(self._ctl, r, self._timeout)
 
     def _take_lane(self):
         with self._lock:
@@ -565,8 +575,7 @@ class Store:
         r = Region(n)
         try:
             with self._lock:
-                if self._ctl is None or self._ctl.broken:
-                    self._ctl = self._connect()
+                self._ensure_ctl()
                 r.id = register(self._ctl, r, self._timeout)
         except BaseException:
             r.close()

@@ -1,0 +1,77 @@
+package ddstore
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
+
+// TestRecvSurvivesControlRedial: receive buffers are registered on the
+// control session; when that session breaks and is redialed, they are
+// registered again, so reads into them keep working.
+func TestRecvSurvivesControlRedial(t *testing.T) {
+	dir, err := os.MkdirTemp("", "ddstore-redial-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	rdv := l.Addr().String()
+	l.Close()
+	ns := fmt.Sprintf("redial%d", os.Getpid())
+	var stores [2]*Store
+	for r := range 2 {
+		node := fmt.Sprintf("n%d", r)
+		a, err := StartAgent(AgentConfig{Namespace: ns, Node: node, Rendezvous: rdv, PeerListen: "127.0.0.1:0",
+			Socket: SocketPath(filepath.Join(dir, "run"), ns, node), Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		s, err := Open(Config{Namespace: ns, Rank: r, Size: 2, Node: node, Socket: a.Socket(), NoSpawn: true, Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		stores[r] = s
+	}
+	var wg sync.WaitGroup
+	for r, s := range stores {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			row := []byte{byte(r), 1, 2, 3, 4, 5, 6, 7}
+			if err := s.Add("v", row, 8, 1); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	s := stores[0]
+	buf, err := s.AllocRecv(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.ctlMu.Lock()
+	s.ctl.conn.Close() // the control session breaks: the agent drops its regions
+	s.ctl.broken = true
+	s.ctlMu.Unlock()
+	if _, err := s.Info("v"); err != nil { // cached: no control op yet
+		t.Fatal(err)
+	}
+	if _, err := s.control(wire.OpInfo, nil, time.Second); err != nil { // any control op redials
+		t.Fatal(err)
+	}
+	if err := s.GetBatch("v", buf, []int64{1}); err != nil {
+		t.Fatalf("read into a receive buffer after the control session was redialed: %v", err)
+	}
+	if buf[0] != 1 || buf[7] != 7 {
+		t.Fatalf("row 1 read as %v", buf)
+	}
+}
