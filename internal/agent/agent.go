@@ -13,6 +13,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,7 +53,12 @@ type Config struct {
 	// started on demand use it); zero: never.
 	IdleExit     time.Duration
 	ConnsPerPeer int
-	Logger       *slog.Logger
+	// MemoryBytes caps what the agent holds: the data of its shards plus
+	// the receive regions its clients register. A Create or Register that
+	// would go beyond it is refused before anything is allocated. Zero:
+	// unlimited.
+	MemoryBytes int64
+	Logger      *slog.Logger
 }
 
 // Agent is a running node agent.
@@ -85,6 +92,14 @@ type Agent struct {
 	}
 	regions regions
 	stats   stats
+
+	// shardBytes is the data of the shards this agent holds (charged when a
+	// shard is admitted, given back when it is removed; the receive regions
+	// are counted by a.regions itself). admitMu makes checking the budget
+	// and charging it one step; nothing is locked while holding it but
+	// a.regions.mu.
+	shardBytes atomic.Int64
+	admitMu    sync.Mutex
 }
 
 type stats struct {
@@ -107,6 +122,9 @@ func Start(cfg Config) (*Agent, error) {
 	}
 	if err := CheckName("node", cfg.Node); err != nil {
 		return nil, err
+	}
+	if cfg.MemoryBytes < 0 {
+		return nil, base.Errorf(base.ErrArgument, "memory budget of %d bytes: want > 0, or 0 for none", cfg.MemoryBytes)
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 30 * time.Second
@@ -195,7 +213,7 @@ func (a *Agent) start() error {
 	if cfg.IdleExit > 0 {
 		a.go_(a.idleLoop)
 	}
-	a.log.Info("agent started", "socket", cfg.Socket, "peer", a.addr, "coordinator", a.coord.Load() != nil)
+	a.log.Info("agent started", "socket", cfg.Socket, "peer", a.addr, "coordinator", a.coord.Load() != nil, "memory_budget", cfg.MemoryBytes)
 	return nil
 }
 
@@ -257,7 +275,9 @@ func (a *Agent) shutdown() {
 		a.regions.closeAll()
 		a.mu.Lock()
 		for _, v := range a.mu.vars {
+			n := v.heldBytes()
 			v.drop()
+			a.shardBytes.Add(-n)
 		}
 		a.mu.vars = nil
 		a.mu.Unlock()
@@ -372,18 +392,20 @@ func isConnectError(err error) bool {
 
 // Info is what `ddstore info` shows.
 type Info struct {
-	Namespace   string         `json:"namespace"`
-	Node        string         `json:"node"`
-	Pid         int            `json:"pid"`
-	Socket      string         `json:"socket"`
-	PeerAddr    string         `json:"peer_addr"`
-	Coordinator bool           `json:"coordinator"`
-	Clients     int            `json:"clients"`
-	Regions     int            `json:"recv_regions"`
-	MemoryBytes int64          `json:"memory_bytes"`
-	Variables   []VarInfo      `json:"variables"`
-	Counters    map[string]int `json:"counters"`
-	Nodes       []string       `json:"nodes,omitempty"`
+	Namespace   string `json:"namespace"`
+	Node        string `json:"node"`
+	Pid         int    `json:"pid"`
+	Socket      string `json:"socket"`
+	PeerAddr    string `json:"peer_addr"`
+	Coordinator bool   `json:"coordinator"`
+	Clients     int    `json:"clients"`
+	Regions     int    `json:"recv_regions"`
+	MemoryBytes int64  `json:"memory_bytes"`
+	// MemoryBudget is the --memory cap on MemoryBytes; 0: none.
+	MemoryBudget int64          `json:"memory_budget_bytes"`
+	Variables    []VarInfo      `json:"variables"`
+	Counters     map[string]int `json:"counters"`
+	Nodes        []string       `json:"nodes,omitempty"`
 }
 
 // VarInfo describes one variable as this node sees it.
@@ -403,7 +425,7 @@ type VarInfo struct {
 
 func (a *Agent) info() Info {
 	in := Info{Namespace: a.cfg.Namespace, Node: a.cfg.Node, Pid: os.Getpid(), Socket: a.cfg.Socket,
-		PeerAddr: a.addr, Coordinator: a.coord.Load() != nil, Regions: a.regions.count()}
+		PeerAddr: a.addr, Coordinator: a.coord.Load() != nil, Regions: a.regions.count(), MemoryBudget: a.cfg.MemoryBytes}
 	a.mu.Lock()
 	in.Clients = len(a.mu.sessions)
 	vars := make([]*variable, 0, len(a.mu.vars))
@@ -516,6 +538,46 @@ func (a *Agent) connsPerPeer() int {
 		return a.cfg.ConnsPerPeer
 	}
 	return 4
+}
+
+// admit checks that n more bytes fit in the memory budget and, for a shard,
+// charges them (a region is counted once a.regions holds it: register
+// calls add while admitMu is held). It returns a function that ends the
+// admission; the caller calls it once the region is added or refused. what
+// names the memory asked for, as the error says it.
+func (a *Agent) admit(n int64, shard bool, what func(size string) string) (done func(), err error) {
+	if a.cfg.MemoryBytes <= 0 {
+		if shard {
+			a.shardBytes.Add(n)
+		}
+		return func() {}, nil
+	}
+	a.admitMu.Lock()
+	used := a.shardBytes.Load() + a.regions.bytes()
+	if n > a.cfg.MemoryBytes-used {
+		a.admitMu.Unlock()
+		return nil, base.Errorf(base.ErrArgument, "%s would take node %q to %s, above its memory budget of %s (--memory)",
+			what(formatBytes(n)), a.cfg.Node, formatBytes(used+n), formatBytes(a.cfg.MemoryBytes))
+	}
+	if shard {
+		a.shardBytes.Add(n)
+	}
+	return a.admitMu.Unlock, nil
+}
+
+// formatBytes writes n as 512 B, 1.5 GiB, 8 GiB.
+func formatBytes(n int64) string {
+	if n < 1024 {
+		return fmt.Sprintf("%d B", n)
+	}
+	f, unit := float64(n)/1024, 0
+	for f >= 1024 && unit < 5 {
+		f /= 1024
+		unit++
+	}
+	s := strconv.FormatFloat(f, 'f', 1, 64)
+	s = strings.TrimSuffix(s, ".0")
+	return s + " " + string("KMGTPE"[unit]) + "iB"
 }
 
 func msDuration(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"sync"
@@ -229,6 +230,11 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 		if err != nil || m.Size <= 0 || size < m.Size {
 			return nil, base.Errorf(base.ErrArgument, "receive region of %d bytes, descriptor has %d", m.Size, size)
 		}
+		done, err := a.admit(m.Size, false, func(size string) string { return "a receive region of " + size })
+		if err != nil {
+			return nil, err
+		}
+		defer done()
 		mem, err := shm.MapFd(fd, int(m.Size))
 		if err != nil {
 			return nil, err
@@ -286,16 +292,38 @@ func (a *Agent) createShard(m wire.Shard) (string, error) {
 	if _, ok := v.segs[int(m.Rank)]; ok {
 		return "", base.Errorf(base.ErrExists, "variable %q: rank %d has already created its shard", m.Name, m.Rank)
 	}
-	path := shm.SegmentPath(a.cfg.Namespace, a.cfg.Node, m.Name, int(m.Rank))
-	seg, err := shm.Create(path, shm.Header{Rank: m.Rank, Rows: m.Rows, Disp: m.Disp, ItemSize: m.ItemSize})
-	if err != nil {
-		if len(v.segs) == 0 {
-			delete(a.mu.vars, m.Name)
+	// Charge the budget before the segment exists: a shard beyond it is
+	// refused with nothing allocated (the client then fails the round for
+	// every rank).
+	n := m.Rows * m.Disp * m.ItemSize
+	done, err := a.admit(n, true, func(size string) string {
+		return fmt.Sprintf("variable %q: rank %d's shard of %s", m.Name, m.Rank, size)
+	})
+	if err == nil {
+		done()
+		path := shm.SegmentPath(a.cfg.Namespace, a.cfg.Node, m.Name, int(m.Rank))
+		var seg *shm.Segment
+		if seg, err = shm.Create(path, shm.Header{Rank: m.Rank, Rows: m.Rows, Disp: m.Disp, ItemSize: m.ItemSize}); err == nil {
+			v.segs[int(m.Rank)] = seg
+			return path, nil
 		}
-		return "", err
+		a.shardBytes.Add(-n)
 	}
-	v.segs[int(m.Rank)] = seg
-	return path, nil
+	if len(v.segs) == 0 {
+		delete(a.mu.vars, m.Name)
+	}
+	return "", err
+}
+
+// heldBytes is the data of the shards v holds on this node.
+func (v *variable) heldBytes() int64 {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	var n int64
+	for _, seg := range v.segs {
+		n += int64(len(seg.Data))
+	}
+	return n
 }
 
 func checkShard(m wire.Shard) error {
@@ -417,6 +445,12 @@ func (a *Agent) takeBack(v *variable, rank int, seg *shm.Segment) {
 	defer v.mu.Unlock()
 	if v.table == nil && v.segs[rank] == seg {
 		delete(v.segs, rank)
+		// Whoever takes v out of a.mu.vars gives back the bytes of the
+		// shards it holds then (drop, shutdown, both under a.mu); a shard
+		// taken back before that gives back its own.
+		if a.mu.vars[v.name] == v {
+			a.shardBytes.Add(-int64(len(seg.Data)))
+		}
 		seg.Close()
 		shm.Remove(seg.Path)
 	}
@@ -568,6 +602,7 @@ func (a *Agent) dropEverywhere(t *wire.Table) {
 func (a *Agent) drop(name string, id int64) {
 	a.mu.Lock()
 	v := a.mu.vars[name]
+	var held int64
 	if v != nil {
 		v.mu.RLock()
 		same := v.table == nil || v.table.ID == id
@@ -575,11 +610,13 @@ func (a *Agent) drop(name string, id int64) {
 		if !same {
 			v = nil
 		} else {
+			held = v.heldBytes() // no shard is added once v is out of a.mu.vars
 			delete(a.mu.vars, name)
 		}
 	}
 	a.mu.Unlock()
 	if v != nil {
 		v.drop()
+		a.shardBytes.Add(-held)
 	}
 }

@@ -40,10 +40,19 @@ func runAgent(args []string, stdout, stderr io.Writer) error {
 	joinTimeout := fs.Duration("join-timeout", 5*time.Minute, "bound on waiting for the coordinator and the other ranks")
 	idle := fs.Duration("idle-exit", 0, "stop after this long without a client (0: never)")
 	conns := fs.Int("conns-per-peer", 4, "TCP connections kept to each other agent")
+	memory := fs.String("memory", envOr("DDSTORE_MEMORY", ""), "cap on the shards and receive regions the agent holds, e.g. 64G, 512M, 1048576 (DDSTORE_MEMORY; default or 0: none)")
 	daemon := fs.Bool("daemon", false, "start the agent in the background and return once it serves")
 	verbose := fs.Bool("v", false, "log at debug level")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	var budget int64
+	if m := strings.TrimSpace(*memory); m != "" && m != "0" {
+		n, err := parseBytes(m)
+		if err != nil {
+			return fmt.Errorf("%w (--memory)", err)
+		}
+		budget = n
 	}
 	if *socket == "" {
 		*socket = ddstore.SocketPath(*runDir, *ns, *node)
@@ -59,7 +68,7 @@ func runAgent(args []string, stdout, stderr io.Writer) error {
 	a, err := ddstore.StartAgent(ddstore.AgentConfig{
 		Namespace: *ns, Node: *node, Socket: *socket, PeerListen: *peer, Advertise: *adv,
 		Rendezvous: *rdv, HandshakeDir: *hs, Timeout: *timeout, JoinTimeout: *joinTimeout,
-		IdleExit: *idle, ConnsPerPeer: *conns, Logger: log,
+		IdleExit: *idle, ConnsPerPeer: *conns, MemoryBytes: budget, Logger: log,
 	})
 	if err != nil {
 		return err

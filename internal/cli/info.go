@@ -34,7 +34,11 @@ func runInfo(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "agent pid %d, namespace %q, node %q, coordinator %v\n", in.Pid, in.Namespace, in.Node, in.Coordinator)
 	fmt.Fprintf(stdout, "socket %s, peer %s, %d clients, %d receive regions\n", in.Socket, in.PeerAddr, in.Clients, in.Regions)
-	fmt.Fprintf(stdout, "memory in use: %s\n", humanBytes(in.MemoryBytes))
+	if in.MemoryBudget > 0 {
+		fmt.Fprintf(stdout, "memory in use: %s of a %s budget\n", humanBytes(in.MemoryBytes), humanBytes(in.MemoryBudget))
+	} else {
+		fmt.Fprintf(stdout, "memory in use: %s (no budget)\n", humanBytes(in.MemoryBytes))
+	}
 	if len(in.Nodes) > 0 {
 		fmt.Fprintf(stdout, "nodes: %s\n", strings.Join(in.Nodes, ", "))
 	}
