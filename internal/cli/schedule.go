@@ -40,6 +40,11 @@ file (ddstore.torch.ScheduledSampler reads them so):
   hits     bool, 1-d like samples, only with --emit-hits: memory holds the
            sample (on any node under locality)
 
+Under locality, emitting epoch E plans that epoch alone; under random too
+without --emit-hits, but its hits depend on the buffers' history, so with
+--emit-hits it replays the buffers through epochs 0..E-1; under solar, whose
+re-dealing and epoch order depend on history, it always replays.
+
 With --json as well, the same as one JSON object: {"rank", "epoch", "perm",
 "steps", "samples": [[...], ...] one list per step, "hits": likewise}.`
 
@@ -139,16 +144,16 @@ func runSchedule(args []string, stdout, stderr io.Writer) error {
 
 // emitPlan writes rank's samples of the epoch-th epoch of the run (and their
 // hit flags with hits) to w: .npy arrays, or one JSON object with asJSON.
+// epoch was validated against the run.
 func emitPlan(w io.Writer, s *schedule.Schedule, rank, epoch int, hits, asJSON bool) error {
+	// Locality plans the one epoch; random too without hits (its samples
+	// are the permutation's positions, its hits the buffers' history, which
+	// takes replaying epochs 0..epoch); solar always replays.
 	var ep *schedule.Epoch
-	for e := range s.Epochs() {
-		if e.Index == epoch {
-			ep = e
-			break
-		}
-	}
-	if ep == nil { // validated before: cannot happen
-		return base.Errorf(base.ErrArgument, "schedule: epoch %d not in the run", epoch)
+	if hits {
+		ep = s.Epoch(epoch)
+	} else {
+		ep = s.EpochSamples(epoch)
 	}
 	steps := ep.Steps()
 	if asJSON {

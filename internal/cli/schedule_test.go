@@ -165,6 +165,17 @@ func TestScheduleEmit(t *testing.T) {
 						k++
 					}
 				}
+				// Without --emit-hits (planned without replaying under
+				// random): the same two arrays, byte for byte, and no hits.
+				code, bare, errOut := run(t, args...)
+				if code != 0 {
+					t.Fatalf("%s without hits: exit %d, stderr %q", where, code, errOut)
+				}
+				_, _, afterSamples := readNPY1D(t, []byte(out))
+				_, _, afterSizes := readNPY1D(t, afterSamples)
+				if bare != out[:len(out)-len(afterSizes)] {
+					t.Fatalf("%s: without --emit-hits the samples and sizes differ from those with it", where)
+				}
 				// JSON: the same, and without --emit-hits no hits.
 				code, js, errOut := run(t, append(args, "--json")...)
 				if code != 0 {

@@ -69,22 +69,34 @@ func ExampleSchedule_Steps() {
 
 // BenchmarkEmitEpoch is what `ddstore schedule --emit-rank R --epoch 99`
 // plans: epoch 99 of the issue's job (N = 10^6, P = 1024, 8 per node, B = 32,
-// E = 100, memory for half the dataset). One op is one epoch.
+// E = 100, memory for half the dataset). One op is one epoch: locality
+// alone; random without hits (EpochSamples) alone, with them (Epoch) after
+// replaying its buffers through epochs 0..98.
+//
+//	go test ./internal/schedule/ -run '^$' -bench EmitEpoch -benchtime 3x
 func BenchmarkEmitEpoch(b *testing.B) {
-	for _, p := range []Policy{Locality, Random} {
-		b.Run(string(p), func(b *testing.B) {
+	for _, bc := range []struct {
+		name   string
+		policy Policy
+		hits   bool
+	}{{"locality", Locality, true}, {"random", Random, false}, {"random-hits", Random, true}} {
+		b.Run(bc.name, func(b *testing.B) {
 			c := Config{Seed: 1, Epochs: 100, N: 1_000_000, Ranks: 1024, RanksPerNode: 8, Batch: 32,
-				Capacity: 500_000, Policy: p}
+				Capacity: 500_000, Policy: bc.policy}
 			s, err := New(c)
 			if err != nil {
 				b.Fatal(err)
 			}
+			var e *Epoch
 			for b.Loop() {
-				for e := range s.Epochs() {
-					if e.Index == 99 {
-						break
-					}
+				if bc.hits {
+					e = s.Epoch(99)
+				} else {
+					e = s.EpochSamples(99)
 				}
+			}
+			if e.Index != 99 {
+				b.Fatal("wrong epoch")
 			}
 		})
 	}

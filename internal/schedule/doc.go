@@ -8,6 +8,9 @@
 // A schedule is a pure function of its Config: no I/O, no goroutines, no
 // clock. The same Config gives the same schedule in every process, so each
 // rank computes it alone; epochs are simulated one at a time, on demand.
+// One epoch alone (Schedule.Epoch) costs one epoch under Locality; Random
+// and Solar replay their buffers through the epochs before it, except that
+// Random's samples without their hits (Schedule.EpochSamples) cost one.
 //
 // The order of epoch e is Permutation(seed, e, N), which the Python client
 // computes identically (ddstore.schedule.permutation). Three policies turn

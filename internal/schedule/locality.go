@@ -85,6 +85,10 @@ func (m *localitySim) epoch(e *Epoch) {
 	}
 }
 
+// skip does nothing: the pinned set never changes, so an epoch carries
+// nothing to the next.
+func (m *localitySim) skip(int, int) {}
+
 // deal deals the global batch at position first of the padded permutation
 // into m.slot.
 func (m *localitySim) deal(first int) {

@@ -140,18 +140,37 @@ func (m *randomSim) epoch(e *Epoch) {
 	positional(e, m.s.geo, m.perm, m.buf, 0)
 }
 
+func (m *randomSim) skip(_, perm int) {
+	m.perm = m.p.permute(m.s.cfg.Seed, perm, m.s.cfg.N, m.perm)
+	positionalReads(m.s.geo, m.perm, m.buf, 0)
+}
+
 // positional fills steps from..end of e the DistributedSampler way, every
-// rank reading its own positions through its own buffer.
+// rank reading its own positions through its own buffer; with no buffer
+// (nil), only the samples (e planned without hits).
 func positional(e *Epoch, g geometry, perm []int32, buf *fifo, from int) {
 	for s := from; s < g.steps; s++ {
 		lo, hi := g.rankSteps(s)
 		for r := range g.ranks {
 			for j := lo; j < hi; j++ {
 				x := g.at(perm, j*g.ranks+r)
-				h := buf.read(r, x)
+				h := buf != nil && buf.read(r, x)
 				e.add(x, h, h)
 			}
 			e.endRank()
+		}
+	}
+}
+
+// positionalReads is positional without an Epoch: the same reads through
+// buf, in the same order, for epochs only replayed.
+func positionalReads(g geometry, perm []int32, buf *fifo, from int) {
+	for s := from; s < g.steps; s++ {
+		lo, hi := g.rankSteps(s)
+		for r := range g.ranks {
+			for j := lo; j < hi; j++ {
+				buf.read(r, g.at(perm, j*g.ranks+r))
+			}
 		}
 	}
 }

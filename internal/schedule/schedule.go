@@ -1,6 +1,7 @@
 package schedule
 
 import (
+	"fmt"
 	"iter"
 )
 
@@ -75,10 +76,63 @@ func (s *Schedule) run(reuse bool, yield func(*Epoch) bool) {
 	}
 }
 
+// Epoch returns the epoch at position i of the run (0 ≤ i < Epochs), the
+// same as the i-th that Epochs yields. Locality carries nothing from one
+// epoch to the next, so there it costs one epoch. Random and Solar carry
+// their buffers over, so it replays the buffers through epochs 0..i-1 (a
+// permutation and a buffer lookup per sample each, no Epoch built) before
+// filling epoch i. It panics if i is out of range.
+func (s *Schedule) Epoch(i int) *Epoch {
+	s.checkPosition(i)
+	sim := newSimulator(s)
+	for k := range i {
+		sim.skip(k, s.order[k])
+	}
+	e := &Epoch{}
+	e.reset(i, s.order[i], s.cfg.Ranks, s.geo.steps)
+	sim.epoch(e)
+	e.finish()
+	return e
+}
+
+// EpochSamples returns the epoch at position i with its samples exactly as
+// Epoch(i) has them, but its memory hits only where they come free. Under
+// Random the samples are DistributedSampler's positions of the epoch's
+// permutation alone, so it costs one epoch, while the hits depend on the
+// buffers' whole history: the epoch it returns has no hits (HasHits is
+// false; Hits and NodeLocal return nil, Stats counts Accesses only).
+// Under Locality it is Epoch(i), one epoch; under Solar, whose samples
+// depend on the buffers (its re-dealt steps), it is Epoch(i), replayed.
+// It panics if i is out of range.
+func (s *Schedule) EpochSamples(i int) *Epoch {
+	if s.cfg.Policy != Random {
+		return s.Epoch(i)
+	}
+	s.checkPosition(i)
+	e := &Epoch{}
+	e.reset(i, s.order[i], s.cfg.Ranks, s.geo.steps)
+	e.noHits = true
+	var p permuter
+	perm := p.permute(s.cfg.Seed, e.Perm, s.cfg.N, nil)
+	positional(e, s.geo, perm, nil, 0)
+	e.finish()
+	return e
+}
+
+func (s *Schedule) checkPosition(i int) {
+	if i < 0 || i >= len(s.order) {
+		panic(fmt.Sprintf("schedule: epoch %d not in [0, %d)", i, len(s.order)))
+	}
+}
+
 // simulator fills one epoch after another, carrying memory from each epoch
 // to the next.
 type simulator interface {
 	epoch(e *Epoch)
+	// skip runs epoch index of the run (drawing permutation perm) through
+	// the memory the simulator carries, as epoch would, without filling an
+	// Epoch.
+	skip(index, perm int)
 }
 
 func newSimulator(s *Schedule) simulator {
@@ -166,6 +220,7 @@ type Epoch struct {
 	samples []int32
 	hit     []bool // memory held the sample
 	local   []bool // memory on the reading rank's node held it
+	noHits  bool   // planned without memory (EpochSamples): hit and local are empty
 }
 
 // EpochStats counts what an epoch read.
@@ -201,21 +256,36 @@ func (e *Epoch) Samples(step, rank int) []int32 {
 	return e.samples[lo:hi:hi]
 }
 
-// Hits returns, for each of Samples(step, rank), whether memory holds it.
+// HasHits tells whether the epoch knows which reads memory serves: false
+// only for an epoch of EpochSamples under Random.
+func (e *Epoch) HasHits() bool { return !e.noHits }
+
+// Hits returns, for each of Samples(step, rank), whether memory holds it;
+// nil unless HasHits.
 func (e *Epoch) Hits(step, rank int) []bool {
+	if e.noHits {
+		return nil
+	}
 	lo, hi := e.span(step, rank)
 	return e.hit[lo:hi:hi]
 }
 
 // NodeLocal returns, for each of Samples(step, rank), whether the memory
-// of rank's own node holds it.
+// of rank's own node holds it; nil unless HasHits.
 func (e *Epoch) NodeLocal(step, rank int) []bool {
+	if e.noHits {
+		return nil
+	}
 	lo, hi := e.span(step, rank)
 	return e.local[lo:hi:hi]
 }
 
 // StorageReads appends to dst the samples rank reads from storage at step.
+// It panics unless HasHits.
 func (e *Epoch) StorageReads(dst []int32, step, rank int) []int32 {
+	if e.noHits {
+		panic("schedule: storage reads of an epoch planned without its hits (EpochSamples)")
+	}
 	lo, hi := e.span(step, rank)
 	for k := lo; k < hi; k++ {
 		if !e.hit[k] {
@@ -234,7 +304,7 @@ func (e *Epoch) Global(step int) []int32 {
 }
 
 func (e *Epoch) reset(index, perm, ranks, steps int) {
-	e.Index, e.Perm, e.Stats = index, perm, EpochStats{}
+	e.Index, e.Perm, e.Stats, e.noHits = index, perm, EpochStats{}, false
 	e.ranks, e.steps = ranks, steps
 	e.bounds = append(e.bounds[:0], 0)
 	e.samples, e.hit, e.local = e.samples[:0], e.hit[:0], e.local[:0]
@@ -244,6 +314,9 @@ func (e *Epoch) reset(index, perm, ranks, steps int) {
 // are filled in order, rank 0 of step 0 first.
 func (e *Epoch) add(x int32, hit, local bool) {
 	e.samples = append(e.samples, x)
+	if e.noHits {
+		return
+	}
 	e.hit = append(e.hit, hit)
 	e.local = append(e.local, local)
 }
@@ -260,6 +333,10 @@ func (e *Epoch) endRank() { e.bounds = append(e.bounds, int32(len(e.samples))) }
 func (e *Epoch) finish() {
 	if len(e.bounds) != e.steps*e.ranks+1 {
 		panic("schedule: epoch filled with the wrong number of (step, rank) batches")
+	}
+	if e.noHits {
+		e.Stats = EpochStats{Accesses: len(e.samples)}
+		return
 	}
 	st := EpochStats{Accesses: len(e.samples), ReadsMin: -1}
 	for k, h := range e.hit {

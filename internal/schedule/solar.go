@@ -143,6 +143,18 @@ func (m *solarSim) epoch(e *Epoch) {
 	positional(e, g, m.perm, m.buf, from)
 }
 
+// skip replays epoch index through the buffers: the re-dealt steps only
+// look the buffers up, so only the positional steps read through them.
+func (m *solarSim) skip(index, perm int) {
+	g := m.s.geo
+	m.perm = m.p.permute(m.s.cfg.Seed, perm, g.n, m.perm)
+	from := 0
+	if index > 0 {
+		from = m.redealt
+	}
+	positionalReads(g, m.perm, m.buf, from)
+}
+
 // redeal fills step s by SOLAR's re-dealing of its global batch.
 func (m *solarSim) redeal(e *Epoch, s int) {
 	g := m.s.geo
