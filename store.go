@@ -1,9 +1,11 @@
 package ddstore
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -277,31 +279,46 @@ func (s *Store) putLane(l *lane) {
 	<-s.slots
 }
 
-// control runs a request on the control lane.
-func (s *Store) control(op wire.Op, fill func(*wire.Encoder), timeout time.Duration) ([]byte, error) {
-	s.ctlMu.Lock()
-	defer s.ctlMu.Unlock()
-	if s.ctl == nil {
-		return nil, base.Errorf(base.ErrClosed, "store closed")
+// request runs a request on a lane of the pool: a collective that waits
+// minutes for other ranks holds one lane, not the whole store.
+func (s *Store) request(op wire.Op, fill func(*wire.Encoder), timeout time.Duration) ([]byte, error) {
+	if err := s.checkOpen(); err != nil {
+		return nil, err
 	}
-	if s.ctl.broken {
-		l, _, err := dialLane(s.socket, &s.hello, s.cfg.Timeout)
+	l, err := s.getLane()
+	if err != nil {
+		return nil, err
+	}
+	defer s.putLane(l)
+	body, err := l.call(op, fill, timeout)
+	return append([]byte(nil), body...), err
+}
+
+// ctlLocked returns the control lane, the session receive buffers are
+// registered on. A broken one (or, with renew, any) is replaced and the
+// buffers registered again on the new session: the agent dropped them with
+// the old. The caller holds ctlMu.
+func (s *Store) ctlLocked(renew bool) (*lane, error) {
+	if s.ctl == nil {
+		return nil, base.Errorf(base.ErrClosed, "store of rank %d closed", s.id.Rank)
+	}
+	if !s.ctl.broken && !renew {
+		return s.ctl, nil
+	}
+	l, _, err := dialLane(s.socket, &s.hello, s.cfg.Timeout)
+	if err != nil {
+		return nil, err
+	}
+	s.ctl.close()
+	s.ctl = l
+	for _, r := range *s.recv.Load() {
+		id, err := l.register(r.region, s.cfg.Timeout)
 		if err != nil {
 			return nil, err
 		}
-		s.ctl = l
-		// Receive buffers were registered on the old session, which the
-		// agent dropped with it: register them again.
-		for _, r := range *s.recv.Load() {
-			id, err := l.register(r.region, s.cfg.Timeout)
-			if err != nil {
-				return nil, err
-			}
-			r.id.Store(id)
-		}
+		r.id.Store(id)
 	}
-	body, err := s.ctl.call(op, fill, timeout)
-	return append([]byte(nil), body...), err
+	return l, nil
 }
 
 func (s *Store) checkOpen() error {
@@ -378,13 +395,13 @@ func (s *Store) createTyped(name string, rows []byte, nrows, disp, itemsize int6
 		TimeoutMs: s.cfg.PublishTimeout.Milliseconds(), Attempt: attempt, Dtype: dtype}
 	fail := func(err error) error {
 		sh.Failed = true
-		s.control(wire.OpPublish, sh.Encode, s.cfg.PublishTimeout+s.cfg.Timeout)
+		s.request(wire.OpPublish, sh.Encode, s.cfg.PublishTimeout+s.cfg.Timeout)
 		return err
 	}
 	if bad != nil {
 		return fail(bad)
 	}
-	body, err := s.control(wire.OpCreate, sh.Encode, s.cfg.Timeout)
+	body, err := s.request(wire.OpCreate, sh.Encode, s.cfg.Timeout)
 	if err != nil {
 		return fail(err)
 	}
@@ -400,7 +417,7 @@ func (s *Store) createTyped(name string, rows []byte, nrows, disp, itemsize int6
 		copy(seg.Data, rows)
 		seg.Close()
 	}
-	body, err = s.control(wire.OpPublish, sh.Encode, s.cfg.PublishTimeout+s.cfg.Timeout)
+	body, err = s.request(wire.OpPublish, sh.Encode, s.cfg.PublishTimeout+s.cfg.Timeout)
 	if err != nil {
 		return err
 	}
@@ -485,7 +502,7 @@ func (s *Store) acquire(name string) (*variable, error) {
 		return nil, base.Errorf(base.ErrFreed, "variable %q was freed", name)
 	case !ok:
 		m := wire.Name{Name: name}
-		body, err := s.control(wire.OpLookup, m.Encode, s.cfg.Timeout)
+		body, err := s.request(wire.OpLookup, m.Encode, s.cfg.Timeout)
 		if err != nil {
 			return nil, err
 		}
@@ -666,7 +683,20 @@ func (s *Store) fetch(v *variable, dst []byte, pos []int64, at func(int) int64) 
 			m.Offsets = append(m.Offsets, int64(k)*rb)
 		}
 	}
-	if _, err := l.call(wire.OpRead, m.Encode, s.cfg.Timeout); err != nil {
+	_, err = l.call(wire.OpRead, m.Encode, s.cfg.Timeout)
+	if err != nil && rbuf != nil && errors.Is(err, base.ErrArgument) && strings.Contains(err.Error(), "receive region") {
+		// The agent no longer knows the buffer: the control session it was
+		// registered on ended (the agent dropped it). Register the buffers
+		// again on a new session and read once more.
+		s.ctlMu.Lock()
+		_, rerr := s.ctlLocked(true)
+		s.ctlMu.Unlock()
+		if rerr == nil {
+			m.Region = rbuf.id.Load()
+			_, err = l.call(wire.OpRead, m.Encode, s.cfg.Timeout)
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("variable %q: %w", v.name, err)
 	}
 	if stage != nil {
@@ -705,11 +735,12 @@ func (s *Store) AllocRecv(n int) ([]byte, error) {
 	}
 	s.ctlMu.Lock()
 	defer s.ctlMu.Unlock()
-	if s.ctl == nil {
+	ctl, err := s.ctlLocked(false)
+	if err != nil {
 		r.Close()
-		return nil, base.Errorf(base.ErrClosed, "store closed")
+		return nil, err
 	}
-	id, err := s.ctl.register(r, s.cfg.Timeout)
+	id, err := ctl.register(r, s.cfg.Timeout)
 	if err != nil {
 		r.Close()
 		return nil, err
@@ -738,9 +769,9 @@ func (s *Store) FreeRecv(buf []byte) error {
 		}
 	}
 	s.recv.Store(&next)
-	if s.ctl != nil {
+	if ctl, err := s.ctlLocked(false); err == nil {
 		m := wire.Region{ID: r.id.Load()}
-		s.ctl.call(wire.OpUnregister, m.Encode, s.cfg.Timeout)
+		ctl.call(wire.OpUnregister, m.Encode, s.cfg.Timeout)
 	}
 	return r.region.Close()
 }
@@ -826,7 +857,7 @@ func (s *Store) Free(name string) error {
 		return nil // a reader holds no share of the variable to give back
 	}
 	m := wire.Name{Name: name, Rank: int64(s.id.Rank)}
-	_, err := s.control(wire.OpFree, m.Encode, 3*s.cfg.Timeout)
+	_, err := s.request(wire.OpFree, m.Encode, 3*s.cfg.Timeout)
 	return err
 }
 

@@ -26,11 +26,12 @@ class _Lane:
     """One connection to the agent with its own staging region; a thread
     takes a lane for each request that needs the agent."""
 
-    __slots__ = ("sock", "req", "hdr", "stage", "broken")
+    __slots__ = ("sock", "req", "hdr", "stage", "broken", "timeout")
 
     def __init__(self, path, hello, timeout):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
+        self.timeout = timeout
         self.req, self.hdr, self.stage, self.broken = 0, bytearray(_wire.HEADER.size), None, False
         try:
             self.sock.connect(path)
@@ -47,8 +48,8 @@ class _Lane:
         self.req += 1
         frame = enc.frame(op, self.req)
         try:
-            if timeout is not None:
-                self.sock.settimeout(timeout)
+            # A long wait (a collective) for this request only.
+            self.sock.settimeout(self.timeout if timeout is None else timeout)
             if fds:
                 self.sock.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
             else:
@@ -268,6 +269,16 @@ class Store:
             self._ensure_ctl()
             return self._ctl.call(op, enc, timeout=timeout or self._timeout)
 
+    def _request(self, op, enc, timeout=None):
+        """A request on a lane of the pool: a collective that waits minutes
+        for other ranks holds one lane, not the store's lock."""
+        self._check_fork()
+        lane = self._take_lane()
+        try:
+            return lane.call(op, enc, timeout=timeout or self._timeout)
+        finally:
+            self._put_lane(lane)
+
     def _ensure_ctl(self):
         """(Re)connect the control lane; receive buffers registered on a
         session the agent dropped are registered again. Holds self._lock."""
@@ -358,7 +369,7 @@ class Store:
 
         def fail(err):
             try:
-                self._control(_wire.OP_PUBLISH, shard(failed=True), timeout=self._publish_timeout + self._timeout)
+                self._request(_wire.OP_PUBLISH, shard(failed=True), timeout=self._publish_timeout + self._timeout)
             except Error:
                 pass
             raise err
@@ -366,7 +377,7 @@ class Store:
         if bad is not None:
             fail(bad)
         try:
-            d = _wire.Decoder(self._control(_wire.OP_CREATE, shard()))
+            d = _wire.Decoder(self._request(_wire.OP_CREATE, shard()))
             path = d.string32()
             if a is not None and nrows:
                 seg = Segment(path, writable=True)
@@ -376,7 +387,7 @@ class Store:
                     seg.close()
         except Error as e:
             fail(e)
-        body = self._control(_wire.OP_PUBLISH, shard(), timeout=self._publish_timeout + self._timeout)
+        body = self._request(_wire.OP_PUBLISH, shard(), timeout=self._publish_timeout + self._timeout)
         t = _wire.Table.decode(body)
         with self._lock:
             self._freed.discard(name)
@@ -404,7 +415,7 @@ class Store:
             raise ClosedError(f"ddstore: closed: store of rank {self.rank} closed")
         if name in self._freed:
             raise FreedVariable(f"ddstore: variable freed: variable {name!r} was freed")
-        body = self._control(_wire.OP_LOOKUP, _wire.Encoder().string(name).string("").i64(-1))
+        body = self._request(_wire.OP_LOOKUP, _wire.Encoder().string(name).string("").i64(-1))
         return self._install(_wire.Table.decode(body))
 
     # -- reading ----------------------------------------------------------------
@@ -663,7 +674,7 @@ class Store:
             v.unmap()
             if self.reader:
                 continue  # a reader holds no share of the variable to give back
-            self._control(_wire.OP_FREE, _wire.Encoder().string(n).string("").i64(self.rank),
+            self._request(_wire.OP_FREE, _wire.Encoder().string(n).string("").i64(self.rank),
                           timeout=3 * self._timeout)
 
     def close(self):
