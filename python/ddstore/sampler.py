@@ -131,7 +131,7 @@ def _identity(dataset):
 class EpochPlan:
     """One rank's part of one epoch, as `ddstore schedule --emit-rank`
     wrote it: samples (int64, step after step), sizes (int64 per step), hits
-    (bool per sample: memory holds it under the plan)."""
+    (bool per sample: memory holds it under the plan; None if not asked for)."""
 
     __slots__ = ("epoch", "samples", "sizes", "hits", "offsets")
 
@@ -148,7 +148,10 @@ class EpochPlan:
         return self.samples[self.offsets[step]:self.offsets[step + 1]]
 
     def storage_reads(self, step):
-        """The samples of `step` that the plan reads from storage."""
+        """The samples of `step` that the plan reads from storage (a plan
+        asked for with hits)."""
+        if self.hits is None:
+            raise ValueError("ddstore: this plan has no hit flags: ask ScheduledSampler.plan(epoch, hits=True)")
         lo, hi = self.offsets[step], self.offsets[step + 1]
         return self.samples[lo:hi][~self.hits[lo:hi]]
 
@@ -236,16 +239,16 @@ class ScheduledSampler(_Base):
         self._cache = {}
         # The binary checks what is left (e.g. capacity below ranks for
         # random and solar) and tells the steps per epoch.
-        self._steps = self.plan(0).steps
+        self._steps = self.plan(0, hits=False).steps
 
     # -- the plan ---------------------------------------------------------------
 
-    def _args(self, epoch):
+    def _args(self, epoch, hits=True):
         epochs = self.epochs if self.epochs is not None else epoch + 1
         a = [self.binary, "schedule", "--n", str(self.n), "--ranks", str(self.ranks), "--ranks-per-node",
              str(self.ranks_per_node), "--batch", str(self.batch_size), "--epochs", str(epochs), "--capacity",
              str(self.capacity), "--policy", self.policy, "--seed", str(self.seed), "--emit-rank", str(self.rank),
-             "--epoch", str(epoch), "--emit-hits"]
+             "--epoch", str(epoch)] + (["--emit-hits"] if hits else [])
         if self.drop_last:
             a.append("--drop-last")
         if self.swarm_population is not None:
@@ -260,14 +263,16 @@ class ScheduledSampler(_Base):
             raise _bad(f"epoch {epoch} not in [0, {self.epochs}): epochs {self.epochs}")
         return epoch
 
-    def plan(self, epoch=None):
+    def plan(self, epoch=None, hits=True):
         """This rank's EpochPlan of `epoch` (default: the current one), from
-        the binary; the latest two are cached."""
+        the binary; the latest two are cached. With hits=False the plan has
+        no hit flags (hits is None), which is all iterating needs and, under
+        `random`, saves replaying the earlier epochs' buffers."""
         epoch = self._epoch if epoch is None else self._check_epoch(epoch)
         p = self._cache.get(epoch)
-        if p is not None:
+        if p is not None and (p.hits is not None or not hits):
             return p
-        args = self._args(epoch)
+        args = self._args(epoch, hits)
         try:
             r = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True)
         except OSError as e:
@@ -284,15 +289,16 @@ class ScheduledSampler(_Base):
         try:
             samples = np.lib.format.read_array(f)
             sizes = np.lib.format.read_array(f)
-            hits = np.lib.format.read_array(f)
+            flags = np.lib.format.read_array(f) if hits else None
         except (ValueError, EOFError) as e:
             raise RuntimeError(f"ddstore: `{' '.join(args)}` wrote no plan ({e})") from None
-        if (samples.ndim != 1 or sizes.ndim != 1 or hits.shape != samples.shape or f.read(1)
-                or int(sizes.sum()) != samples.shape[0]):
+        if (samples.ndim != 1 or sizes.ndim != 1 or (flags is not None and flags.shape != samples.shape)
+                or f.read(1) or int(sizes.sum()) != samples.shape[0]):
             raise RuntimeError(f"ddstore: `{' '.join(args)}` wrote a malformed plan: samples {samples.shape}, "
-                               f"sizes {sizes.shape} summing to {int(sizes.sum())}, hits {hits.shape}")
+                               f"sizes {sizes.shape} summing to {int(sizes.sum())}, "
+                               f"hits {None if flags is None else flags.shape}")
         p = EpochPlan(epoch, samples.astype(np.int64, copy=False), sizes.astype(np.int64, copy=False),
-                      hits.astype(bool, copy=False))
+                      None if flags is None else flags.astype(bool, copy=False))
         while len(self._cache) >= 2:
             del self._cache[next(iter(self._cache))]
         self._cache[epoch] = p
@@ -318,7 +324,7 @@ class ScheduledSampler(_Base):
             self._epoch, self._start, self._pos, self._consumed, self._pass_start = epoch, 0, None, None, 0
 
     def __iter__(self):
-        plan = self.plan()
+        plan = self.plan(hits=False)
         start = self._start
         self._start, self._pos, self._consumed, self._pass_start = 0, start, None, start
         token = self._token = object()
