@@ -8,8 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/ddstore-go/ddstore/internal/base"
+	"golang.org/x/sys/unix"
 
+	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/shm"
 )
 
@@ -40,4 +41,53 @@ func SocketPath(runDir, namespace, node string) string {
 		p = filepath.Join(runDir, hex.EncodeToString(sum[:12])+".sock")
 	}
 	return p
+}
+
+// LockPath is the file the agent of a namespace on a node keeps locked
+// (flock) while it runs.
+func LockPath(runDir, namespace, node string) string {
+	return SocketPath(runDir, namespace, node) + ".lock"
+}
+
+// ProbeLock tells whether a running agent holds the lock file at path.
+// With take false it only looks: a missing file, or one it can lock, means
+// no agent (the lock is released at once). With take true, when no agent
+// holds it, the caller keeps it (creating the file if need be) so that no
+// agent of that namespace and node can start until release is called;
+// release(true) also unlinks the file, while still holding it, as an
+// exiting agent does. A missing directory counts as no agent.
+func ProbeLock(path string, take bool) (held bool, release func(remove bool), err error) {
+	noop := func(bool) {}
+	if take {
+		fd, err := lockFile(path)
+		switch {
+		case err == unix.EWOULDBLOCK:
+			return true, nil, nil
+		case err == unix.ENOENT:
+			return false, noop, nil
+		case err != nil:
+			return false, nil, fmt.Errorf("ddstore: lock %s: %w", path, err)
+		}
+		return false, func(remove bool) {
+			if remove {
+				os.Remove(path)
+			}
+			unix.Close(fd)
+		}, nil
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err == unix.ENOENT {
+		return false, noop, nil
+	}
+	if err != nil {
+		return false, nil, fmt.Errorf("ddstore: open lock %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		if err == unix.EWOULDBLOCK {
+			return true, nil, nil
+		}
+		return false, nil, fmt.Errorf("ddstore: lock %s: %w", path, err)
+	}
+	return false, noop, nil // closing the descriptor releases the lock
 }

@@ -21,6 +21,7 @@ var commands = map[string]command{
 	"agent":    {"run the node agent of a namespace", runAgent},
 	"ingest":   {"load a .npy, HDF5 or raw file into a variable, each node its share", runIngest},
 	"info":     {"show an agent's variables, rows, owners and memory", runInfo},
+	"gc":       {"remove the segments and sockets that dead agents left behind", runGC},
 	"bench":    {"measure reads against the machine's limits", runBench},
 	"schedule": {"plan which samples each rank reads from memory and storage", runSchedule},
 	"version":  {"print the version", runVersion},

@@ -36,7 +36,7 @@ func TestMainUsage(t *testing.T) {
 	if code != 2 || out != "" || !strings.Contains(errOut, "Usage: ddstore COMMAND") {
 		t.Fatalf("no args: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
-	for _, name := range []string{"agent", "info", "bench", "schedule", "version", "ingest"} {
+	for _, name := range []string{"agent", "info", "bench", "schedule", "version", "ingest", "gc"} {
 		if !strings.Contains(errOut, "  "+name+" ") {
 			t.Errorf("usage does not list %s:\n%s", name, errOut)
 		}
@@ -54,7 +54,7 @@ func TestMainUsage(t *testing.T) {
 }
 
 func TestSubcommandFlags(t *testing.T) {
-	for _, cmd := range []string{"agent", "info", "bench", "schedule", "version", "ingest"} {
+	for _, cmd := range []string{"agent", "info", "bench", "schedule", "version", "ingest", "gc"} {
 		t.Run(cmd, func(t *testing.T) {
 			for _, h := range []string{"--help", "-h"} {
 				code, out, errOut := run(t, cmd, h)

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"os"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -106,6 +107,70 @@ func SegmentPath(namespace, node, variable string, rank int) string {
 // node, for listing and cleanup.
 func SegmentPrefix(namespace, node string) string {
 	return fmt.Sprintf("%s/ddstore.%s.%s.", Dir, Escape(namespace), Escape(node))
+}
+
+// Unescape reverses Escape; it fails on a name Escape cannot have made.
+func Unescape(s string) (string, error) {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '%' && i+2 < len(s):
+			v, err := strconv.ParseUint(s[i+1:i+3], 16, 8)
+			if err != nil || Escape(string([]byte{byte(v)})) != s[i:i+3] {
+				return "", base.Errorf(base.ErrArgument, "%q: bad escape %q", s, s[i:i+3])
+			}
+			b.WriteByte(byte(v))
+			i += 2
+		case c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_':
+			b.WriteByte(c)
+		default:
+			return "", base.Errorf(base.ErrArgument, "%q: byte %q is not escaped", s, c)
+		}
+	}
+	return b.String(), nil
+}
+
+// ParseSegmentName reads back the namespace and node from the file name (no
+// directory) of a segment made by SegmentPath. ok is false for a name that
+// is not a segment's. hashed is true (and ok too) for a segment whose whole
+// name was hashed (ddstore.h<hex>.r<rank>): its namespace and node cannot be
+// known.
+func ParseSegmentName(name string) (namespace, node string, hashed, ok bool) {
+	parts := strings.Split(name, ".")
+	if len(parts) < 3 || parts[0] != "ddstore" || !isRank(parts[len(parts)-1]) {
+		return "", "", false, false
+	}
+	switch len(parts) {
+	case 3:
+		h := parts[1]
+		if len(h) == 41 && h[0] == 'h' && isHex(h[1:]) {
+			return "", "", true, true
+		}
+	case 5:
+		if parts[3] == "" {
+			return "", "", false, false
+		}
+		ns, err1 := Unescape(parts[1])
+		nd, err2 := Unescape(parts[2])
+		if err1 == nil && err2 == nil && ns != "" && nd != "" {
+			return ns, nd, false, true
+		}
+	}
+	return "", "", false, false
+}
+
+func isRank(s string) bool {
+	if len(s) < 2 || s[0] != 'r' {
+		return false
+	}
+	_, err := strconv.ParseUint(s[1:], 10, 63)
+	return err == nil
+}
+
+func isHex(s string) bool {
+	_, err := hex.DecodeString(s)
+	return err == nil && strings.ToLower(s) == s
 }
 
 // Segment is one mapped shard: a header page, then Rows rows.
