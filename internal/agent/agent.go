@@ -58,6 +58,9 @@ type Config struct {
 	// would go beyond it is refused before anything is allocated. Zero:
 	// unlimited.
 	MemoryBytes int64
+	// MetricsAddr is a TCP HOST:PORT where the agent serves its counters
+	// at /metrics in the Prometheus text format; empty: not served.
+	MetricsAddr string
 	Logger      *slog.Logger
 }
 
@@ -92,6 +95,7 @@ type Agent struct {
 	}
 	regions regions
 	stats   stats
+	metrics *metrics
 
 	// shardBytes is the data of the shards this agent holds (charged when a
 	// shard is admitted, given back when it is removed; the receive regions
@@ -140,6 +144,7 @@ func Start(cfg Config) (*Agent, error) {
 	a.mu.sessions = make(map[*session]struct{})
 	a.mu.idleFrom = time.Now()
 	a.regions.m = make(map[uint32]*region)
+	a.metrics = newMetrics(a)
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	if err := a.start(); err != nil {
 		a.shutdown()
@@ -200,6 +205,9 @@ func (a *Agent) start() error {
 	}
 	a.addr = advertise(cfg, pln.Addr().(*net.TCPAddr))
 	a.peer = transport.NewServer(pln, (*peerHandler)(a), a.log, cfg.Timeout)
+	if err := a.serveMetrics(); err != nil {
+		return err
+	}
 	if c := a.coord.Load(); c != nil {
 		c.join(cfg.Node, a.addr)
 	}
@@ -271,6 +279,7 @@ func (a *Agent) shutdown() {
 		if a.pool != nil {
 			a.pool.Close()
 		}
+		a.closeMetrics()
 		a.wg.Wait()
 		a.regions.closeAll()
 		a.mu.Lock()

@@ -210,6 +210,7 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 			s.decodeFailed = true
 			return nil, err
 		}
+		defer a.observeRead(time.Now())
 		return nil, a.read(ctx, s, &s.read)
 	case wire.OpRegister:
 		m, err := wire.DecodeRegion(body)

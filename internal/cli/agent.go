@@ -41,6 +41,7 @@ func runAgent(args []string, stdout, stderr io.Writer) error {
 	idle := fs.Duration("idle-exit", 0, "stop after this long without a client (0: never)")
 	conns := fs.Int("conns-per-peer", 4, "TCP connections kept to each other agent")
 	memory := fs.String("memory", envOr("DDSTORE_MEMORY", ""), "cap on the shards and receive regions the agent holds, e.g. 64G, 512M, 1048576 (DDSTORE_MEMORY; default or 0: none)")
+	metricsAddr := fs.String("metrics-addr", envOr("DDSTORE_METRICS_ADDR", ""), "HOST:PORT to serve the agent's counters on at /metrics, in the Prometheus text format (DDSTORE_METRICS_ADDR; default: not served)")
 	daemon := fs.Bool("daemon", false, "start the agent in the background and return once it serves")
 	verbose := fs.Bool("v", false, "log at debug level")
 	if err := parse(fs, args); err != nil {
@@ -68,12 +69,16 @@ func runAgent(args []string, stdout, stderr io.Writer) error {
 	a, err := ddstore.StartAgent(ddstore.AgentConfig{
 		Namespace: *ns, Node: *node, Socket: *socket, PeerListen: *peer, Advertise: *adv,
 		Rendezvous: *rdv, HandshakeDir: *hs, Timeout: *timeout, JoinTimeout: *joinTimeout,
-		IdleExit: *idle, ConnsPerPeer: *conns, MemoryBytes: budget, Logger: log,
+		IdleExit: *idle, ConnsPerPeer: *conns, MemoryBytes: budget, MetricsAddr: *metricsAddr, Logger: log,
 	})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "ddstore agent: namespace %q node %q socket %s peer %s\n", *ns, *node, a.Socket(), a.PeerAddr())
+	metrics := ""
+	if m := a.MetricsAddr(); m != "" {
+		metrics = " metrics http://" + m + "/metrics"
+	}
+	fmt.Fprintf(stdout, "ddstore agent: namespace %q node %q socket %s peer %s%s\n", *ns, *node, a.Socket(), a.PeerAddr(), metrics)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(sig)
