@@ -1,0 +1,39 @@
+"""python -m ddstore.cosmoflow COMMAND ...
+
+    generate   write the synthetic CosmoFlow-like dataset (see ddstore.cosmoflow.data)
+"""
+
+import argparse
+import sys
+
+from . import data
+
+
+def _generate(a):
+    data.generate(a.out, a.samples, size=a.size, channels=a.channels, seed=a.seed, fmt=a.format, verbose=True)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m ddstore.cosmoflow", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="write the synthetic CosmoFlow-like dataset (reused if it exists)",
+                       description=data.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g.add_argument("--out", required=True, help="directory: DIR/cosmoflow.h5 and DIR/files/sample_NNNNNN.h5")
+    g.add_argument("--samples", type=int, default=64, help="number of samples N (default 64)")
+    g.add_argument("--size", type=int, default=32, help="cube side S (default 32; 128 for CosmoFlow's size)")
+    g.add_argument("--channels", type=int, default=4, help="channels C (default 4)")
+    g.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    g.add_argument("--format", default="both", help="chunked | files | both (default both)")
+    g.set_defaults(func=_generate)
+    a = p.parse_args(argv)
+    try:
+        a.func(a)
+    except ValueError as e:
+        print(f"{p.prog} {a.command}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
