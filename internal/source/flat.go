@@ -4,7 +4,6 @@ import (
 	"errors"
 	"io"
 	"os"
-	"slices"
 
 	"github.com/ddstore-go/ddstore/internal/base"
 )
@@ -13,23 +12,13 @@ import (
 // .npy array after its header, or a raw file. Reads are preads, so any
 // number of goroutines read at once.
 type flat struct {
-	f         *os.File
-	name      string
-	off       int64 // where row 0 begins
-	rows      int64
-	rowShape  []int64
-	dtype     string
-	itemSize  int64
-	rowBytes  int64
-	chunkRows int64
+	f    *os.File
+	name string
+	off  int64 // where row 0 begins
+	geometry
 }
 
-func (s *flat) Rows() int64       { return s.rows }
-func (s *flat) RowShape() []int64 { return slices.Clone(s.rowShape) }
-func (s *flat) Dtype() string     { return s.dtype }
-func (s *flat) ItemSize() int64   { return s.itemSize }
-func (s *flat) ChunkRows() int64  { return s.chunkRows }
-func (s *flat) Close() error      { return s.f.Close() }
+func (s *flat) Close() error { return s.f.Close() }
 
 func (s *flat) ReadRows(start, count int64, dst []byte) error {
 	if err := checkRead(s.name, s.rows, s.rowBytes, start, count, dst); err != nil {
@@ -77,8 +66,8 @@ func openRaw(name string, opts Options) (Source, error) {
 		return nil, base.Errorf(base.ErrArgument, "source %s: %d bytes is not a whole number of %d-byte rows (%d rows and %d bytes over: truncated, or another row size?)",
 			name, size, opts.RowBytes, size/opts.RowBytes, size%opts.RowBytes)
 	}
-	return &flat{f: f, name: name, rows: size / opts.RowBytes, rowShape: []int64{opts.RowBytes / is}, dtype: dtype,
-		itemSize: is, rowBytes: opts.RowBytes, chunkRows: chunkRowsFor(opts.RowBytes, opts.ChunkBytes)}, nil
+	return &flat{f: f, name: name, geometry: geometry{rows: size / opts.RowBytes, rowShape: []int64{opts.RowBytes / is}, dtype: dtype,
+		itemSize: is, rowBytes: opts.RowBytes, chunkRows: chunkRowsFor(opts.RowBytes, opts.ChunkBytes)}}, nil
 }
 
 // openRegular opens a regular file for reading and returns its size.

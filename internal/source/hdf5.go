@@ -262,7 +262,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"unsafe"
@@ -311,21 +310,16 @@ type chunkLoc struct {
 }
 
 type h5Source struct {
-	name      string // FILE:DATASET, for messages
-	in        C.ddh5_info
-	rows      int64
-	rowShape  []int64
-	dtype     string
-	itemSize  int64
-	rowBytes  int64
-	chunkRows int64
-	direct    direct
-	pipeline  []filter   // chunks: the filters as applied when writing
-	f         *os.File   // direct reads
-	off       int64      // contiguous: where row 0 lies; chunks: added to each chunk's address
-	locs      []chunkLoc // chunks: per chunk (guarded by h5lib)
-	closed    bool       // guarded by h5lib
-	bufs      sync.Pool  // *[]byte of a chunk's bytes, for filtered chunks
+	name string // FILE:DATASET, for messages
+	in   C.ddh5_info
+	geometry
+	direct   direct
+	pipeline []filter   // chunks: the filters as applied when writing
+	f        *os.File   // direct reads
+	off      int64      // contiguous: where row 0 lies; chunks: added to each chunk's address
+	locs     []chunkLoc // chunks: per chunk (guarded by h5lib)
+	closed   bool       // guarded by h5lib
+	bufs     sync.Pool  // *[]byte of a chunk's bytes, for filtered chunks
 }
 
 func openHDF5(file, dataset string, opts Options) (Source, error) {
@@ -522,12 +516,6 @@ func (s *h5Source) wholeRowChunks() bool {
 	}
 	return true
 }
-
-func (s *h5Source) Rows() int64       { return s.rows }
-func (s *h5Source) RowShape() []int64 { return slices.Clone(s.rowShape) }
-func (s *h5Source) Dtype() string     { return s.dtype }
-func (s *h5Source) ItemSize() int64   { return s.itemSize }
-func (s *h5Source) ChunkRows() int64  { return s.chunkRows }
 
 func (s *h5Source) Close() error {
 	h5lock()

@@ -235,8 +235,8 @@ func npyFromHeader(name string, f *os.File, size int64, opts Options) (*flat, er
 		return nil, base.Errorf(base.ErrArgument, "source %s is truncated: its header says shape %s of %s, %d bytes of data after a %d-byte header, but the file has %d bytes (%d short)",
 			name, shapeRepr(h.shape), h.descr, want, h.dataOff, size, h.dataOff+want-size)
 	}
-	return &flat{f: f, name: name, off: h.dataOff, rows: h.shape[0], rowShape: rowShape, dtype: dtype, itemSize: is,
-		rowBytes: rb, chunkRows: chunkRowsFor(rb, opts.ChunkBytes)}, nil
+	return &flat{f: f, name: name, off: h.dataOff, geometry: geometry{rows: h.shape[0], rowShape: rowShape, dtype: dtype,
+		itemSize: is, rowBytes: rb, chunkRows: chunkRowsFor(rb, opts.ChunkBytes)}}, nil
 }
 
 func shapeRepr(shape []int64) string {

@@ -17,10 +17,28 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/ddstore-go/ddstore/internal/base"
 )
+
+// geometry is what every source knows of its rows, and the Source methods
+// that report it.
+type geometry struct {
+	rows      int64
+	rowShape  []int64
+	dtype     string
+	itemSize  int64
+	rowBytes  int64
+	chunkRows int64
+}
+
+func (g *geometry) Rows() int64       { return g.rows }
+func (g *geometry) RowShape() []int64 { return slices.Clone(g.rowShape) }
+func (g *geometry) Dtype() string     { return g.dtype }
+func (g *geometry) ItemSize() int64   { return g.itemSize }
+func (g *geometry) ChunkRows() int64  { return g.chunkRows }
 
 // Source is a dataset of Rows rows, each RowShape items of Dtype. Its
 // methods are safe for concurrent use; ReadRows from several goroutines is
