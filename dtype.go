@@ -55,7 +55,7 @@ func (s *Store) InitAs(name string, nrows, disp int64, dtype Dtype) error {
 	if err == nil && nrows < 0 {
 		err = base.Errorf(base.ErrGeometry, "variable %q: %d rows: want >= 0", name, nrows)
 	}
-	return s.createTyped(name, nil, nrows, disp, size, string(dtype), err)
+	return s.create(name, nil, nrows, disp, size, string(dtype), err)
 }
 
 // AddAs is Add for a typed variable: rows of disp items of type dtype.
@@ -71,5 +71,5 @@ func (s *Store) AddAs(name string, rows []byte, disp int64, dtype Dtype) error {
 	if err == nil {
 		nrows = int64(len(rows)) / (disp * size)
 	}
-	return s.createTyped(name, rows, nrows, disp, size, string(dtype), err)
+	return s.create(name, rows, nrows, disp, size, string(dtype), err)
 }

@@ -333,7 +333,7 @@ func (s *Store) checkOpen() error {
 // Init creates a variable whose shard on this rank is nrows zero-filled
 // rows of disp items of itemsize bytes. Like Add, every rank calls it.
 func (s *Store) Init(name string, nrows, disp, itemsize int64) error {
-	return s.create(name, nil, nrows, disp, itemsize, rowError(name, disp, itemsize))
+	return s.create(name, nil, nrows, disp, itemsize, "", rowError(name, disp, itemsize))
 }
 
 // rowError checks a row shape (one check for every way a variable is made:
@@ -358,19 +358,15 @@ func (s *Store) Add(name string, rows []byte, disp, itemsize int64) error {
 	case int64(len(rows))%rb != 0:
 		bad = base.Errorf(base.ErrBuffer, "variable %q: %d bytes is not a whole number of %d-byte rows (disp %d x itemsize %d)", name, len(rows), rb, disp, itemsize)
 	default:
-		return s.create(name, rows, int64(len(rows))/rb, disp, itemsize, nil)
+		return s.create(name, rows, int64(len(rows))/rb, disp, itemsize, "", nil)
 	}
-	return s.create(name, nil, 0, disp, itemsize, bad)
+	return s.create(name, nil, 0, disp, itemsize, "", bad)
 }
 
 // create runs this rank's part of the collective that makes a variable.
 // A rank that cannot take part (bad, its local error) still tells the
 // coordinator, so that the other ranks fail at once instead of waiting.
-func (s *Store) create(name string, rows []byte, nrows, disp, itemsize int64, bad error) error {
-	return s.createTyped(name, rows, nrows, disp, itemsize, "", bad)
-}
-
-func (s *Store) createTyped(name string, rows []byte, nrows, disp, itemsize int64, dtype string, bad error) error {
+func (s *Store) create(name string, rows []byte, nrows, disp, itemsize int64, dtype string, bad error) error {
 	if err := checkName(name); err != nil {
 		return err
 	}

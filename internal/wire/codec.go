@@ -70,9 +70,6 @@ func NewDecoder(b []byte) *Decoder { return &Decoder{b: b} }
 // Err is the first error met, nil if none.
 func (d *Decoder) Err() error { return d.err }
 
-// Rest is the number of unread bytes.
-func (d *Decoder) Rest() int { return len(d.b) }
-
 // Done is Err, plus an error when bytes are left over (a frame of another
 // shape than expected).
 func (d *Decoder) Done() error {

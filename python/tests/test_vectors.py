@@ -104,14 +104,7 @@ def test_error_frame():
     assert str(e) == v["fields"]["text"]
 
 
-_STATUS_BUGS = {}
-
-
-@pytest.mark.parametrize("case", [
-    pytest.param(c, id=c["name"], marks=[pytest.mark.xfail(strict=True, raises=_STATUS_BUGS[c["name"]][1],
-                                                           reason=_STATUS_BUGS[c["name"]][0])]
-                 if c["name"] in _STATUS_BUGS else [])
-    for c in V["status_errors"]])
+@pytest.mark.parametrize("case", [pytest.param(c, id=c["name"]) for c in V["status_errors"]])
 def test_status_error(case):
     b = bytes.fromhex(case["hex"])
     _, status, blen, _, _ = _wire.parse_header(b[:_wire.HEADER.size])
@@ -205,19 +198,12 @@ def _made_up_messages():
 
 MESSAGES = _made_up_messages()
 
-_MESSAGE_BUGS = {}
-
 
 def test_message_scan_finds_messages():
     assert len(MESSAGES) > 20
 
 
-@pytest.mark.parametrize("fn,lineno,cls_name,prefix", [
-    pytest.param(*m, id=f"{m[0]}:{m[1]}",
-                 marks=[pytest.mark.xfail(strict=True, raises=AssertionError,
-                                          reason=_MESSAGE_BUGS[(m[0], m[2], m[3])])]
-                 if (m[0], m[2], m[3]) in _MESSAGE_BUGS else [])
-    for m in MESSAGES])
+@pytest.mark.parametrize("fn,lineno,cls_name,prefix", [pytest.param(*m, id=f"{m[0]}:{m[1]}") for m in MESSAGES])
 def test_message_prefix(fn, lineno, cls_name, prefix):
     """A message the client makes up starts with its exception's sentinel
     text, as Go's base.Errorf writes it (or, for ArgumentError, with the
@@ -262,15 +248,11 @@ def test_socket_path(case):
 
 # ---- launcher environments ----------------------------------------------------
 
-_ENV_BUGS = {}
-
 _HOST = "hostname-must-not-be-used"
 
 
 def _env_param(c):
-    bug = _ENV_BUGS.get(c["name"])
-    marks = [pytest.mark.xfail(strict=True, reason=bug[0], raises=bug[1])] if bug else []
-    return pytest.param(c, id=c["name"], marks=marks)
+    return pytest.param(c, id=c["name"])
 
 
 ENV_CASES = V["env"]["cases"]
@@ -301,7 +283,7 @@ def _go_quotes_to_repr(msg):
     return re.sub(r'=("(?:[^"\\]|\\.)*")', lambda m: "=" + repr(json.loads(m.group(1))), msg)
 
 
-ENV_ERRORS = [c for c in ENV_CASES if "error" in c and c["name"] not in _ENV_BUGS]
+ENV_ERRORS = [c for c in ENV_CASES if "error" in c]
 
 
 @pytest.mark.parametrize("case", ENV_ERRORS, ids=_ids(ENV_ERRORS))
