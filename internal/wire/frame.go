@@ -51,6 +51,7 @@ const (
 	OpUnregister Op = 7
 	OpFree       Op = 8
 	OpInfo       Op = 9
+	OpPrefetch   Op = 10
 )
 
 // Peer protocol ops.
@@ -68,7 +69,7 @@ const (
 var opNames = map[Op]string{
 	OpHello: "hello", OpCreate: "create", OpPublish: "publish", OpLookup: "lookup",
 	OpRead: "read", OpRegister: "register", OpUnregister: "unregister", OpFree: "free",
-	OpInfo: "info", OpJoin: "join", OpPeerPublish: "peer-publish", OpPeerLookup: "peer-lookup",
+	OpInfo: "info", OpPrefetch: "prefetch", OpJoin: "join", OpPeerPublish: "peer-publish", OpPeerLookup: "peer-lookup",
 	OpFetch: "fetch", OpPeerFree: "peer-free", OpPeerNodes: "peer-nodes", OpPeerInfo: "peer-info",
 	OpPeerDrop: "peer-drop",
 }

@@ -432,10 +432,10 @@ func TestOpString(t *testing.T) {
 	}{
 		{OpHello, "hello"}, {OpCreate, "create"}, {OpPublish, "publish"}, {OpLookup, "lookup"},
 		{OpRead, "read"}, {OpRegister, "register"}, {OpUnregister, "unregister"}, {OpFree, "free"},
-		{OpInfo, "info"}, {OpJoin, "join"}, {OpPeerPublish, "peer-publish"},
+		{OpInfo, "info"}, {OpPrefetch, "prefetch"}, {OpJoin, "join"}, {OpPeerPublish, "peer-publish"},
 		{OpPeerLookup, "peer-lookup"}, {OpFetch, "fetch"}, {OpPeerFree, "peer-free"},
 		{OpPeerNodes, "peer-nodes"}, {OpPeerInfo, "peer-info"}, {OpPeerDrop, "peer-drop"},
-		{Op(0), "op0"}, {Op(7 + 3), "op10"}, {Op(31), "op31"}, {Op(40), "op40"},
+		{Op(0), "op0"}, {Op(11), "op11"}, {Op(31), "op31"}, {Op(40), "op40"},
 		{Op(100), "op100"}, {Op(255), "op255"},
 	} {
 		if got := c.op.String(); got != c.want {

@@ -66,6 +66,12 @@ type Shard struct {
 	// Dtype names the items' type ("float32", "int64", ...; see
 	// docs/protocol.md), or "" for untyped bytes; ranks must agree.
 	Dtype string
+	// Backing names the file holding every row of the variable (a source
+	// spec: FILE, FILE:DATASET), "" for none; Total is then the number of
+	// rows in all, of which the shards hold the first (their sum) and the
+	// file the rest. Ranks must agree on both.
+	Backing string
+	Total   int64
 }
 
 func (m *Shard) Encode(e *Encoder) {
@@ -84,6 +90,8 @@ func (m *Shard) Encode(e *Encoder) {
 		e.U8(0)
 	}
 	e.String(m.Dtype)
+	e.String32(m.Backing)
+	e.I64(m.Total)
 }
 
 func DecodeShard(b []byte) (m Shard, err error) {
@@ -98,6 +106,8 @@ func DecodeShard(b []byte) (m Shard, err error) {
 		return m, protoErr("shard of %q: failed flag %d, want 0 or 1", m.Name, f)
 	}
 	m.Dtype = d.String()
+	m.Backing = d.String32()
+	m.Total = d.I64()
 	return m, d.Done()
 }
 
@@ -145,6 +155,10 @@ type Table struct {
 	// (created, freed by every rank, created again): a Fetch names it, so
 	// a stale table never reads rows of another variable.
 	ID int64
+	// Backing is the file that holds every row (Shard.Backing), "" for
+	// none; rows from the sum of ShardRows up to Total are read from it.
+	Backing string
+	Total   int64
 }
 
 func (m *Table) Encode(e *Encoder) {
@@ -158,6 +172,8 @@ func (m *Table) Encode(e *Encoder) {
 	e.Strings(m.Paths)
 	e.String(m.Dtype)
 	e.I64(m.ID)
+	e.String32(m.Backing)
+	e.I64(m.Total)
 }
 
 func DecodeTable(b []byte) (m Table, err error) {
@@ -168,6 +184,8 @@ func DecodeTable(b []byte) (m Table, err error) {
 	m.Nodes, m.Addrs, m.Paths = d.Strings(), d.Strings(), d.Strings()
 	m.Dtype = d.String()
 	m.ID = d.I64()
+	m.Backing = d.String32()
+	m.Total = d.I64()
 	if err := d.Done(); err != nil {
 		return m, err
 	}
@@ -181,6 +199,16 @@ func (m *Table) Check() error {
 	if len(m.RankNode) != p || (len(m.Paths) != 0 && len(m.Paths) != p) || len(m.Addrs) != len(m.Nodes) {
 		return protoErr("table of %q: %d shards, %d rank nodes, %d paths, %d nodes, %d addresses",
 			m.Name, p, len(m.RankNode), len(m.Paths), len(m.Nodes), len(m.Addrs))
+	}
+	var held int64
+	for _, n := range m.ShardRows {
+		if n < 0 {
+			return protoErr("table of %q: a shard of %d rows", m.Name, n)
+		}
+		held += n
+	}
+	if m.Backing == "" && m.Total != 0 && m.Total != held || m.Total != 0 && m.Total < held {
+		return protoErr("table of %q: %d rows in all, %d in shards, backing %q", m.Name, m.Total, held, m.Backing)
 	}
 	for r, n := range m.RankNode {
 		if n < 0 || n >= int64(len(m.Nodes)) {
@@ -265,7 +293,8 @@ func DecodeJoin(b []byte) (m Join, err error) {
 }
 
 // Fetch asks an owner node for rows by global index; the reply's payload is
-// the rows in the order asked.
+// the rows in the order asked. A client's Prefetch has the same body: rows
+// of the backing file its agent is to read ahead into staging memory.
 type Fetch struct {
 	Name    string
 	ID      int64 // the variable's Table.ID

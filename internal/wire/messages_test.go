@@ -75,6 +75,7 @@ var (
 		{},
 		{Name: "features", Node: "n0", Rank: 1, Size: 4, Rows: 1000, Disp: 3, ItemSize: 4, TimeoutMs: 30000},
 		{Name: "変数", Node: "ノード", Rank: -1, Size: math.MaxInt64, Rows: math.MinInt64, Disp: -3, ItemSize: 1 << 40, TimeoutMs: -1},
+		{Name: "tiered", Rank: 1, Size: 2, Rows: 10, Disp: 4, ItemSize: 4, Dtype: "float32", Backing: "/data/x.h5:/cubes", Total: 80},
 	}
 	pathSamples = []Path{
 		{},
@@ -108,6 +109,10 @@ var (
 			Nodes: []string{"ノード"}, Addrs: []string{"[::1]:1"}, Paths: []string{""},
 		},
 		{Name: "nodes without ranks", Nodes: []string{"a"}, Addrs: []string{"b"}},
+		{
+			Name: "backed", Disp: 2, ItemSize: 4, ShardRows: []int64{3, 0}, RankNode: []int64{0, 0},
+			Nodes: []string{"a"}, Addrs: []string{""}, Backing: "/data/x.npy", Total: 12, ID: 7,
+		},
 	}
 	readSamples = []Read{
 		{},
@@ -256,6 +261,8 @@ func TestMessageBytes(t *testing.T) {
 				0, 0, 0, 0,
 				0, 0,
 				0, 0, 0, 0, 0, 0, 0, 0,
+				0, 0, 0, 0,
+				0, 0, 0, 0, 0, 0, 0, 0,
 			}},
 	} {
 		if !bytes.Equal(c.got, c.want) {
@@ -296,6 +303,9 @@ func TestTableCheck(t *testing.T) {
 		{"fewer paths", mod(func(m *Table) { m.Paths = m.Paths[:1] }), "1 paths"},
 		{"more paths", mod(func(m *Table) { m.Paths = append(m.Paths, "") }), "3 paths"},
 		{"fewer addresses", mod(func(m *Table) { m.Addrs = m.Addrs[:1] }), "2 nodes, 1 addresses"},
+		{"negative shard", mod(func(m *Table) { m.ShardRows[0] = -1 }), "a shard of -1 rows"},
+		{"total without backing", mod(func(m *Table) { m.Total = 5 }), "5 rows in all, 3 in shards"},
+		{"total below shards", mod(func(m *Table) { m.Backing, m.Total = "f.npy", 2 }), "2 rows in all, 3 in shards"},
 		{"more addresses", mod(func(m *Table) { m.Addrs = append(m.Addrs, "z") }), "2 nodes, 3 addresses"},
 		{"fewer nodes", mod(func(m *Table) { m.Nodes = m.Nodes[:1] }), "1 nodes, 2 addresses"},
 		{"negative node", mod(func(m *Table) { m.RankNode[1] = -1 }), "rank 1 on node -1 of 2"},
