@@ -37,7 +37,7 @@ func freeAddr(t testing.TB) string {
 	return l.Addr().String()
 }
 
-func startCluster(t testing.TB, ranksPerNode []int, mode meetMode) *cluster {
+func startCluster(t testing.TB, ranksPerNode []int, mode meetMode, opts ...func(*ddstore.AgentConfig)) *cluster {
 	t.Helper()
 	dir := t.TempDir()
 	c := &cluster{ns: fmt.Sprintf("t%d-%s", os.Getpid(), filepath.Base(dir))}
@@ -56,11 +56,15 @@ func startCluster(t testing.TB, ranksPerNode []int, mode meetMode) *cluster {
 	}
 	for i := range ranksPerNode {
 		node := fmt.Sprintf("node%d", i)
-		a, err := ddstore.StartAgent(ddstore.AgentConfig{
+		cfg := ddstore.AgentConfig{
 			Namespace: c.ns, Node: node, Socket: ddstore.SocketPath(filepath.Join(dir, "run"), c.ns, node),
 			Rendezvous: rdv, HandshakeDir: hs, Timeout: 5 * time.Second, JoinTimeout: 10 * time.Second,
 			PeerListen: "127.0.0.1:0",
-		})
+		}
+		for _, o := range opts {
+			o(&cfg)
+		}
+		a, err := ddstore.StartAgent(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

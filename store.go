@@ -108,12 +108,15 @@ type variable struct {
 	nodes []string // per rank: node id
 	dtype string
 	id    int64 // the table's id: reads name it, so a re-created variable is never mixed in
-	freed bool
-	prof  profile
+	// backing is the file holding every row, "" for none: rows from
+	// lay.Held() on are read from it by the agent.
+	backing string
+	freed   bool
+	prof    profile
 }
 
 type profile struct {
-	calls, rows, bytes, localRows, remoteRows, remoteCalls, waitNs atomic.Int64
+	calls, rows, bytes, localRows, remoteRows, storageRows, remoteCalls, waitNs atomic.Int64
 }
 
 // Open attaches this rank to its node's agent, starting one if none runs.
@@ -366,7 +369,7 @@ func (s *Store) Add(name string, rows []byte, disp, itemsize int64) error {
 // create runs this rank's part of the collective that makes a variable.
 // A rank that cannot take part (bad, its local error) still tells the
 // coordinator, so that the other ranks fail at once instead of waiting.
-func (s *Store) create(name string, rows []byte, nrows, disp, itemsize int64, dtype string, bad error) error {
+func (s *Store) create(name string, rows []byte, nrows, disp, itemsize int64, dtype string, bad error, backing ...Backing) error {
 	if err := checkName(name); err != nil {
 		return err
 	}
@@ -389,6 +392,9 @@ func (s *Store) create(name string, rows []byte, nrows, disp, itemsize int64, dt
 	}
 	sh := wire.Shard{Name: name, Rank: int64(s.id.Rank), Size: int64(s.id.Size), Rows: nrows, Disp: disp, ItemSize: itemsize,
 		TimeoutMs: s.cfg.PublishTimeout.Milliseconds(), Attempt: attempt, Dtype: dtype}
+	for _, b := range backing {
+		sh.Backing, sh.Total = b.File, b.Rows
+	}
 	fail := func(err error) error {
 		sh.Failed = true
 		s.request(wire.OpPublish, sh.Encode, s.cfg.PublishTimeout+s.cfg.Timeout)
@@ -438,11 +444,11 @@ func checkName(name string) error {
 
 // install maps the node-local shards of a table and records the variable.
 func (s *Store) install(t *wire.Table) (*variable, error) {
-	lay, err := layout.New(layout.Row{Disp: t.Disp, ItemSize: t.ItemSize}, t.ShardRows)
+	lay, err := layout.NewBacked(layout.Row{Disp: t.Disp, ItemSize: t.ItemSize}, t.ShardRows, t.Total)
 	if err != nil {
 		return nil, err
 	}
-	v := &variable{name: t.Name, lay: lay, rb: lay.Bytes(), local: make([][]byte, len(t.ShardRows)), nodes: make([]string, len(t.ShardRows)), dtype: t.Dtype, id: t.ID}
+	v := &variable{name: t.Name, lay: lay, rb: lay.Bytes(), local: make([][]byte, len(t.ShardRows)), nodes: make([]string, len(t.ShardRows)), dtype: t.Dtype, id: t.ID, backing: t.Backing}
 	for r := range t.ShardRows {
 		v.nodes[r] = t.Nodes[t.RankNode[r]]
 		if r >= len(t.Paths) || t.Paths[r] == "" {
@@ -573,9 +579,14 @@ func (s *Store) Get(name string, dst []byte, start int64) error {
 	}
 	t0 := time.Now()
 	var remote []int64
-	var pos int64
+	var pos, stored int64
 	for _, sp := range spans {
-		if src := v.local[sp.Rank]; src != nil {
+		if sp.Rank == layout.Backed {
+			for k := int64(0); k < sp.Count; k++ {
+				remote = append(remote, pos+k)
+			}
+			stored += sp.Count
+		} else if src := v.local[sp.Rank]; src != nil {
 			copy(dst[pos*v.rb:(pos+sp.Count)*v.rb], src[sp.Local*v.rb:])
 		} else {
 			for k := int64(0); k < sp.Count; k++ {
@@ -585,7 +596,7 @@ func (s *Store) Get(name string, dst []byte, start int64) error {
 		pos += sp.Count
 	}
 	err = s.fetch(v, dst, remote, func(i int) int64 { return start + int64(i) })
-	v.count(n, int64(len(remote)), t0)
+	v.count(n, int64(len(remote)), stored, t0)
 	return err
 }
 
@@ -608,28 +619,34 @@ func (s *Store) GetBatch(name string, dst []byte, indices []int64) error {
 	}
 	t0 := time.Now()
 	var remote []int64
+	var stored int64
 	for i, g := range indices {
 		r, loc := v.lay.Owner(g)
-		if src := v.local[r]; src != nil {
+		if r == layout.Backed {
+			stored++
+		} else if src := v.local[r]; src != nil {
 			o := int64(i) * rb
 			copy(dst[o:o+rb], src[loc*rb:(loc+1)*rb])
-		} else {
-			remote = append(remote, int64(i))
+			continue
 		}
+		remote = append(remote, int64(i))
 	}
 	err = s.fetch(v, dst, remote, func(i int) int64 { return indices[i] })
-	v.count(int64(len(indices)), int64(len(remote)), t0)
+	v.count(int64(len(indices)), int64(len(remote)), stored, t0)
 	return err
 }
 
-func (v *variable) count(rows, remote int64, t0 time.Time) {
+// count records a read of rows, remote of them through the agent, stored
+// of those from the backing file.
+func (v *variable) count(rows, remote, stored int64, t0 time.Time) {
 	p := &v.prof
 	p.calls.Add(1)
 	p.rows.Add(rows)
 	p.bytes.Add(rows * v.rb)
 	p.localRows.Add(rows - remote)
+	p.storageRows.Add(stored)
 	if remote > 0 {
-		p.remoteRows.Add(remote)
+		p.remoteRows.Add(remote - stored)
 		p.remoteCalls.Add(1)
 		p.waitNs.Add(int64(time.Since(t0)))
 	}
@@ -782,6 +799,10 @@ type VarInfo struct {
 	Dtype     string   // the items' type as the creating client named it ("" for untyped bytes)
 	ShardRows []int64  // per rank
 	Nodes     []string // per rank: the node holding the shard
+	// Backing is the file holding every row ("" for none); the shards
+	// hold the first HeldRows of TotalRows, the file the rest.
+	Backing  string
+	HeldRows int64
 }
 
 // Info describes a variable.
@@ -791,7 +812,8 @@ func (s *Store) Info(name string) (VarInfo, error) {
 		return VarInfo{}, err
 	}
 	defer v.mu.RUnlock()
-	in := VarInfo{Name: name, TotalRows: v.lay.Total(), Disp: v.lay.Disp, ItemSize: v.lay.ItemSize, Dtype: v.dtype, Nodes: slices.Clone(v.nodes)}
+	in := VarInfo{Name: name, TotalRows: v.lay.Total(), Disp: v.lay.Disp, ItemSize: v.lay.ItemSize, Dtype: v.dtype, Nodes: slices.Clone(v.nodes),
+		Backing: v.backing, HeldRows: v.lay.Held()}
 	for r := range v.lay.Ranks() {
 		in.ShardRows = append(in.ShardRows, v.lay.ShardRows(r))
 	}
@@ -805,8 +827,9 @@ type Profile struct {
 	Bytes       int64         // bytes read
 	LocalRows   int64         // rows read straight from this node's shared memory
 	RemoteRows  int64         // rows fetched from other nodes
-	RemoteCalls int64         // calls that needed other nodes
-	Wait        time.Duration // time spent in calls that needed other nodes
+	StorageRows int64         // rows read from the backing file (by the agent: read ahead, or on demand)
+	RemoteCalls int64         // calls that needed other nodes or the backing file
+	Wait        time.Duration // time spent in calls that needed other nodes or the backing file
 }
 
 // Profile returns the counters of a variable.
@@ -818,7 +841,7 @@ func (s *Store) Profile(name string) (Profile, error) {
 	defer v.mu.RUnlock()
 	p := &v.prof
 	return Profile{Calls: p.calls.Load(), Rows: p.rows.Load(), Bytes: p.bytes.Load(), LocalRows: p.localRows.Load(),
-		RemoteRows: p.remoteRows.Load(), RemoteCalls: p.remoteCalls.Load(), Wait: time.Duration(p.waitNs.Load())}, nil
+		RemoteRows: p.remoteRows.Load(), StorageRows: p.storageRows.Load(), RemoteCalls: p.remoteCalls.Load(), Wait: time.Duration(p.waitNs.Load())}, nil
 }
 
 // EpochBegin and EpochEnd mark epochs. Reads here are one-sided through the

@@ -58,6 +58,10 @@ type Config struct {
 	// would go beyond it is refused before anything is allocated. Zero:
 	// unlimited.
 	MemoryBytes int64
+	// StagingBytes is the memory each variable with a backing file may use
+	// for rows read ahead of use (Prefetch), charged to MemoryBytes when
+	// first used; zero: DefaultStagingBytes.
+	StagingBytes int64
 	// MetricsAddr is a TCP HOST:PORT where the agent serves its counters
 	// at /metrics in the Prometheus text format; empty: not served.
 	MetricsAddr string
@@ -104,6 +108,8 @@ type Agent struct {
 	// a.regions.mu.
 	shardBytes atomic.Int64
 	admitMu    sync.Mutex
+	// stagingBytes is the staging memory of the storage tiers.
+	stagingBytes atomic.Int64
 }
 
 type stats struct {
@@ -114,6 +120,19 @@ type stats struct {
 	fetches        atomic.Int64
 	errors         atomic.Int64
 	badFrames      atomic.Int64
+	// The storage tier: rows read from backing files (on demand and ahead),
+	// the reads that moved them (fewer: coalesced), their bytes (wanted
+	// rows and what lay between), rows served from staging, rows read
+	// ahead, asked-for rows not read ahead for want of room, staged rows
+	// evicted unused, and failed reads.
+	storageRows     atomic.Int64
+	storageReads    atomic.Int64
+	storageBytes    atomic.Int64
+	stagedRows      atomic.Int64
+	prefetchRows    atomic.Int64
+	prefetchDropped atomic.Int64
+	prefetchEvicted atomic.Int64
+	storageErrors   atomic.Int64
 }
 
 // Start runs an agent until Close (or its idle exit).
@@ -126,6 +145,9 @@ func Start(cfg Config) (*Agent, error) {
 	}
 	if err := CheckName("node", cfg.Node); err != nil {
 		return nil, err
+	}
+	if cfg.StagingBytes < 0 {
+		return nil, base.Errorf(base.ErrArgument, "staging of %d bytes: want > 0, or 0 for the default", cfg.StagingBytes)
 	}
 	if cfg.MemoryBytes < 0 {
 		return nil, base.Errorf(base.ErrArgument, "memory budget of %d bytes: want > 0, or 0 for none", cfg.MemoryBytes)
@@ -430,6 +452,11 @@ type VarInfo struct {
 	Owners     []string `json:"owners,omitempty"` // node of each rank
 	LocalRanks []int    `json:"local_ranks"`
 	LocalBytes int64    `json:"local_bytes"`
+	// Backing is the file holding every row, HeldRows how many of them
+	// the shards hold (the rest are read from the file); "" and TotalRows
+	// without one.
+	Backing  string `json:"backing,omitempty"`
+	HeldRows int64  `json:"held_rows"`
 }
 
 func (a *Agent) info() Info {
@@ -455,8 +482,13 @@ func (a *Agent) info() Info {
 		"client_requests": int(s.clientRequests.Load()), "read_rows": int(s.readRows.Load()),
 		"served_rows": int(s.servedRows.Load()), "served_bytes": int(s.servedBytes.Load()),
 		"fetches": int(s.fetches.Load()), "errors": int(s.errors.Load()),
-		"bad_frames": int(s.badFrames.Load() + a.peer.BadFrames.Load()),
+		"bad_frames":   int(s.badFrames.Load() + a.peer.BadFrames.Load()),
+		"storage_rows": int(s.storageRows.Load()), "storage_reads": int(s.storageReads.Load()),
+		"storage_bytes": int(s.storageBytes.Load()), "storage_errors": int(s.storageErrors.Load()),
+		"staged_rows": int(s.stagedRows.Load()), "prefetch_rows": int(s.prefetchRows.Load()),
+		"prefetch_dropped": int(s.prefetchDropped.Load()), "prefetch_evicted": int(s.prefetchEvicted.Load()),
 	}
+	in.MemoryBytes += a.stagingBytes.Load()
 	if c := a.coord.Load(); c != nil {
 		in.Nodes, _ = c.nodes()
 	}
@@ -562,7 +594,7 @@ func (a *Agent) admit(n int64, shard bool, what func(size string) string) (done 
 		return func() {}, nil
 	}
 	a.admitMu.Lock()
-	used := a.shardBytes.Load() + a.regions.bytes()
+	used := a.shardBytes.Load() + a.regions.bytes() + a.stagingBytes.Load()
 	if n > a.cfg.MemoryBytes-used {
 		a.admitMu.Unlock()
 		return nil, base.Errorf(base.ErrArgument, "%s would take node %q to %s, above its memory budget of %s (--memory)",
@@ -572,6 +604,18 @@ func (a *Agent) admit(n int64, shard bool, what func(size string) string) (done 
 		a.shardBytes.Add(n)
 	}
 	return a.admitMu.Unlock, nil
+}
+
+// admitStaging charges n bytes of staging memory to the budget; release
+// gives them back.
+func (a *Agent) admitStaging(n int64, what func(size string) string) (release func(), err error) {
+	done, err := a.admit(n, false, what)
+	if err != nil {
+		return nil, err
+	}
+	a.stagingBytes.Add(n)
+	done()
+	return func() { a.stagingBytes.Add(-n) }, nil
 }
 
 // formatBytes writes n as 512 B, 1.5 GiB, 8 GiB.

@@ -161,6 +161,9 @@ func (col *collective) check(sh wire.Shard) error {
 		return base.Errorf(base.ErrGeometry, "variable %q: rank %d says the world has %d ranks, rank %d says %d", sh.Name, sh.Rank, sh.Size, f.Rank, f.Size)
 	case sh.Dtype != f.Dtype:
 		return base.Errorf(base.ErrGeometry, "variable %q: rank %d has items of type %q but rank %d has %q", sh.Name, sh.Rank, sh.Dtype, f.Rank, f.Dtype)
+	case sh.Backing != f.Backing || sh.Total != f.Total:
+		return base.Errorf(base.ErrGeometry, "variable %q: rank %d has backing file %q of %d rows but rank %d has %q of %d rows",
+			sh.Name, sh.Rank, sh.Backing, sh.Total, f.Rank, f.Backing, f.Total)
 	case sh.Disp != f.Disp || sh.ItemSize != f.ItemSize:
 		return base.Errorf(base.ErrGeometry, "variable %q: rank %d has rows of disp %d, itemsize %d but rank %d has disp %d, itemsize %d",
 			sh.Name, sh.Rank, sh.Disp, sh.ItemSize, f.Rank, f.Disp, f.ItemSize)
@@ -191,7 +194,7 @@ func (col *collective) missing() string {
 func (c *coordinator) tableLocked(col *collective) (*wire.Table, error) {
 	f := col.first
 	c.mu.lastID++
-	t := &wire.Table{Name: f.Name, Disp: f.Disp, ItemSize: f.ItemSize, Dtype: f.Dtype, ID: c.mu.lastID,
+	t := &wire.Table{Name: f.Name, Disp: f.Disp, ItemSize: f.ItemSize, Dtype: f.Dtype, ID: c.mu.lastID, Backing: f.Backing, Total: f.Total,
 		ShardRows: make([]int64, col.size), RankNode: make([]int64, col.size)}
 	nodeIndex := map[string]int64{}
 	for r := int64(0); r < col.size; r++ {
@@ -210,7 +213,7 @@ func (c *coordinator) tableLocked(col *collective) (*wire.Table, error) {
 		}
 		t.RankNode[r] = i
 	}
-	if _, err := layout.New(layout.Row{Disp: t.Disp, ItemSize: t.ItemSize}, t.ShardRows); err != nil {
+	if _, err := layout.NewBacked(layout.Row{Disp: t.Disp, ItemSize: t.ItemSize}, t.ShardRows, t.Total); err != nil {
 		return nil, fmt.Errorf("variable %q: %w", f.Name, err)
 	}
 	return t, nil

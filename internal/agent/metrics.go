@@ -62,6 +62,15 @@ func newMetrics(a *Agent) *metrics {
 		counter(opts("served_bytes_total", "Bytes of rows served to other nodes' agents."), s.servedBytes.Load),
 		counter(opts("fetches_total", "Fetch requests sent to other nodes' agents."), s.fetches.Load),
 		counter(opts("errors_total", "Client requests answered with an error."), s.errors.Load),
+		counter(opts("storage_rows_total", "Rows read from backing files (on demand and ahead of use)."), s.storageRows.Load),
+		counter(opts("storage_reads_total", "Reads of backing files (each covers several rows once coalesced)."), s.storageReads.Load),
+		counter(opts("storage_bytes_total", "Bytes read from backing files, the gaps between wanted rows included."), s.storageBytes.Load),
+		counter(opts("storage_errors_total", "Reads of backing files that failed."), s.storageErrors.Load),
+		counter(opts("staged_rows_total", "Rows served from staging memory, read ahead of use."), s.stagedRows.Load),
+		counter(opts("prefetch_rows_total", "Rows read ahead of use into staging memory."), s.prefetchRows.Load),
+		counter(opts("prefetch_dropped_total", "Rows asked to be read ahead but not, for want of staging room."), s.prefetchDropped.Load),
+		counter(opts("prefetch_evicted_total", "Rows read ahead and evicted from staging before any client read them."), s.prefetchEvicted.Load),
+		gauge(opts("staging_bytes", "Staging memory of the storage tiers."), a.stagingBytes.Load),
 		counter(with(badFrames, "source", "client"), s.badFrames.Load),
 		counter(with(badFrames, "source", "peer"), func() int64 {
 			if a.peer == nil {

@@ -3,10 +3,12 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/layout"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
@@ -15,6 +17,7 @@ import (
 type fanout struct {
 	nodes  []nodeRows
 	pieces []piece
+	backed nodeRows // rows of the backing file
 }
 
 type nodeRows struct {
@@ -73,6 +76,7 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 	for i := range t.Nodes {
 		f.nodes[i].globals, f.nodes[i].dst = f.nodes[i].globals[:0], f.nodes[i].dst[:0]
 	}
+	f.backed.globals, f.backed.dst = f.backed.globals[:0], f.backed.dst[:0]
 	for i, off := range m.Offsets {
 		if off < 0 || off > size-rb {
 			return base.Errorf(base.ErrBuffer, "row %d of the read goes to offset %d of a %d-byte receive region (rows of %d bytes)", i, off, size, rb)
@@ -82,6 +86,11 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 		off := m.Offsets[i]
 		dst := reg.mem[off : off+rb : off+rb]
 		rank, local := v.lay.Owner(g)
+		if rank == layout.Backed {
+			f.backed.globals = append(f.backed.globals, g)
+			f.backed.dst = append(f.backed.dst, dst)
+			continue
+		}
 		if seg := v.byRank[rank]; seg != nil {
 			copy(dst, seg.Data[local*rb:(local+1)*rb])
 			continue
@@ -114,8 +123,14 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 			f.pieces = append(f.pieces, piece{addr: t.Addrs[i], globals: n.globals[lo:hi], dst: n.dst[lo:hi]})
 		}
 	}
+	// The first piece is fetched on this goroutine, unless rows of the
+	// backing file are to be read here meanwhile.
 	var wg sync.WaitGroup
-	for i := 1; i < len(f.pieces); i++ {
+	first := 1
+	if len(f.backed.globals) > 0 {
+		first = 0
+	}
+	for i := first; i < len(f.pieces); i++ {
 		p := &f.pieces[i]
 		wg.Add(1)
 		go func() {
@@ -123,11 +138,20 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 			p.err = a.pool.Fetch(ctx, p.addr, m.Name, t.ID, p.globals, p.dst)
 		}()
 	}
-	if len(f.pieces) > 0 {
+	var backedErr error
+	if first == 0 {
+		tctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
+		backedErr = v.tier.read(tctx, f.backed.globals, f.backed.dst)
+		cancel()
+	} else if len(f.pieces) > 0 {
 		p := &f.pieces[0]
 		p.err = a.pool.Fetch(ctx, p.addr, m.Name, t.ID, p.globals, p.dst)
 	}
 	wg.Wait()
+	clear(f.backed.dst)
+	if backedErr != nil {
+		return backedErr
+	}
 	for i := range f.pieces {
 		if err := f.pieces[i].err; err != nil {
 			if errors.Is(err, base.ErrFreed) {
@@ -141,6 +165,29 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 		clear(f.nodes[i].dst)
 	}
 	return nil
+}
+
+// prefetch starts reading rows of a variable's backing file into staging
+// memory, for a Read to come; it returns without waiting.
+func (a *Agent) prefetch(ctx context.Context, m *wire.Fetch) error {
+	v, err := a.lookup(ctx, m.Name)
+	if err != nil {
+		return err
+	}
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	switch {
+	case v.gone:
+		return base.Errorf(base.ErrFreed, "variable %q was freed", m.Name)
+	case m.ID != v.table.ID:
+		return base.Errorf(base.ErrFreed, "variable %q was freed and created again since this client looked it up", m.Name)
+	case v.tier == nil:
+		return base.Errorf(base.ErrArgument, "variable %q has no backing file: its rows are all in memory, there is nothing to prefetch", m.Name)
+	}
+	if err := v.lay.CheckAll(m.Globals); err != nil {
+		return fmt.Errorf("variable %q: %w", m.Name, err)
+	}
+	return v.tier.prefetch(m.Globals)
 }
 
 // forgetStale drops a cached table of a variable this node holds no shard
@@ -199,6 +246,11 @@ func (h *peerHandler) Rows(name string, id int64, globals []int64, rows [][]byte
 	rb := v.lay.Bytes()
 	for _, g := range globals {
 		rank, local := v.lay.Owner(g)
+		if rank == layout.Backed {
+			v.mu.RUnlock()
+			return rows[:0], nil, base.Errorf(base.ErrArgument, "row %d of %q is in its backing file, not on node %q: read it from the file",
+				g, name, a.cfg.Node)
+		}
 		seg := v.byRank[rank]
 		if seg == nil {
 			v.mu.RUnlock()

@@ -28,6 +28,8 @@ type session struct {
 	out   []byte
 	read  wire.Read
 	fan   fanout
+	// prefetch is the last Prefetch request, its slice reused.
+	prefetch wire.Fetch
 	// decodeFailed says the current request itself was malformed.
 	decodeFailed bool
 }
@@ -212,6 +214,12 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 		}
 		defer a.observeRead(time.Now())
 		return nil, a.read(ctx, s, &s.read)
+	case wire.OpPrefetch:
+		if err := wire.DecodeFetch(body, &s.prefetch); err != nil {
+			s.decodeFailed = true
+			return nil, err
+		}
+		return nil, a.prefetch(ctx, &s.prefetch)
 	case wire.OpRegister:
 		m, err := wire.DecodeRegion(body)
 		if err != nil {
@@ -346,8 +354,19 @@ func checkShard(m wire.Shard) error {
 	if m.Rows > 0 && m.Disp*m.ItemSize > (1<<46)/m.Rows {
 		return base.Errorf(base.ErrGeometry, "variable %q: %d rows of %d bytes is too large for one shard", m.Name, m.Rows, m.Disp*m.ItemSize)
 	}
+	switch {
+	case m.Backing == "" && m.Total != 0:
+		return base.Errorf(base.ErrGeometry, "variable %q: %d rows in all but no backing file", m.Name, m.Total)
+	case m.Backing != "" && (m.Total < 1 || m.Total > 1<<62):
+		return base.Errorf(base.ErrGeometry, "variable %q: backing file %s of %d rows: want at least 1", m.Name, m.Backing, m.Total)
+	case len(m.Backing) > maxPath:
+		return base.Errorf(base.ErrArgument, "variable %q: backing file name of %d bytes: want at most %d", m.Name, len(m.Backing), maxPath)
+	}
 	return nil
 }
+
+// maxPath bounds a backing file's name (with its dataset).
+const maxPath = 4096
 
 // publish declares a created shard complete and waits for the variable to
 // exist on every rank.
@@ -398,6 +417,16 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) 
 		bad = base.Errorf(base.ErrGeometry, "variable %q: rank %d created %d rows of disp %d, itemsize %d but publishes %d rows of disp %d, itemsize %d",
 			m.Name, m.Rank, h.Rows, h.Disp, h.ItemSize, m.Rows, m.Disp, m.ItemSize)
 	}
+	if bad == nil && m.Backing != "" {
+		// Open the backing file now, so that a wrong name, shape or type
+		// fails the Add on every rank rather than a read later.
+		src, err := openBacking(m.Backing, m.Dtype, m.Disp*m.ItemSize, m.Total)
+		if err != nil {
+			bad = fmt.Errorf("variable %q: %w", m.Name, err)
+		} else {
+			src.Close()
+		}
+	}
 	if bad != nil {
 		if seg != nil {
 			a.takeBack(v, int(m.Rank), seg)
@@ -422,7 +451,7 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) 
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if err := v.setTable(t, a.cfg.Node); err != nil {
+	if err := v.setTable(a, t); err != nil {
 		return nil, err
 	}
 	return v.localTable(), nil
@@ -531,7 +560,7 @@ func (a *Agent) lookup(ctx context.Context, name string) (*variable, error) {
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if err := v.setTable(t, a.cfg.Node); err != nil {
+	if err := v.setTable(a, t); err != nil {
 		return nil, err
 	}
 	return v, nil

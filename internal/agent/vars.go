@@ -34,6 +34,8 @@ type variable struct {
 	// published mirrors table != nil without v.mu, which a peer transfer
 	// may hold for a while: a second Add of the name fails at once.
 	published atomic.Bool
+	// tier reads the rows only the backing file holds; nil without one.
+	tier *tier
 }
 
 func newVariable(name string) *variable {
@@ -41,11 +43,12 @@ func newVariable(name string) *variable {
 }
 
 // setTable installs the published table; the caller holds v.mu.
-func (v *variable) setTable(t *wire.Table, node string) error {
+func (v *variable) setTable(a *Agent, t *wire.Table) error {
 	if v.table != nil {
 		return nil
 	}
-	lay, err := layout.New(layout.Row{Disp: t.Disp, ItemSize: t.ItemSize}, t.ShardRows)
+	node := a.cfg.Node
+	lay, err := layout.NewBacked(layout.Row{Disp: t.Disp, ItemSize: t.ItemSize}, t.ShardRows, t.Total)
 	if err != nil {
 		return err
 	}
@@ -63,6 +66,9 @@ func (v *variable) setTable(t *wire.Table, node string) error {
 		byRank[r] = seg
 	}
 	v.table, v.lay, v.byRank = t, lay, byRank
+	if t.Backing != "" {
+		v.tier = newTier(a, t, lay.Held())
+	}
 	v.published.Store(true)
 	v.wake()
 	return nil
@@ -101,6 +107,9 @@ func (v *variable) drop() {
 	}
 	v.segs, v.byRank, v.gone = map[int]*shm.Segment{}, nil, true
 	v.wake()
+	if v.tier != nil {
+		v.tier.close()
+	}
 }
 
 func (v *variable) info() VarInfo {
@@ -115,7 +124,7 @@ func (v *variable) info() VarInfo {
 	slices.Sort(vi.LocalRanks)
 	if t := v.table; t != nil {
 		vi.Disp, vi.ItemSize, vi.TotalRows, vi.Dtype = t.Disp, t.ItemSize, v.lay.Total(), t.Dtype
-		vi.ShardRows = t.ShardRows
+		vi.ShardRows, vi.Backing, vi.HeldRows = t.ShardRows, t.Backing, v.lay.Held()
 		for _, n := range t.RankNode {
 			vi.Owners = append(vi.Owners, t.Nodes[n])
 		}

@@ -43,11 +43,18 @@ func (r Row) Validate() error {
 }
 
 // Layout maps global row indices to (rank, local row) for one variable. The
-// global index space is the shards concatenated in rank order.
+// global index space is the shards concatenated in rank order, then, for a
+// variable with a backing file, the rows only that file holds: the shards
+// hold the file's first Held rows, the file all Total of them.
 type Layout struct {
 	Row
-	prefix []int64 // prefix[r] = first global row of rank r; prefix[P] = total
+	prefix []int64 // prefix[r] = first global row of rank r; prefix[P] = rows held
+	total  int64   // rows in all: prefix[P], or more with a backing file
 }
+
+// Backed is the owner Owner names for a row that only the backing file
+// holds.
+const Backed = -1
 
 // New builds a layout from the number of rows of each rank's shard.
 func New(row Row, shardRows []int64) (*Layout, error) {
@@ -67,14 +74,33 @@ func New(row Row, shardRows []int64) (*Layout, error) {
 		}
 		prefix[r+1] = prefix[r] + n
 	}
-	return &Layout{Row: row, prefix: prefix}, nil
+	return &Layout{Row: row, prefix: prefix, total: prefix[len(shardRows)]}, nil
+}
+
+// NewBacked builds the layout of a variable whose backing file holds total
+// rows, of which the shards hold the first (their sum, at most total);
+// total 0 means no backing file (New).
+func NewBacked(row Row, shardRows []int64, total int64) (*Layout, error) {
+	l, err := New(row, shardRows)
+	if err != nil || total == 0 {
+		return l, err
+	}
+	if total < l.Held() || total > 1<<62 {
+		return nil, fmt.Errorf("%w: backing file of %d rows for shards of %d rows: want at least as many", ErrGeometry, total, l.Held())
+	}
+	l.total = total
+	return l, nil
 }
 
 // Ranks is the number of shards.
 func (l *Layout) Ranks() int { return len(l.prefix) - 1 }
 
-// Total is the number of global rows.
-func (l *Layout) Total() int64 { return l.prefix[len(l.prefix)-1] }
+// Total is the number of global rows, those of the backing file included.
+func (l *Layout) Total() int64 { return l.total }
+
+// Held is the number of rows the shards hold: rows [Held, Total) are read
+// from the backing file.
+func (l *Layout) Held() int64 { return l.prefix[len(l.prefix)-1] }
 
 // ShardRows is the number of rows of rank r's shard.
 func (l *Layout) ShardRows(r int) int64 { return l.prefix[r+1] - l.prefix[r] }
@@ -92,10 +118,15 @@ func (l *Layout) Check(g int64) error {
 }
 
 // Owner returns the rank that holds global row g and its row inside that
-// shard. g must have passed Check. Ranks with empty shards never own a row.
+// shard, or Backed and g (its row in the file) for a row only the backing
+// file holds. g must have passed Check. Ranks with empty shards never own a
+// row.
 func (l *Layout) Owner(g int64) (rank int, local int64) {
-	// The last r with prefix[r] <= g; binary search over P+1 prefix sums.
 	p := l.prefix
+	if g >= p[len(p)-1] {
+		return Backed, g
+	}
+	// The last r with prefix[r] <= g; binary search over P+1 prefix sums.
 	lo, hi := 0, len(p)-1
 	for hi-lo > 1 {
 		mid := int(uint(lo+hi) >> 1)
@@ -108,7 +139,8 @@ func (l *Layout) Owner(g int64) (rank int, local int64) {
 	return lo, g - p[lo]
 }
 
-// Span is a run of consecutive global rows that one rank owns.
+// Span is a run of consecutive global rows that one rank owns (Rank is
+// Backed, and Local the first row in the file, for rows of the backing file).
 type Span struct {
 	Rank  int
 	Local int64 // first row inside the rank's shard
@@ -134,7 +166,10 @@ func (l *Layout) Spans(start, count int64) ([]Span, error) {
 	g, end := start, start+count
 	for g < end {
 		r, local := l.Owner(g)
-		n := min(end, l.prefix[r+1]) - g
+		n := end - g
+		if r != Backed {
+			n = min(end, l.prefix[r+1]) - g
+		}
 		spans = append(spans, Span{Rank: r, Local: local, Count: n})
 		g += n
 	}

@@ -3,6 +3,7 @@ package layout
 import (
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"testing/quick"
@@ -163,4 +164,52 @@ func BenchmarkOwner(b *testing.B) {
 		sink += r
 	}
 	_ = sink
+}
+
+func TestBacked(t *testing.T) {
+	row := Row{Disp: 2, ItemSize: 4}
+	l, err := NewBacked(row, []int64{2, 0, 3}, 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Held() != 5 || l.Total() != 9 {
+		t.Fatalf("Held, Total = %d, %d; want 5, 9", l.Held(), l.Total())
+	}
+	for _, c := range []struct {
+		g     int64
+		rank  int
+		local int64
+	}{
+		{0, 0, 0}, {1, 0, 1}, {2, 2, 0}, {4, 2, 2}, {5, Backed, 5}, {8, Backed, 8},
+	} {
+		r, loc := l.Owner(c.g)
+		if r != c.rank || loc != c.local {
+			t.Errorf("Owner(%d) = %d, %d; want %d, %d", c.g, r, loc, c.rank, c.local)
+		}
+	}
+	if err := l.Check(9); !errors.Is(err, ErrIndex) {
+		t.Errorf("Check(9) = %v, want ErrIndex", err)
+	}
+	if err := l.CheckAll([]int64{0, 8, 9}); err == nil || !strings.Contains(err.Error(), "indices[2] = 9 not in [0, 9)") {
+		t.Errorf("CheckAll = %v", err)
+	}
+	spans, err := l.Spans(3, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Span{{Rank: 2, Local: 1, Count: 2}, {Rank: Backed, Local: 5, Count: 3}}
+	if !slices.Equal(spans, want) {
+		t.Errorf("Spans(3, 5) = %v, want %v", spans, want)
+	}
+	// All rows in the file, none in memory.
+	l, err = NewBacked(row, []int64{0, 0}, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, loc := l.Owner(0); r != Backed || loc != 0 {
+		t.Errorf("Owner(0) of an all-file layout = %d, %d", r, loc)
+	}
+	if _, err := NewBacked(row, []int64{2, 3}, 4); !errors.Is(err, ErrGeometry) || !strings.Contains(err.Error(), "backing file of 4 rows for shards of 5 rows") {
+		t.Errorf("a file shorter than the shards: %v", err)
+	}
 }

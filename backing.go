@@ -1,0 +1,109 @@
+package ddstore
+
+import (
+	"fmt"
+	"path/filepath"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/source"
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
+
+// Backing is a file that holds every row of a variable, for a dataset
+// larger than the memory the job gives it: the shards hold the file's first
+// rows (rank r's shard rows [first_r, first_r+n_r) of the file, in rank
+// order), and reads of the others go to the file — through the node's
+// agent, which reads them on demand, sorted and coalesced by position in
+// the file, or ahead of use when told what comes next (Prefetch).
+type Backing struct {
+	// File is a .npy file, an HDF5 dataset as FILE:DATASET (agents built
+	// with -tags hdf5), or a raw file of rows; a relative name is made
+	// absolute here. Every node's agent opens it: on several nodes it must
+	// be on a shared filesystem.
+	File string
+	// Rows is how many rows the variable has in all: at least the sum of
+	// the shards, at most the file's.
+	Rows int64
+}
+
+// AddBacked is AddAs for a variable whose rows all lie in a backing file,
+// of which this rank's shard holds rows (the file's rows from this rank's
+// first global row, see Backing). Every rank calls it with the same
+// Backing; ranks that disagree all get ErrGeometry, and a file that cannot
+// be opened, or whose rows are not disp items of dtype, fails the Add on
+// every rank.
+func (s *Store) AddBacked(name string, rows []byte, disp int64, dtype Dtype, b Backing) error {
+	size, err := dtype.ItemSize()
+	if err == nil {
+		err = rowError(name, disp, size)
+	}
+	if err == nil && int64(len(rows))%(disp*size) != 0 {
+		err = base.Errorf(base.ErrBuffer, "variable %q: %d bytes is not a whole number of %d-byte rows (disp %d x %s)", name, len(rows), disp*size, disp, dtype)
+	}
+	var nrows int64
+	if err == nil {
+		nrows = int64(len(rows)) / (disp * size)
+		b, err = b.check(name, nrows)
+	}
+	return s.create(name, rows, nrows, disp, size, string(dtype), err, b)
+}
+
+// check validates a Backing and makes its file name absolute.
+func (b Backing) check(name string, nrows int64) (Backing, error) {
+	if b.File == "" {
+		return b, base.Errorf(base.ErrArgument, "variable %q: backing file name is empty", name)
+	}
+	if b.Rows < 1 || b.Rows < nrows {
+		return b, base.Errorf(base.ErrGeometry, "variable %q: backing file %s of %d rows: want at least 1 and at least this rank's %d", name, b.File, b.Rows, nrows)
+	}
+	sp, err := source.ParseSpec(b.File, source.Options{RowBytes: 1})
+	if err != nil {
+		return b, fmt.Errorf("variable %q: %w", name, err)
+	}
+	if !filepath.IsAbs(sp.File) {
+		abs, err := filepath.Abs(sp.File)
+		if err != nil {
+			return b, fmt.Errorf("variable %q: backing file %s: %w", name, b.File, err)
+		}
+		b.File = abs
+		if sp.Dataset != "" {
+			b.File += ":" + sp.Dataset
+		}
+	}
+	return b, nil
+}
+
+// Prefetch tells the node's agent which rows of a variable with a backing
+// file this rank will read soon (the storage reads of its next steps, as a
+// schedule says), so that it reads them from the file now, into staging
+// memory, and a GetBatch of them later finds them there. Rows the shards
+// hold are skipped; rows beyond the staging room are read on demand. It
+// returns without waiting for the reads.
+func (s *Store) Prefetch(name string, indices []int64) error {
+	v, err := s.acquire(name)
+	if err != nil {
+		return err
+	}
+	defer v.mu.RUnlock()
+	if v.backing == "" {
+		return base.Errorf(base.ErrArgument, "variable %q has no backing file: its rows are all in memory, there is nothing to prefetch", name)
+	}
+	if err := v.lay.CheckAll(indices); err != nil {
+		return fmt.Errorf("variable %q: %w", name, err)
+	}
+	held := v.lay.Held()
+	m := wire.Fetch{Name: name, ID: v.id}
+	for _, g := range indices {
+		if g >= held {
+			m.Globals = append(m.Globals, g)
+		}
+	}
+	if len(m.Globals) == 0 {
+		return nil
+	}
+	_, err = s.request(wire.OpPrefetch, m.Encode, s.cfg.Timeout)
+	if err != nil {
+		return fmt.Errorf("variable %q: %w", name, err)
+	}
+	return nil
+}

@@ -1,0 +1,504 @@
+package agent
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/source"
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
+
+// The storage tier: a variable may have a backing file that holds all its
+// rows, of which the shards hold the first. This node's agent reads the
+// others from the file for its clients — on demand, sorted and coalesced by
+// position in the file so that rows of one chunk (or close together) cost
+// one read; and ahead of use, into a bounded staging area, when a client
+// says what its next steps will read (Prefetch, from the schedule).
+
+// Tier tuning.
+const (
+	// gapBytes: two wanted rows at most this far apart in a file without
+	// chunks of its own are read in one piece (reading the gap costs less
+	// than another request), and such files' read unit.
+	gapBytes = 16 << 10
+	// staleAfter: a row read ahead and left unread this long is evicted
+	// when staging is full. Younger rows are not: what was read ahead
+	// first is needed first, so a full staging area drops new requests
+	// rather than evict rows about to be read (Belady: evict what is
+	// needed last).
+	staleAfter = 10 * time.Second
+	// maxRunBytes bounds one read, and so its scratch buffer.
+	maxRunBytes = 16 << 20
+	// tierReaders is how many reads of one request run at once.
+	tierReaders = 4
+	// DefaultStagingBytes is the staging memory of a tiered variable when
+	// Config.StagingBytes is zero.
+	DefaultStagingBytes = 256 << 20
+)
+
+// openBacking opens the backing file of a variable with rows of rb bytes of
+// dtype ("" for untyped) and total rows, checking that it holds them.
+func openBacking(spec, dtype string, rb, total int64) (source.Source, error) {
+	src, err := source.Open(spec, source.Options{RowBytes: rb, Dtype: dtype, ChunkBytes: gapBytes})
+	if err != nil {
+		return nil, err
+	}
+	if src.Rows() < total {
+		src.Close()
+		return nil, base.Errorf(base.ErrGeometry, "backing file %s has %d rows: the variable has %d", spec, src.Rows(), total)
+	}
+	return src, nil
+}
+
+// tier is the storage tier of one variable on this node.
+type tier struct {
+	a            *Agent
+	name, spec   string
+	dtype        string
+	rb           int64
+	held, total  int64
+	stagingLimit int64
+
+	// rw guards src: read-locked while the file is read, write-locked to
+	// close it (a read of a freed variable fails, never crashes).
+	rw      sync.RWMutex
+	src     source.Source
+	openErr error
+	closed  bool
+	unit    int64 // rows read together: the file's chunk
+
+	scratch sync.Pool // *[]byte of maxRunBytes at most
+
+	slots int64 // staging slots; 0 until the first prefetch (t.mu)
+	mu    struct {
+		sync.Mutex
+		staged  map[int64]*stagedRow // by row
+		fifo    []*stagedRow         // in the order staged, for eviction
+		free    [][]byte             // staging slots not in use
+		queue   []int64              // rows to prefetch, not yet started
+		stopped bool
+	}
+	wake chan struct{}
+}
+
+// stagedRow is a row being read ahead, or read ahead and not yet used.
+type stagedRow struct {
+	row  int64
+	buf  []byte
+	done chan struct{} // closed once buf is filled (or err set)
+	err  error
+	// Under t.mu: ready once done is closed; claimed once out of the
+	// staged map (a reader took it, or it was evicted); released once its
+	// reader is done with buf. The slot goes back to the free list when
+	// the row is ready and unclaimed-evicted, or ready and released.
+	ready, claimed, released bool
+	at                       time.Time // when it became ready
+}
+
+func newTier(a *Agent, t *wire.Table, held int64) *tier {
+	limit := a.cfg.StagingBytes
+	if limit == 0 {
+		limit = DefaultStagingBytes
+	}
+	tr := &tier{a: a, name: t.Name, spec: t.Backing, dtype: t.Dtype, rb: t.Disp * t.ItemSize,
+		held: held, total: t.Total, stagingLimit: limit, wake: make(chan struct{}, 1)}
+	tr.mu.staged = make(map[int64]*stagedRow)
+	return tr
+}
+
+// source opens the file on first use; the caller holds t.rw read-locked.
+func (t *tier) source() (source.Source, error) {
+	if t.closed {
+		return nil, base.Errorf(base.ErrFreed, "variable %q was freed", t.name)
+	}
+	if t.src != nil || t.openErr != nil {
+		return t.src, t.openErr
+	}
+	t.rw.RUnlock()
+	t.rw.Lock()
+	if t.src == nil && t.openErr == nil && !t.closed {
+		t.src, t.openErr = openBacking(t.spec, t.dtype, t.rb, t.total)
+		if t.openErr == nil {
+			t.unit = max(1, t.src.ChunkRows())
+		} else {
+			t.openErr = fmt.Errorf("variable %q: %w", t.name, t.openErr)
+		}
+	}
+	t.rw.Unlock()
+	t.rw.RLock()
+	if t.closed {
+		return nil, base.Errorf(base.ErrFreed, "variable %q was freed", t.name)
+	}
+	return t.src, t.openErr
+}
+
+// close stops the prefetcher and closes the file once no read is using it.
+func (t *tier) close() {
+	t.mu.Lock()
+	t.mu.stopped = true
+	t.mu.queue = nil
+	t.mu.Unlock()
+	t.poke()
+	t.rw.Lock()
+	t.closed = true
+	if t.src != nil {
+		t.src.Close()
+		t.src = nil
+	}
+	t.rw.Unlock()
+}
+
+func (t *tier) poke() {
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
+
+// read fills dst[i] with file row rows[i] (every one in [held, total)):
+// from staging where a prefetch got there first (waiting for one in
+// progress), else from the file.
+func (t *tier) read(ctx context.Context, rows []int64, dst [][]byte) error {
+	var waits []int
+	var hits []*stagedRow
+	miss := make([]int, 0, len(rows))
+	t.mu.Lock()
+	for i, g := range rows {
+		if e := t.mu.staged[g]; e != nil {
+			delete(t.mu.staged, g)
+			e.claimed = true
+			waits = append(waits, i)
+			hits = append(hits, e)
+		} else {
+			miss = append(miss, i)
+		}
+	}
+	t.mu.Unlock()
+	var waitErr error
+	for k, i := range waits {
+		e := hits[k]
+		if waitErr == nil {
+			select {
+			case <-e.done:
+			case <-ctx.Done():
+				waitErr = ctx.Err()
+			}
+		}
+		if waitErr == nil && e.err == nil {
+			copy(dst[i], e.buf)
+			t.a.stats.stagedRows.Add(1)
+		} else if waitErr == nil {
+			miss = append(miss, i)
+		}
+		t.release(e)
+	}
+	if waitErr != nil {
+		return base.Errorf(base.ErrTimeout, "variable %q: waiting for rows read ahead: %v", t.name, waitErr)
+	}
+	if len(miss) == 0 {
+		return nil
+	}
+	slices.SortFunc(miss, func(x, y int) int { return cmp.Compare(rows[x], rows[y]) })
+	sortedRows := make([]int64, len(miss))
+	sortedDst := make([][]byte, len(miss))
+	for k, i := range miss {
+		sortedRows[k], sortedDst[k] = rows[i], dst[i]
+	}
+	return t.readFile(ctx, sortedRows, sortedDst)
+}
+
+// release gives back the slot of a staged row a reader claimed, once the
+// reader is done with it: now if the prefetch is over, else when the
+// prefetcher finishes it.
+func (t *tier) release(e *stagedRow) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e.released = true
+	if e.ready {
+		t.freeLocked(e)
+	}
+}
+
+// run is a stretch of wanted rows read with one request: rows[lo:hi] of a
+// sorted list, covering file rows [first, last].
+type run struct{ lo, hi int }
+
+// readFile reads sorted rows (repeats allowed) from the file into dst,
+// coalescing rows of one chunk, or close together, into one read, several
+// reads at once.
+func (t *tier) readFile(ctx context.Context, rows []int64, dst [][]byte) error {
+	t.rw.RLock()
+	defer t.rw.RUnlock()
+	src, err := t.source()
+	if err != nil {
+		return err
+	}
+	runs := t.plan(rows)
+	var wg sync.WaitGroup
+	errs := make([]error, len(runs))
+	next := make(chan int, len(runs))
+	for i := range runs {
+		next <- i
+	}
+	close(next)
+	for range min(tierReaders, len(runs)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				if ctx.Err() != nil {
+					errs[i] = ctx.Err()
+					continue
+				}
+				errs[i] = t.readRun(src, rows[runs[i].lo:runs[i].hi], dst[runs[i].lo:runs[i].hi])
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.a.stats.storageErrors.Add(1)
+			return fmt.Errorf("variable %q: reading backing file %s: %w", t.name, t.spec, err)
+		}
+	}
+	return nil
+}
+
+// plan cuts sorted rows into runs: a run goes on while the next row is in
+// the same chunk as the last or within gapBytes of it, up to maxRunBytes.
+func (t *tier) plan(rows []int64) []run {
+	gap := max(1, gapBytes/t.rb)
+	maxRows := max(1, maxRunBytes/t.rb)
+	var runs []run
+	lo := 0
+	for i := 1; i <= len(rows); i++ {
+		if i < len(rows) {
+			prev, g := rows[i-1], rows[i]
+			near := g/t.unit == prev/t.unit || g-prev <= gap
+			if near && g-rows[lo] < maxRows {
+				continue
+			}
+		}
+		runs = append(runs, run{lo, i})
+		lo = i
+	}
+	return runs
+}
+
+// readRun reads file rows [rows[0], rows[len-1]] in one request and copies
+// out the wanted ones.
+func (t *tier) readRun(src source.Source, rows []int64, dst [][]byte) error {
+	first, n := rows[0], rows[len(rows)-1]-rows[0]+1
+	if n == 1 {
+		if err := src.ReadRows(first, 1, dst[0]); err != nil {
+			return err
+		}
+		for k := 1; k < len(rows); k++ {
+			copy(dst[k], dst[0])
+		}
+	} else {
+		size := int(n * t.rb)
+		bp, _ := t.scratch.Get().(*[]byte)
+		if bp == nil || cap(*bp) < size {
+			b := make([]byte, size)
+			bp = &b
+		}
+		buf := (*bp)[:size]
+		err := src.ReadRows(first, n, buf)
+		if err == nil {
+			for k, g := range rows {
+				o := (g - first) * t.rb
+				copy(dst[k], buf[o:o+t.rb])
+			}
+		}
+		t.scratch.Put(bp)
+		if err != nil {
+			return err
+		}
+	}
+	t.a.stats.storageReads.Add(1)
+	t.a.stats.storageRows.Add(int64(len(rows)))
+	t.a.stats.storageBytes.Add(n * t.rb)
+	return nil
+}
+
+// prefetch queues rows in [held, total) to be read ahead into staging, as
+// many as it has room for; the others are left to be read on demand.
+func (t *tier) prefetch(rows []int64) error {
+	t.mu.Lock()
+	if t.mu.stopped {
+		t.mu.Unlock()
+		return base.Errorf(base.ErrFreed, "variable %q was freed", t.name)
+	}
+	if t.slots == 0 {
+		if err := t.startLocked(); err != nil {
+			t.mu.Unlock()
+			return err
+		}
+	}
+	n := 0
+	for _, g := range rows {
+		if g < t.held || t.mu.staged[g] != nil {
+			continue
+		}
+		if int64(len(t.mu.queue)) >= t.slots {
+			t.a.stats.prefetchDropped.Add(1)
+			continue
+		}
+		t.mu.queue = append(t.mu.queue, g)
+		n++
+	}
+	t.mu.Unlock()
+	if n > 0 {
+		t.poke()
+	}
+	return nil
+}
+
+// startLocked allocates the staging slots, within the agent's memory
+// budget, and starts the prefetcher; the caller holds t.mu.
+func (t *tier) startLocked() error {
+	slots := min(t.stagingLimit/t.rb, t.total-t.held)
+	if slots < 1 {
+		return base.Errorf(base.ErrArgument, "variable %q: a staging area of %d bytes holds no row of %d bytes", t.name, t.stagingLimit, t.rb)
+	}
+	n := slots * t.rb
+	unbudget, err := t.a.admitStaging(n, func(size string) string {
+		return fmt.Sprintf("staging of %s for rows of %q read ahead", size, t.name)
+	})
+	if err != nil {
+		return err
+	}
+	arena := make([]byte, n)
+	t.mu.free = make([][]byte, 0, slots)
+	for i := range slots {
+		t.mu.free = append(t.mu.free, arena[i*t.rb:(i+1)*t.rb:(i+1)*t.rb])
+	}
+	t.slots = slots
+	t.a.go_(func() {
+		defer unbudget()
+		t.prefetcher()
+	})
+	return nil
+}
+
+// prefetcher reads queued rows into staging slots until the tier closes or
+// the agent stops.
+func (t *tier) prefetcher() {
+	for {
+		select {
+		case <-t.wake:
+		case <-t.a.ctx.Done():
+			return
+		}
+		for {
+			batch := t.takeQueued()
+			if batch == nil {
+				break
+			}
+			rows := make([]int64, len(batch))
+			dst := make([][]byte, len(batch))
+			for i, e := range batch {
+				rows[i], dst[i] = e.row, e.buf
+			}
+			ctx, cancel := context.WithTimeout(t.a.ctx, t.a.cfg.Timeout)
+			err := t.readFile(ctx, rows, dst)
+			cancel()
+			t.mu.Lock()
+			now := time.Now()
+			for _, e := range batch {
+				e.err, e.ready, e.at = err, true, now
+				close(e.done)
+				if e.released || (err != nil && !e.claimed) {
+					// Its reader gave up waiting, or there is nothing to
+					// serve: the slot is free again.
+					if !e.claimed {
+						delete(t.mu.staged, e.row)
+						e.claimed = true
+					}
+					t.freeLocked(e)
+				}
+			}
+			t.mu.Unlock()
+			if err == nil {
+				t.a.stats.prefetchRows.Add(int64(len(batch)))
+			}
+		}
+		t.mu.Lock()
+		stopped := t.mu.stopped
+		t.mu.Unlock()
+		if stopped {
+			return
+		}
+	}
+}
+
+// takeQueued moves up to 1024 queued rows into staging slots (evicting the
+// oldest unused staged rows when none is free) and returns them sorted by
+// row, or nil when nothing is queued or the tier is stopping.
+func (t *tier) takeQueued() []*stagedRow {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.mu.stopped || len(t.mu.queue) == 0 {
+		return nil
+	}
+	take := t.mu.queue[:min(1024, len(t.mu.queue))]
+	var batch []*stagedRow
+	for _, g := range take {
+		if t.mu.staged[g] != nil {
+			continue
+		}
+		buf := t.slotLocked()
+		if buf == nil {
+			t.a.stats.prefetchDropped.Add(1)
+			continue
+		}
+		e := &stagedRow{row: g, buf: buf, done: make(chan struct{})}
+		t.mu.staged[g] = e
+		t.mu.fifo = append(t.mu.fifo, e)
+		batch = append(batch, e)
+	}
+	t.mu.queue = t.mu.queue[len(take):]
+	if len(t.mu.queue) == 0 {
+		t.mu.queue = nil
+	}
+	slices.SortFunc(batch, func(x, y *stagedRow) int { return cmp.Compare(x.row, y.row) })
+	return batch
+}
+
+// slotLocked returns a free staging slot, evicting the oldest staged row
+// if it has waited unread for staleAfter; nil when there is none.
+func (t *tier) slotLocked() []byte {
+	for len(t.mu.free) == 0 {
+		f := t.mu.fifo
+		for len(f) > 0 && f[0].claimed {
+			f = f[1:]
+		}
+		t.mu.fifo = f
+		if len(f) == 0 || !f[0].ready || time.Since(f[0].at) < staleAfter {
+			return nil
+		}
+		e := f[0]
+		t.mu.fifo = f[1:]
+		delete(t.mu.staged, e.row)
+		e.claimed = true
+		t.freeLocked(e)
+		t.a.stats.prefetchEvicted.Add(1)
+	}
+	b := t.mu.free[len(t.mu.free)-1]
+	t.mu.free = t.mu.free[:len(t.mu.free)-1]
+	return b
+}
+
+// freeLocked puts e's slot back on the free list.
+func (t *tier) freeLocked(e *stagedRow) {
+	if e.buf != nil {
+		t.mu.free = append(t.mu.free, e.buf)
+		e.buf = nil
+	}
+}
