@@ -14,6 +14,7 @@ assert HEADER.size == 32
 MAX_BODY = 32 << 20
 
 OP_HELLO, OP_CREATE, OP_PUBLISH, OP_LOOKUP, OP_READ, OP_REGISTER, OP_UNREGISTER, OP_FREE, OP_INFO = range(1, 10)
+OP_PREFETCH = 10
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
@@ -45,6 +46,12 @@ class Encoder:
         if len(e) > 0xFFFF:
             raise ValueError(f"name of {len(e)} bytes: want at most 65535")
         self.b += _U16.pack(len(e))
+        self.b += e
+        return self
+
+    def string32(self, s):
+        e = s.encode()
+        self.b += _U32.pack(len(e))
         self.b += e
         return self
 
@@ -115,15 +122,16 @@ def status_error(status, body):
     return from_status(status, msg)
 
 
-def shard(e, name, node, rank, size, rows, disp, itemsize, timeout_ms, attempt, failed, dtype):
+def shard(e, name, node, rank, size, rows, disp, itemsize, timeout_ms, attempt, failed, dtype, backing="", total=0):
     e.string(name).string(node).i64(rank, size, rows, disp, itemsize, timeout_ms, attempt).u8(1 if failed else 0)
-    return e.string(dtype)
+    return e.string(dtype).string32(backing).i64(total)
 
 
 class Table:
     """A published variable's geometry (wire.Table)."""
 
-    __slots__ = ("name", "disp", "itemsize", "shard_rows", "rank_node", "nodes", "addrs", "paths", "dtype", "id")
+    __slots__ = ("name", "disp", "itemsize", "shard_rows", "rank_node", "nodes", "addrs", "paths", "dtype", "id",
+                 "backing", "total")
 
     @classmethod
     def decode(cls, body):
@@ -134,8 +142,12 @@ class Table:
         t.nodes, t.addrs, t.paths = d.strings(), d.strings(), d.strings()
         t.dtype = d.string()
         t.id = d.i64()
+        t.backing, t.total = d.string32(), d.i64()
         d.done()
         p = len(t.shard_rows)
+        held = int(t.shard_rows.sum()) if p else 0
+        if (t.shard_rows < 0).any() or t.total < 0 or (t.total and t.total < held) or (not t.backing and t.total not in (0, held)):
+            raise ProtocolError(f"ddstore: protocol error: table of {t.name!r} with {t.total} rows in all, {held} in shards")
         if len(t.rank_node) != p or len(t.paths) not in (0, p) or len(t.addrs) != len(t.nodes):
             raise ProtocolError(f"ddstore: protocol error: table of {t.name!r} with inconsistent lists")
         if p and (t.rank_node.min() < 0 or t.rank_node.max() >= len(t.nodes)):

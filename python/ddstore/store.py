@@ -123,15 +123,19 @@ def register(lane, region, timeout):
 class _Var:
     """A variable as this rank sees it."""
 
-    __slots__ = ("name", "id", "disp", "itemsize", "rb", "dtype", "npdtype", "total", "prefix", "bounds", "shard_rows",
-                 "nodes", "local", "typed", "own", "segs", "single", "single_first", "profile")
+    __slots__ = ("name", "id", "disp", "itemsize", "rb", "dtype", "npdtype", "total", "held", "backing", "prefix",
+                 "bounds", "shard_rows", "nodes", "local", "typed", "own", "segs", "single", "single_first", "profile")
 
     def __init__(self, t, own_rank):
         self.name, self.id, self.disp, self.itemsize, self.dtype = t.name, t.id, t.disp, t.itemsize, t.dtype
         self.rb = t.disp * t.itemsize
         self.shard_rows = t.shard_rows
         self.prefix = np.concatenate(([0], np.cumsum(t.shard_rows))).astype(np.int64)
-        self.total = int(self.prefix[-1])
+        # Rows [held, total) are only in the backing file: the agent reads
+        # them (owner index P below, like a rank on no node).
+        self.held = int(self.prefix[-1])
+        self.total = int(t.total) or self.held
+        self.backing = t.backing
         self.nodes = [t.nodes[i] for i in t.rank_node]
         self.local, self.segs, self.own = [None] * len(t.shard_rows), [], None
         try:
@@ -149,19 +153,23 @@ class _Var:
         # The one local rank holding every row, when there is one: a batch
         # then needs no owner lookup at all.
         nonempty = [r for r, n in enumerate(t.shard_rows) if n > 0]
-        self.single = self.local[nonempty[0]] if len(nonempty) == 1 and self.local[nonempty[0]] is not None else None
+        self.single = self.local[nonempty[0]] if len(nonempty) == 1 and self.local[nonempty[0]] is not None \
+            and self.total == self.held else None
         self.single_first = int(self.prefix[nonempty[0]]) if self.single is not None else 0
         # The fast path of get(): prefix sums as a list (bisect), and each
         # local shard as items of the variable's own type.
-        self.bounds = [int(x) for x in self.prefix]
+        self.bounds = [int(x) for x in self.prefix] + [self.total]
         self.npdtype = numpy_dtype(self.dtype) if self.dtype else None
         self.typed = [None] * len(self.local)
         if self.npdtype is not None:
             for r, rows in enumerate(self.local):
                 if rows is not None:
                     self.typed[r] = rows.view(self.npdtype).reshape(rows.shape[0], self.disp)
-        self.profile = {"calls": 0, "rows": 0, "bytes": 0, "local_rows": 0, "remote_rows": 0, "remote_calls": 0,
-                        "wait_s": 0.0}
+        # Past the last rank: the backing file's rows, never local.
+        self.local.append(None)
+        self.typed.append(None)
+        self.profile = {"calls": 0, "rows": 0, "bytes": 0, "local_rows": 0, "remote_rows": 0, "storage_rows": 0,
+                        "remote_calls": 0, "wait_s": 0.0}
 
     def unmap(self):
         self.local = [None] * len(self.local)
@@ -319,10 +327,27 @@ class Store:
 
     # -- creating -------------------------------------------------------------
 
-    def add(self, name, arr):
+    def add(self, name, arr, *, backing=None, total=None):
         """Collective: every rank adds its rows (arr.shape[0] rows of
-        arr[0].size items each; possibly none) as variable `name`."""
+        arr[0].size items each; possibly none) as variable `name`.
+
+        backing names a file holding every row of the variable, `total` of
+        them, for data larger than the memory the job gives it: a .npy file,
+        an HDF5 dataset as "FILE:DATASET" (agents built with -tags hdf5), or
+        a raw file of rows. The ranks' rows are then the file's first rows,
+        in rank order; reads of the others go to the file, through the
+        node's agent (see prefetch). Every rank passes the same backing and
+        total."""
+        spec = ""
         try:
+            if backing is not None:
+                spec = _absolute_spec(name, backing)
+                if total is None or int(total) < 1:
+                    raise GeometryError(f"ddstore: bad geometry: variable {name!r}: backing file {backing} needs "
+                                        f"total=ROWS, the rows the variable has in all (got {total!r})")
+                total = int(total)
+            elif total is not None:
+                raise ArgumentError(f"ddstore: bad argument: variable {name!r}: total={total!r} without a backing file")
             a, dt = as_array(arr)
             if a.ndim == 0:
                 raise GeometryError(f"ddstore: bad geometry: variable {name!r}: a 0-d array has no rows")
@@ -330,9 +355,12 @@ class Store:
             disp = int(np.prod(a.shape[1:], dtype=np.int64)) if a.ndim > 1 else 1
             if disp < 1:
                 raise GeometryError(f"ddstore: bad geometry: variable {name!r}: rows of shape {a.shape[1:]} hold no items")
+            if spec and nrows > total:
+                raise GeometryError(f"ddstore: bad geometry: variable {name!r}: {nrows} rows on this rank but "
+                                    f"{total} in all")
         except Error as e:
             return self._create(name, None, 0, 0, 0, "", bad=e)
-        return self._create(name, a, nrows, disp, a.dtype.itemsize, dt)
+        return self._create(name, a, nrows, disp, a.dtype.itemsize, dt, backing=spec, total=total or 0)
 
     def init(self, name, nrows, disp, itemsize=1, dtype=None):
         """Collective: a zero-filled shard of nrows rows of disp items."""
@@ -348,7 +376,7 @@ class Store:
             bad = GeometryError(f"ddstore: bad geometry: variable {name!r}: {nrows} rows: want >= 0")
         return self._create(name, None, int(nrows), int(disp), int(itemsize), dt, bad=bad)
 
-    def _create(self, name, a, nrows, disp, itemsize, dt, bad=None):
+    def _create(self, name, a, nrows, disp, itemsize, dt, bad=None, backing="", total=0):
         _check_name(name)
         if self.reader:
             raise ArgumentError(f"ddstore: bad argument: variable {name!r}: a reader store holds no shard "
@@ -365,7 +393,7 @@ class Store:
 
         def shard(failed=False):
             return _wire.shard(_wire.Encoder(), name, "", self.rank, self.size, nrows, disp, itemsize, tms, attempt,
-                               failed, dt)
+                               failed, dt, backing, total)
 
         def fail(err):
             try:
@@ -539,6 +567,8 @@ class Store:
             nremote = pos.shape[0]
             for lo in range(0, nremote, _MAX_ROWS_PER_READ):
                 self._fetch(v, dst, idx, pos[lo:lo + _MAX_ROWS_PER_READ])
+            if v.total > v.held:
+                v.profile["storage_rows"] += int(np.count_nonzero(idx[pos] >= v.held))
         _count(v, n, nremote, time.perf_counter() - t0 if nremote else 0.0)
 
     def _fetch(self, v, dst, idx, pos):
@@ -644,10 +674,37 @@ class Store:
         return v.total, v.disp, v.itemsize
 
     def describe(self, name):
-        """Everything known of a variable: geometry, dtype, shards, nodes."""
+        """Everything known of a variable: geometry, dtype, shards, nodes,
+        and its backing file ("" for none) with the rows the shards hold."""
         v = self._var(name)
         return {"name": name, "total_rows": v.total, "disp": v.disp, "itemsize": v.itemsize, "dtype": v.dtype,
-                "shard_rows": [int(x) for x in v.shard_rows], "nodes": list(v.nodes)}
+                "shard_rows": [int(x) for x in v.shard_rows], "nodes": list(v.nodes), "backing": v.backing,
+                "held_rows": v.held}
+
+    def prefetch(self, name, indices):
+        """Tell the node's agent which rows of a variable with a backing file
+        this rank reads soon (its next steps' storage reads, from the
+        schedule): it reads them from the file now, into staging memory, so
+        that the get_batch that wants them finds them there. Rows in memory
+        are skipped; rows beyond the staging room are read when asked for.
+        Returns at once."""
+        self._check_fork()
+        v = self._var(name)
+        if not v.backing:
+            raise ArgumentError(f"ddstore: bad argument: variable {name!r} has no backing file: its rows are all in "
+                                f"memory, there is nothing to prefetch")
+        idx = np.asarray(indices)
+        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+            raise ArgumentError(f"ddstore: bad argument: indices of shape {idx.shape} and type {idx.dtype}: "
+                                f"want a 1-d sequence of integers")
+        idx = idx.astype(np.int64, copy=False)
+        if idx.size and (idx.min() < 0 or idx.max() >= v.total):
+            i = int(np.flatnonzero((idx < 0) | (idx >= v.total))[0])
+            raise IndexOutOfRange(f"ddstore: index out of range: variable {name!r}: indices[{i}] = {int(idx[i])} "
+                                  f"not in [0, {v.total})")
+        idx = idx[idx >= v.held]
+        if idx.size:
+            self._request(_wire.OP_PREFETCH, _wire.Encoder().string(name).i64(v.id).i64s(idx))
 
     def get_profile(self, name):
         return dict(self._var(name).profile)
@@ -741,6 +798,21 @@ def _count(v, rows, remote, wait):
         p["remote_rows"] += remote
         p["remote_calls"] += 1
         p["wait_s"] += wait
+
+
+_HDF5_EXTS = (".h5", ".hdf5", ".hdf", ".he5")
+
+
+def _absolute_spec(name, spec):
+    """A backing file spec (FILE, or FILE:DATASET for HDF5) with FILE made
+    absolute: the agent, which opens it, has another working directory."""
+    if not isinstance(spec, (str, os.PathLike)) or not str(spec):
+        raise ArgumentError(f"ddstore: bad argument: variable {name!r}: backing file {spec!r}: want a file name")
+    spec = os.fspath(spec)
+    for i, ch in enumerate(spec):
+        if ch == ":" and spec[:i].lower().endswith(_HDF5_EXTS):
+            return os.path.abspath(spec[:i]) + ":" + spec[i + 1:]
+    return os.path.abspath(spec)
 
 
 def _check_name(name):

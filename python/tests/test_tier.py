@@ -1,0 +1,83 @@
+"""The storage tier from Python: a variable whose rows all lie in a backing
+file (.npy here; HDF5 when the agent has -tags hdf5), its ranks holding only
+the first quarter; every row read through the store must equal the file's."""
+
+import numpy as np
+import pytest
+
+import ddstore
+from conftest import run_ranks
+
+
+def test_single_rank_backed_npy(job, tmp_path):
+    data = (np.arange(400 * 6, dtype=np.int64).reshape(400, 6) * 3 - 7).astype(np.float32)
+    f = tmp_path / "d.npy"
+    np.save(f, data)
+    with ddstore.Store() as s:
+        s.add("x", data[:100], backing=str(f), total=400)
+        d = s.describe("x")
+        assert d["total_rows"] == 400 and d["held_rows"] == 100 and d["backing"] == str(f)
+        assert s.info("x") == (400, 6, 4)
+        out = np.empty((400, 6), np.float32)
+        s.get("x", out, 0)
+        np.testing.assert_array_equal(out, data)
+        rng = np.random.default_rng(1)
+        for _ in range(10):
+            idx = rng.permutation(400)[:32]
+            s.prefetch("x", idx)
+            o = np.empty((32, 6), np.float32)
+            s.get_batch("x", o, idx)
+            np.testing.assert_array_equal(o, data[idx])
+        one = np.empty((1, 6), np.float32)
+        s.get("x", one, 399)
+        np.testing.assert_array_equal(one[0], data[399])
+        assert s.get_profile("x")["storage_rows"] >= 300
+        # Bad input: each a clear error, and the store keeps working.
+        with pytest.raises(ddstore.IndexOutOfRange, match="400"):
+            s.prefetch("x", [400])
+        with pytest.raises(ddstore.IndexOutOfRange):
+            s.get_batch("x", np.empty((1, 6), np.float32), [400])
+        s.add("plain", data[:4])
+        with pytest.raises(ddstore.ArgumentError, match="no backing file"):
+            s.prefetch("plain", [0])
+        with pytest.raises(ddstore.GeometryError, match="total"):
+            s.add("y", data[:4], backing=str(f))
+        with pytest.raises(ddstore.Error, match="nope.npy"):
+            s.add("z", data[:4], backing=str(tmp_path / "nope.npy"), total=4)
+        with pytest.raises(ddstore.Error, match="401"):
+            s.add("w", data[:4], backing=str(f), total=401)
+        s.get_batch("x", o, idx)
+        np.testing.assert_array_equal(o, data[idx])
+
+
+SCRIPT = r"""
+import sys, numpy as np, ddstore
+f, n = sys.argv[1], int(sys.argv[2])
+data = np.load(f, mmap_mode="r")
+s = ddstore.Store()
+r, p = s.rank, s.size
+held = n // 4
+lo, hi = r * held // p, (r + 1) * held // p
+s.add("x", np.ascontiguousarray(data[lo:hi]), backing=f, total=n)
+rng = np.random.default_rng(r)
+perm = rng.permutation(n)
+B = 16
+out = np.empty((B,) + data.shape[1:], data.dtype)
+for k in range(0, n - B + 1, B):
+    if k + 2 * B <= n:
+        s.prefetch("x", perm[k + B:k + 2 * B])
+    s.get_batch("x", out, perm[k:k + B])
+    assert np.array_equal(out, data[perm[k:k + B]]), (r, k)
+print("rank", r, "storage", s.get_profile("x")["storage_rows"])
+s.close()
+"""
+
+
+def test_four_ranks_two_nodes_dataset_4x_memory(job, tmp_path):
+    n = 640
+    data = np.random.default_rng(0).integers(0, 1 << 30, (n, 64), dtype=np.int32)
+    f = tmp_path / "d.npy"
+    np.save(f, data)
+    outs = run_ranks(SCRIPT, ["a", "a", "b", "b"], job, args=(str(f), str(n)))
+    storage = [int(o.split()[3]) for o in outs]
+    assert all(x > 0 for x in storage), outs
