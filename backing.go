@@ -48,6 +48,23 @@ func (s *Store) AddBacked(name string, rows []byte, disp int64, dtype Dtype, b B
 	return s.create(name, rows, nrows, disp, size, string(dtype), err, b)
 }
 
+// InitBacked is InitAs for a variable with a backing file: this rank's
+// shard is nrows zero-filled rows, to be filled (through Shard) with the
+// file's rows from this rank's first global row before they are read.
+func (s *Store) InitBacked(name string, nrows, disp int64, dtype Dtype, b Backing) error {
+	size, err := dtype.ItemSize()
+	if err == nil {
+		err = rowError(name, disp, size)
+	}
+	if err == nil && nrows < 0 {
+		err = base.Errorf(base.ErrGeometry, "variable %q: %d rows: want >= 0", name, nrows)
+	}
+	if err == nil {
+		b, err = b.check(name, nrows)
+	}
+	return s.create(name, nil, nrows, disp, size, string(dtype), err, b)
+}
+
 // check validates a Backing and makes its file name absolute.
 func (b Backing) check(name string, nrows int64) (Backing, error) {
 	if b.File == "" {

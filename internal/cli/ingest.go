@@ -33,6 +33,14 @@ once. FILE is a .npy array, an HDF5 dataset as FILE:DATASET (ddstore built
 with -tags hdf5), or a raw file of fixed-size rows (--row-bytes, --dtype).
 On any error, on any node, nothing is left loaded.
 
+With --capacity below the dataset's size, the nodes hold only the file's
+first rows, as many as the capacity takes (node r of P its share of them);
+the variable still has every row of the file, and reads of the others go
+to the file through the node's agent: on demand, coalesced by position and
+chunk, or ahead of use when the reader says what comes next (Prefetch,
+ddstore.torch.ScheduledSampler). The file must stay where it is, readable
+from every node.
+
 Run one ingest per node (srun --ntasks-per-node=1, mpirun --map-by
 ppr:1:node) with --rank and --size, or let the launcher's environment say
 them; alone, it is rank 0 of 1.
@@ -55,7 +63,7 @@ func runIngest(args []string, stdout, stderr io.Writer) error {
 	hs := fs.String("handshake-dir", envOr("DDSTORE_HANDSHAKE_DIR", ""), "shared directory where agents started by ingest meet (several nodes)")
 	rowBytes := fs.Int64("row-bytes", 0, "raw files: bytes per row (required); others: the rows must be this size")
 	dtype := fs.String("dtype", "", "raw files: item type (default uint8); others: the items must be this type. One of "+strings.Join(source.Dtypes(), ", "))
-	capacity := fs.String("capacity", "", "memory the job gives the dataset, all nodes together, e.g. 64G (default: all of it)")
+	capacity := fs.String("capacity", "", "memory the job gives the dataset, all nodes together, e.g. 64G (default: all of it); the rows beyond it are read from the file")
 	workers := fs.Int("readers", 4, "reads at once on each node")
 	readSize := fs.String("read-size", "16M", "bytes per read, rounded to whole chunks")
 	timeout := fs.Duration("timeout", 5*time.Minute, "bound on waiting for the other nodes")
@@ -122,12 +130,21 @@ func runIngest(args []string, stdout, stderr io.Writer) error {
 	defer stop()
 	context.AfterFunc(ctx, stop)
 	rb := source.RowBytes(src)
-	lo, hi := share(src.Rows(), s.Rank(), s.Size())
+	held := heldRows(src, capBytes)
+	lo, hi := share(held, s.Rank(), s.Size())
 	fmt.Fprintf(stdout, "ingest %s: %d rows of shape %v %s (%s); rank %d of %d on node %s loads rows [%d, %d) into %q\n",
 		file, src.Rows(), src.RowShape(), src.Dtype(), humanBytes(src.Rows()*rb), s.Rank(), s.Size(), s.Node(), lo, hi, *name)
+	if held < src.Rows() {
+		fmt.Fprintf(stdout, "capacity %s holds rows [0, %d) of %d: the other %d stay in the file, read from it on demand (and ahead, with Prefetch)\n",
+			humanBytes(capBytes), held, src.Rows(), src.Rows()-held)
+	}
 	prog := startProgress(stdout, hi-lo, rb)
 	t0 := time.Now()
-	err = ingest(ctx, s, src, *name, source.ReadOptions{Workers: *workers, PieceBytes: piece, Progress: prog.add})
+	var backing *ddstore.Backing
+	if held < src.Rows() {
+		backing = &ddstore.Backing{File: file, Rows: src.Rows()}
+	}
+	err = ingest(ctx, s, src, *name, held, backing, source.ReadOptions{Workers: *workers, PieceBytes: piece, Progress: prog.add})
 	prog.finish()
 	if err != nil {
 		return err
@@ -177,12 +194,19 @@ func checkIngest(file string, src source.Source, capBytes int64) error {
 	if src.ItemSize() > 64 {
 		return fmt.Errorf("ddstore ingest: %s has %d-byte items: the store takes items of 1 to 64 bytes", file, src.ItemSize())
 	}
-	if total := src.Rows() * rb; capBytes > 0 && capBytes < total {
-		return fmt.Errorf("ddstore ingest: --capacity %s is below the dataset's %s (%d rows of %d bytes): "+
-			"a storage tier that reads the other rows from the file on demand is not built yet; give a capacity of at least %d bytes, or leave --capacity out",
-			humanBytes(capBytes), humanBytes(total), src.Rows(), rb, total)
+	if capBytes < 0 || capBytes > 0 && capBytes < rb {
+		return fmt.Errorf("ddstore ingest: --capacity %d bytes holds no row of %d bytes: want at least one row, or leave --capacity out for all of them", capBytes, rb)
 	}
 	return nil
+}
+
+// heldRows is how many of the file's rows the job keeps in memory: all of
+// them, or as many as capBytes holds; the others stay in the file.
+func heldRows(src source.Source, capBytes int64) int64 {
+	if capBytes <= 0 {
+		return src.Rows()
+	}
+	return min(src.Rows(), capBytes/source.RowBytes(src))
 }
 
 // share is rank r's rows of n split over p ranks: [r*n/p, (r+1)*n/p).
@@ -200,15 +224,24 @@ func share(n int64, r, p int) (lo, hi int64) {
 // the dataset's rows.
 func commitName(name string) string { return ".ddstore-ingest/" + name }
 
-// ingest loads this rank's share of src into a new variable of the file's
-// item type. Every rank creates the variable (a collective), reads its rows into its shard, then
+// ingest loads this rank's share of src's first held rows into a new
+// variable of the file's item type, with backing naming the file when it
+// holds more rows than that. Every rank creates the variable (a
+// collective), reads its rows into its shard, then
 // takes part in a second collective that says whether every rank did; if
 // not, or on any error, every rank frees the variable, so nothing
 // half-loaded is left.
-func ingest(ctx context.Context, s *ddstore.Store, src source.Source, name string, o source.ReadOptions) error {
+func ingest(ctx context.Context, s *ddstore.Store, src source.Source, name string, held int64, backing *ddstore.Backing, o source.ReadOptions) error {
 	rb := source.RowBytes(src)
-	lo, hi := share(src.Rows(), s.Rank(), s.Size())
-	if err := s.InitAs(name, hi-lo, source.Disp(src.RowShape()), ddstore.Dtype(src.Dtype())); err != nil {
+	lo, hi := share(held, s.Rank(), s.Size())
+	disp, dtype := source.Disp(src.RowShape()), ddstore.Dtype(src.Dtype())
+	var err error
+	if backing != nil {
+		err = s.InitBacked(name, hi-lo, disp, dtype, *backing)
+	} else {
+		err = s.InitAs(name, hi-lo, disp, dtype)
+	}
+	if err != nil {
 		return err
 	}
 	shard, err := s.Shard(name)

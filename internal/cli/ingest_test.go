@@ -195,6 +195,42 @@ func TestIngestTwoNodes(t *testing.T) {
 	}
 }
 
+// TestIngestCapacity: with a capacity below the dataset, two nodes hold the
+// file's first rows, a quarter of them, and every row still reads back —
+// the rest from the file, through the storage tier.
+func TestIngestCapacity(t *testing.T) {
+	ns, nodes := startNodes(t, 2)
+	path := filepath.Join(t.TempDir(), "feat.npy")
+	want := writeNPY(t, path, 800)
+	var wg sync.WaitGroup
+	outs := make([]string, 2)
+	for r, nd := range nodes {
+		wg.Go(func() {
+			code, out, errOut := run(t, append([]string{"ingest", path, "--name", "feat", "--rank", fmt.Sprint(r), "--size", "2", "--capacity", "12000"}, nd.flags...)...)
+			if code != 0 {
+				t.Errorf("ingest rank %d: exit %d, stdout %q, stderr %q", r, code, out, errOut)
+			}
+			outs[r] = out
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	if !strings.Contains(outs[0], "loads rows [0, 100)") || !strings.Contains(outs[1], "loads rows [100, 200)") ||
+		!strings.Contains(outs[0], "holds rows [0, 200) of 800: the other 600 stay in the file") {
+		t.Errorf("shares:\n%s\n%s", outs[0], outs[1])
+	}
+	for _, nd := range nodes {
+		s := reader(t, ns, nd)
+		checkVariable(t, s, "feat", want, 800, 15, "float32")
+		in, _ := s.Info("feat")
+		if fmt.Sprint(in.ShardRows) != "[100 100]" || in.HeldRows != 200 || in.Backing != path {
+			t.Errorf("shards %v, %d held, backing %q", in.ShardRows, in.HeldRows, in.Backing)
+		}
+	}
+}
+
 // badSource reads like its inner source but fails at one row.
 type badSource struct {
 	source.Source
@@ -250,7 +286,7 @@ func TestIngestFailureLeavesNothing(t *testing.T) {
 						return
 					}
 					defer s.Close()
-					errs[r] = ingest(context.Background(), s, srcs[r], "feat", source.ReadOptions{PieceBytes: 600})
+					errs[r] = ingest(context.Background(), s, srcs[r], "feat", srcs[r].Rows(), nil, source.ReadOptions{PieceBytes: 600})
 				})
 			}
 			wg.Wait()
@@ -302,7 +338,7 @@ func TestIngestBadInput(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{path, "--capacity", "5K"}, 1, "--capacity 5.0 KiB is below the dataset's 5.9 KiB (100 rows of 60 bytes): a storage tier that reads the other rows from the file on demand is not built yet"},
+		{[]string{path, "--capacity", "59"}, 1, "--capacity 59 bytes holds no row of 60 bytes"},
 		{[]string{trunc}, 1, "trunc.npy is truncated"},
 		{[]string{empty}, 1, "has no rows"},
 		{[]string{filepath.Join(dir, "none.npy")}, 1, "none.npy: no such file or directory"},
@@ -564,7 +600,7 @@ with h5py.File(sys.argv[1], 'r') as f:
 			b.ResetTimer()
 			for i := range b.N {
 				name := fmt.Sprint("v", i)
-				ingestRates = append(ingestRates, rate(func() error { return ingest(context.Background(), s, src, name, source.ReadOptions{}) }))
+				ingestRates = append(ingestRates, rate(func() error { return ingest(context.Background(), s, src, name, src.Rows(), nil, source.ReadOptions{}) }))
 				b.StopTimer()
 				if err := s.Free(name); err != nil {
 					b.Fatal(err)
