@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 
 	"github.com/ddstore-go/ddstore"
+	"github.com/ddstore-go/ddstore/internal/source"
 )
 
 func runVersion(args []string, stdout, stderr io.Writer) error {
@@ -25,6 +26,10 @@ func runVersion(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 	}
-	fmt.Fprintf(stdout, "ddstore %s (commit %s%s, %s, %s/%s)\n", ddstore.Version, commit, dirty, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	hdf5 := "without HDF5"
+	if source.HDF5 {
+		hdf5 = "with HDF5"
+	}
+	fmt.Fprintf(stdout, "ddstore %s (commit %s%s, %s, %s/%s, %s)\n", ddstore.Version, commit, dirty, runtime.Version(), runtime.GOOS, runtime.GOARCH, hdf5)
 	return nil
 }

@@ -81,3 +81,35 @@ def test_four_ranks_two_nodes_dataset_4x_memory(job, tmp_path):
     outs = run_ranks(SCRIPT, ["a", "a", "b", "b"], job, args=(str(f), str(n)))
     storage = [int(o.split()[3]) for o in outs]
     assert all(x > 0 for x in storage), outs
+
+
+def _agent_has_hdf5(binary):
+    import subprocess
+    out = subprocess.run([binary, "version"], capture_output=True, text=True).stdout
+    return "with HDF5" in out
+
+
+@pytest.mark.parametrize("layout", ["chunked-gzip", "contiguous"])
+def test_backed_hdf5(job, tmp_path, layout):
+    h5py = pytest.importorskip("h5py")
+    if not _agent_has_hdf5(job["DDSTORE_BIN"]):
+        pytest.skip("this ddstore binary is built without HDF5 (make build with libhdf5-dev installed)")
+    data = np.random.default_rng(3).integers(-1000, 1000, (300, 2, 4, 4), dtype=np.int16)
+    f = tmp_path / "cubes.h5"
+    with h5py.File(f, "w") as h:
+        if layout == "contiguous":
+            h.create_dataset("x", data=data)
+        else:
+            h.create_dataset("x", data=data, chunks=(8, 2, 4, 4), compression="gzip")
+    with ddstore.Store() as s:
+        s.add("x", data[:75], backing=f"{f}:/x", total=300)
+        rng = np.random.default_rng(0)
+        perm = rng.permutation(300)
+        out = np.empty((20, 2, 4, 4), np.int16)
+        for k in range(0, 300, 20):
+            if k + 40 <= 300:
+                s.prefetch("x", perm[k + 20:k + 40])
+            s.get_batch("x", out, perm[k:k + 20])
+            np.testing.assert_array_equal(out, data[perm[k:k + 20]])
+        with pytest.raises(ddstore.Error, match="nope"):
+            s.add("y", data[:4], backing=f"{f}:/nope", total=4)
