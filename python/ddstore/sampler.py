@@ -178,6 +178,10 @@ class ScheduledSampler(_Base):
     rank, ranks, ranks_per_node: override what the dataset's store says.
     swarm_population, swarm_iterations: solar's swarm (None: the defaults).
     binary: the ddstore binary (default: DDSTORE_BIN, the bundled one, PATH).
+    prefetch: steps ahead whose samples are announced to the dataset's
+    prefetch() as batches are yielded (a DistDataset with backing files reads
+    those only the files hold into its agent's staging memory); 0 turns it
+    off. Datasets without prefetch() are left alone.
 
     Bad values raise ValueError (ddstore.ArgumentError) naming them; the
     binary checks the combination once, at construction.
@@ -185,7 +189,7 @@ class ScheduledSampler(_Base):
 
     def __init__(self, dataset, batch_size, seed=0, policy="locality", capacity=None, drop_last=False, epochs=None,
                  rank=None, ranks=None, ranks_per_node=None, swarm_population=None, swarm_iterations=None,
-                 binary=None):
+                 binary=None, prefetch=2):
         if isinstance(dataset, (bool, np.bool_)):
             raise _bad(f"dataset {dataset!r}: want a dataset or a number of samples")
         if isinstance(dataset, (int, np.integer)):
@@ -230,6 +234,8 @@ class ScheduledSampler(_Base):
         self.swarm_population = None if swarm_population is None else _int("swarm_population", swarm_population, 0)
         self.swarm_iterations = None if swarm_iterations is None else _int("swarm_iterations", swarm_iterations, 0)
         self.binary = binary or _agent.find_binary()
+        self.prefetch = _int("prefetch", prefetch, 0)
+        self._announce = getattr(dataset, "prefetch", None) if self.prefetch else None
         self._epoch = 0
         self._start = 0        # the step the next iteration starts from
         self._pos = None       # batches of this epoch yielded (absolute), None before a pass
@@ -331,7 +337,13 @@ class ScheduledSampler(_Base):
         return self._batches(plan, start, token)
 
     def _batches(self, plan, start, token):
+        ahead, announce = self.prefetch, self._announce
+        if announce is not None:
+            for s in range(start, min(start + ahead, plan.steps)):
+                announce(plan.batch(s))
         for s in range(start, plan.steps):
+            if announce is not None and s + ahead < plan.steps:
+                announce(plan.batch(s + ahead))
             b = plan.batch(s).tolist()
             if self._token is token:
                 self._pos = s + 1

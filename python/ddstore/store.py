@@ -340,14 +340,6 @@ class Store:
         total."""
         spec = ""
         try:
-            if backing is not None:
-                spec = _absolute_spec(name, backing)
-                if total is None or int(total) < 1:
-                    raise GeometryError(f"ddstore: bad geometry: variable {name!r}: backing file {backing} needs "
-                                        f"total=ROWS, the rows the variable has in all (got {total!r})")
-                total = int(total)
-            elif total is not None:
-                raise ArgumentError(f"ddstore: bad argument: variable {name!r}: total={total!r} without a backing file")
             a, dt = as_array(arr)
             if a.ndim == 0:
                 raise GeometryError(f"ddstore: bad geometry: variable {name!r}: a 0-d array has no rows")
@@ -355,17 +347,18 @@ class Store:
             disp = int(np.prod(a.shape[1:], dtype=np.int64)) if a.ndim > 1 else 1
             if disp < 1:
                 raise GeometryError(f"ddstore: bad geometry: variable {name!r}: rows of shape {a.shape[1:]} hold no items")
-            if spec and nrows > total:
-                raise GeometryError(f"ddstore: bad geometry: variable {name!r}: {nrows} rows on this rank but "
-                                    f"{total} in all")
+            spec, total = _check_backing(name, backing, total, nrows)
         except Error as e:
             return self._create(name, None, 0, 0, 0, "", bad=e)
         return self._create(name, a, nrows, disp, a.dtype.itemsize, dt, backing=spec, total=total or 0)
 
-    def init(self, name, nrows, disp, itemsize=1, dtype=None):
-        """Collective: a zero-filled shard of nrows rows of disp items."""
+    def init(self, name, nrows, disp, itemsize=1, dtype=None, *, backing=None, total=None):
+        """Collective: a zero-filled shard of nrows rows of disp items
+        (backing and total as for add: fill the shard with the file's rows
+        from this rank's first global row, through update, before reading)."""
         dt = ""
         bad = None
+        spec = ""
         if dtype is not None:
             dt = dtype_name(dtype)
             itemsize = np.dtype("uint16" if dt == "bfloat16" else dt).itemsize if dt != "bool" else 1
@@ -374,7 +367,13 @@ class Store:
                                 f"want disp >= 1 and itemsize 1..64")
         elif nrows < 0:
             bad = GeometryError(f"ddstore: bad geometry: variable {name!r}: {nrows} rows: want >= 0")
-        return self._create(name, None, int(nrows), int(disp), int(itemsize), dt, bad=bad)
+        else:
+            try:
+                spec, total = _check_backing(name, backing, total, nrows)
+            except Error as e:
+                bad = e
+        return self._create(name, None, int(nrows), int(disp), int(itemsize), dt, bad=bad, backing=spec,
+                            total=total or 0)
 
     def _create(self, name, a, nrows, disp, itemsize, dt, bad=None, backing="", total=0):
         _check_name(name)
@@ -801,6 +800,22 @@ def _count(v, rows, remote, wait):
 
 
 _HDF5_EXTS = (".h5", ".hdf5", ".hdf", ".he5")
+
+
+def _check_backing(name, backing, total, nrows):
+    """(absolute spec, total) of add's and init's backing arguments, or
+    ("", None) without a backing file."""
+    if backing is None:
+        if total is not None:
+            raise ArgumentError(f"ddstore: bad argument: variable {name!r}: total={total!r} without a backing file")
+        return "", None
+    spec = _absolute_spec(name, backing)
+    if isinstance(total, bool) or not isinstance(total, (int, np.integer)) or int(total) < 1:
+        raise GeometryError(f"ddstore: bad geometry: variable {name!r}: backing file {backing} needs total=ROWS, "
+                            f"the rows the variable has in all (got {total!r})")
+    if nrows > int(total):
+        raise GeometryError(f"ddstore: bad geometry: variable {name!r}: {nrows} rows on this rank but {total} in all")
+    return spec, int(total)
 
 
 def _absolute_spec(name, spec):

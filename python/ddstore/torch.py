@@ -28,6 +28,7 @@ bytes) for readers that only know DDStore's conventions.
 
 import json
 import operator
+import os
 import queue
 import threading
 import weakref
@@ -229,6 +230,32 @@ def _check_index(i, n, name):
     return i
 
 
+def _backing_specs(name, layout, backing):
+    """{field key: spec} from DistDataset's backing argument."""
+    keys = [f.key for f in layout.fields]
+    if isinstance(backing, (str, os.PathLike)):
+        if len(keys) != 1:
+            raise ValueError(f"ddstore: bad argument: dataset {name!r}: one backing file {backing!r} for fields "
+                             f"{keys}: give a dict field key -> file, or a list in field order")
+        return {keys[0]: os.fspath(backing)}
+    if isinstance(backing, dict):
+        specs = dict(backing)
+    elif isinstance(backing, (list, tuple)):
+        if len(backing) != len(keys):
+            raise ValueError(f"ddstore: bad argument: dataset {name!r}: {len(backing)} backing files for fields "
+                             f"{keys}")
+        specs = dict(zip(keys, backing))
+    else:
+        raise TypeError(f"ddstore: bad argument: dataset {name!r}: backing of type {type(backing).__name__}: want "
+                        f"a file name, a dict or a list")
+    missing = [k for k in keys if specs.get(k) is None]
+    extra = [k for k in specs if k not in keys]
+    if missing or extra:
+        raise ValueError(f"ddstore: bad argument: dataset {name!r}: backing files for {list(specs)}, fields are "
+                         f"{keys}")
+    return {k: os.fspath(specs[k]) for k in keys}
+
+
 def _read_json(store, var):
     total, disp, _ = store.info(var)
     buf = np.empty((total, disp), np.uint8)
@@ -298,6 +325,18 @@ class _StoredDataset(_tud.Dataset):
     def _ddstore_buffers(self, n, keys=None):
         return {f.key: np.empty((n, *f.shape), f.npdtype) for f in self._layout.select(keys).fields}
 
+    def prefetch(self, indices):
+        """Tell the agents which samples this rank reads soon (ScheduledSampler
+        does, steps ahead): those only the backing files hold are read from
+        them now, into staging memory. Samples in memory are skipped, and so
+        are datasets without backing files. Returns at once."""
+        idx = _check_indices(indices, self._len, self.name)
+        if not idx.size:
+            return
+        for f in self._layout.fields:
+            if self.store.describe(f.var)["backing"]:
+                self.store.prefetch(f.var, idx)
+
     def _ddstore_samples(self, indices, buffers=None):
         idx = _check_indices(indices, self._len, self.name)
         layout, arrays = self._ddstore_read(idx, out=buffers)
@@ -348,13 +387,22 @@ class DistDataset(_StoredDataset):
     is accepted), handshake_dir (ignored: to meet through a directory, pass
     comm=ddstore.FileComm(handshake_dir, rank, size)).
 
+    capacity, backing: for a dataset larger than the memory the job gives
+    it, keep only samples [0, capacity) in memory (rank r its share of them)
+    and read the others from backing files, through the agents: backing
+    names, for every field, the file that holds it whole, in the source's
+    order — a .npy file, or an HDF5 dataset as "FILE:DATASET" (a str for a
+    single-field dataset, else a dict field key -> spec, or a list in field
+    order). ScheduledSampler(capacity=...) then deals samples so that each
+    step's reads from the files are few, spread evenly and prefetched.
+
     Indices are 0..N-1; negative ones raise IndexError, as in DDStore.
     Forked DataLoader workers can read (the store reconnects after fork);
     spawned ones cannot, as the dataset does not pickle.
     """
 
     def __init__(self, source, name, comm=None, store=None, ddstore_width=None, device=None, method=None,
-                 handshake_dir=None, chunk_size=None):
+                 handshake_dir=None, chunk_size=None, capacity=None, backing=None):
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"ddstore: bad argument: chunk_size {chunk_size}: want >= 1")
         n = len(source)
@@ -363,6 +411,15 @@ class DistDataset(_StoredDataset):
         # Every rank derives the layout from the same sample, so all agree on
         # each field's row geometry before any collective call.
         layout = _Layout.of_sample(name, source[0])
+        if capacity is None:
+            capacity = n
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or not 0 <= capacity <= n:
+            raise ValueError(f"ddstore: bad argument: dataset {name!r}: capacity {capacity!r}: want 0 to {n} samples")
+        self.capacity = int(capacity)
+        self._backing = _backing_specs(name, layout, backing) if backing is not None else None
+        if self.capacity < n and self._backing is None:
+            raise ValueError(f"ddstore: bad argument: dataset {name!r}: capacity {capacity} below its {n} samples "
+                             f"needs backing files for the others (backing=...)")
         owns = store is None
         if owns:
             store = Store(comm)
@@ -371,7 +428,8 @@ class DistDataset(_StoredDataset):
                 raise NotImplementedError(f"ddstore: replica groups are not implemented: ddstore_width "
                                           f"{ddstore_width} with {store.size} ranks: want None or {store.size}")
             self.rank, self.size = store.rank, store.size
-            self.lo, self.hi = self.rank * n // self.size, (self.rank + 1) * n // self.size
+            held = self.capacity if self._backing is not None else n
+            self.lo, self.hi = self.rank * held // self.size, (self.rank + 1) * held // self.size
             self._setup(name, store, owns, layout, n, device)
             if chunk_size is None:
                 self._load_whole(source)
@@ -403,7 +461,7 @@ class DistDataset(_StoredDataset):
         done = []
         try:
             for f, b in zip(fields, bufs):
-                self.store.add(f.var, f.dest(b))
+                self.store.add(f.var, f.dest(b), **self._backing_of(f))
                 done.append(f.var)
             del bufs
             self._publish_meta()
@@ -416,7 +474,8 @@ class DistDataset(_StoredDataset):
         done = []
         try:
             for f in fields:
-                self.store.init(f.var, self.hi - self.lo, int(np.prod(f.shape, dtype=np.int64)), dtype=f.dtype)
+                self.store.init(f.var, self.hi - self.lo, int(np.prod(f.shape, dtype=np.int64)), dtype=f.dtype,
+                                **self._backing_of(f))
                 done.append(f.var)
             try:
                 bufs = [np.empty((min(chunk, self.hi - self.lo), *f.shape), f.npdtype) for f in fields]
@@ -438,6 +497,11 @@ class DistDataset(_StoredDataset):
         except BaseException:
             self._free_quietly(done)
             raise
+
+    def _backing_of(self, f):
+        if self._backing is None:
+            return {}
+        return {"backing": self._backing[f.key], "total": self._len}
 
     def _free_quietly(self, names):
         # Cleanup after a failed load: the first error is the one to report.

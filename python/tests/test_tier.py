@@ -113,3 +113,62 @@ def test_backed_hdf5(job, tmp_path, layout):
             np.testing.assert_array_equal(out, data[perm[k:k + 20]])
         with pytest.raises(ddstore.Error, match="nope"):
             s.add("y", data[:4], backing=f"{f}:/nope", total=4)
+
+
+TORCH_SCRIPT = r"""
+import sys, json, numpy as np, torch, ddstore
+from ddstore.torch import DistDataset, ScheduledSampler, ThreadDataLoader
+fx, fy, n, cap = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+X, Y = np.load(fx, mmap_mode="r"), np.load(fy, mmap_mode="r")
+
+class Source(torch.utils.data.Dataset):
+    def __len__(self):
+        return n
+    def __getitem__(self, i):
+        return {"x": torch.from_numpy(np.array(X[i])), "y": torch.from_numpy(np.array(Y[i]))}
+
+ds = DistDataset(Source(), "cubes", capacity=cap, backing={"x": fx, "y": fy})
+sampler = ScheduledSampler(ds, batch_size=8, seed=5, capacity=cap, prefetch=3)
+loader = ThreadDataLoader(ds, batch_sampler=sampler, num_workers=2)
+seen = []
+for epoch in range(2):
+    sampler.set_epoch(epoch)
+    plan = sampler.plan(epoch)
+    got = []
+    for batch in loader:
+        idx = batch["y"][:, 0].long().numpy()  # y[i, 0] == i: the sample's own index
+        np.testing.assert_array_equal(batch["x"].numpy(), X[idx])
+        got.extend(idx.tolist())
+    assert got == plan.samples.tolist(), (ds.rank, epoch)
+    seen.append(int((~plan.hits).sum()))
+print(json.dumps({"rank": ds.rank, "storage_reads": seen}))
+ds.store.close()
+"""
+
+
+def test_dist_dataset_with_backing_and_scheduled_sampler(job, tmp_path):
+    n, cap = 256, 64
+    rng = np.random.default_rng(4)
+    X = rng.standard_normal((n, 2, 3, 3)).astype(np.float32)
+    Y = np.stack([np.arange(n), -np.arange(n)], axis=1).astype(np.float32)
+    fx, fy = tmp_path / "x.npy", tmp_path / "y.npy"
+    np.save(fx, X)
+    np.save(fy, Y)
+    import json
+    outs = run_ranks(TORCH_SCRIPT, ["a", "b"], job, args=(str(fx), str(fy), str(n), str(cap)))
+    for o in outs:
+        r = json.loads(o.strip().splitlines()[-1])
+        # locality: every step's storage reads are the samples outside [0, cap)
+        assert all(s == (n - cap) // 2 for s in r["storage_reads"]), r
+    info = subprocess_info(job, "a")
+    assert info["counters"]["staged_rows"] > 0, info["counters"]
+    assert info["counters"]["storage_errors"] == 0
+
+
+def subprocess_info(job, node):
+    import json
+    import subprocess
+    out = subprocess.run([job["DDSTORE_BIN"], "info", "--json", "--namespace", job["DDSTORE_NAMESPACE"], "--node",
+                          node, "--run-dir", job["DDSTORE_RUN_DIR"]], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
