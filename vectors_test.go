@@ -159,7 +159,8 @@ func vHello(m wire.Hello) obj {
 
 func vShard(m wire.Shard) obj {
 	return obj{"name": m.Name, "node": m.Node, "rank": m.Rank, "size": m.Size, "rows": m.Rows, "disp": m.Disp,
-		"itemsize": m.ItemSize, "timeout_ms": m.TimeoutMs, "attempt": m.Attempt, "failed": m.Failed, "dtype": m.Dtype}
+		"itemsize": m.ItemSize, "timeout_ms": m.TimeoutMs, "attempt": m.Attempt, "failed": m.Failed, "dtype": m.Dtype,
+		"backing": m.Backing, "total": m.Total}
 }
 
 func vName(m wire.Name) obj { return obj{"name": m.Name, "node": m.Node, "rank": m.Rank} }
@@ -172,7 +173,8 @@ func vRegion(m wire.Region) obj { return obj{"id": m.ID, "size": m.Size} }
 
 func vTable(m wire.Table) obj {
 	return obj{"name": m.Name, "disp": m.Disp, "itemsize": m.ItemSize, "shard_rows": m.ShardRows,
-		"rank_node": m.RankNode, "nodes": m.Nodes, "addrs": m.Addrs, "paths": m.Paths, "dtype": m.Dtype, "id": m.ID}
+		"rank_node": m.RankNode, "nodes": m.Nodes, "addrs": m.Addrs, "paths": m.Paths, "dtype": m.Dtype, "id": m.ID,
+		"backing": m.Backing, "total": m.Total}
 }
 
 func helloFrame(name string, id uint64, m wire.Hello) vectorFrame {
@@ -197,7 +199,7 @@ func regionFrame(name string, op wire.Op, id uint64, m wire.Region) vectorFrame 
 
 func vectorFrames(t *testing.T) obj {
 	shard := wire.Shard{Name: "x", Node: "", Rank: 1, Size: 2, Rows: 3, Disp: 4, ItemSize: 8, TimeoutMs: 300000,
-		Attempt: 1, Failed: false, Dtype: "float32"}
+		Attempt: 1, Failed: false, Dtype: "float32", Backing: "/data/x.npy", Total: 40}
 	failed := shard
 	failed.Attempt, failed.Failed = 2, true
 	read := wire.Read{Name: "x", Region: 1, ID: 5, Globals: []int64{5, 0}, Offsets: []int64{0, 32}}
@@ -297,7 +299,7 @@ func vectorBodies(t *testing.T) obj {
 	// no paths for the asker's node.
 	table2 := wire.Table{Name: "y/ü", Disp: 3, ItemSize: 2, ShardRows: []int64{5, 0, 4}, RankNode: []int64{0, 1, 1},
 		Nodes: []string{"n0", "n1"}, Addrs: []string{"10.0.0.1:7000", "[::1]:7001"}, Paths: []string{},
-		Dtype: "bfloat16", ID: 1 << 33}
+		Dtype: "bfloat16", ID: 1 << 33, Backing: "/data/y.h5:/cubes", Total: 100}
 	add("table_remote", "Table", vTable(table2), table2.Encode, func(b []byte) (any, error) { return wire.DecodeTable(b) }, table2)
 	hr := wire.HelloReply{Node: "n1", AgentPid: 77}
 	add("hello_reply", "HelloReply", obj{"node": hr.Node, "agent_pid": hr.AgentPid}, hr.Encode,

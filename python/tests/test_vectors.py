@@ -41,7 +41,7 @@ def _body(message, f):
                                                               f["local_size"], f["pid"])
     if message == "Shard":  # Store.add
         return _wire.shard(e, f["name"], f["node"], f["rank"], f["size"], f["rows"], f["disp"], f["itemsize"],
-                           f["timeout_ms"], f["attempt"], f["failed"], f["dtype"])
+                           f["timeout_ms"], f["attempt"], f["failed"], f["dtype"], f["backing"], f["total"])
     if message == "Name":  # Lookup, Free
         return e.string(f["name"]).string(f["node"]).i64(f["rank"])
     if message == "Read":  # Store._fetch
@@ -221,7 +221,8 @@ def test_layout(case):
     rows = np.array(case["shard_rows"], dtype=np.int64)
     p = len(rows)
     t = types.SimpleNamespace(name="x", disp=1, itemsize=1, dtype="", shard_rows=rows,
-                              rank_node=np.zeros(p, dtype=np.int64), nodes=["n"], addrs=["a"], paths=[], id=1)
+                              rank_node=np.zeros(p, dtype=np.int64), nodes=["n"], addrs=["a"], paths=[], id=1,
+                              backing="", total=0)
     v = store._Var(t, 0)  # builds the prefix sums the way a Store does
     assert v.total == case["total"]
     assert v.prefix.tolist() == case["first"] + [case["total"]]
