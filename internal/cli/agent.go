@@ -41,6 +41,7 @@ func runAgent(args []string, stdout, stderr io.Writer) error {
 	idle := fs.Duration("idle-exit", 0, "stop after this long without a client (0: never)")
 	conns := fs.Int("conns-per-peer", 4, "TCP connections kept to each other agent")
 	memory := fs.String("memory", envOr("DDSTORE_MEMORY", ""), "cap on the shards and receive regions the agent holds, e.g. 64G, 512M, 1048576 (DDSTORE_MEMORY; default or 0: none)")
+	staging := fs.String("staging", envOr("DDSTORE_STAGING", ""), "memory each variable with a backing file may use for rows read ahead of use, e.g. 256M (DDSTORE_STAGING; default 256M), counted in --memory")
 	metricsAddr := fs.String("metrics-addr", envOr("DDSTORE_METRICS_ADDR", ""), "HOST:PORT to serve the agent's counters on at /metrics, in the Prometheus text format (DDSTORE_METRICS_ADDR; default: not served)")
 	daemon := fs.Bool("daemon", false, "start the agent in the background and return once it serves")
 	verbose := fs.Bool("v", false, "log at debug level")
@@ -54,6 +55,14 @@ func runAgent(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("%w (--memory)", err)
 		}
 		budget = n
+	}
+	var stagingBytes int64
+	if m := strings.TrimSpace(*staging); m != "" {
+		n, err := parseBytes(m)
+		if err != nil {
+			return fmt.Errorf("%w (--staging)", err)
+		}
+		stagingBytes = n
 	}
 	if *socket == "" {
 		*socket = ddstore.SocketPath(*runDir, *ns, *node)
@@ -69,7 +78,7 @@ func runAgent(args []string, stdout, stderr io.Writer) error {
 	a, err := ddstore.StartAgent(ddstore.AgentConfig{
 		Namespace: *ns, Node: *node, Socket: *socket, PeerListen: *peer, Advertise: *adv,
 		Rendezvous: *rdv, HandshakeDir: *hs, Timeout: *timeout, JoinTimeout: *joinTimeout,
-		IdleExit: *idle, ConnsPerPeer: *conns, MemoryBytes: budget, MetricsAddr: *metricsAddr, Logger: log,
+		IdleExit: *idle, ConnsPerPeer: *conns, MemoryBytes: budget, StagingBytes: stagingBytes, MetricsAddr: *metricsAddr, Logger: log,
 	})
 	if err != nil {
 		return err
