@@ -284,3 +284,47 @@ func TestTierStagingUnderPressure(t *testing.T) {
 		t.Logf("node%d: %v", i, in.Counters)
 	}
 }
+
+// TestPeerLossFallsBackToTheFile: once the agent of a node is gone, rows it
+// held are read from the backing file — no error at all — while reads of a
+// variable without one fail, naming the node, instead of hanging.
+func TestPeerLossFallsBackToTheFile(t *testing.T) {
+	const n, rb = 200, 256
+	file := filepath.Join(t.TempDir(), "d.npy")
+	writeNPY(t, file, n, rb)
+	c := startCluster(t, []int{1, 1}, viaRendezvous)
+	c.addBacked(t, "x", file, n, n, rb) // every row in memory, rank 1 holding [100, 200)
+	c.addPattern(t, "plain", []int64{100, 100}, rb, 1)
+	s := c.stores[0]
+	idx := []int64{5, 150, 199, 0, 120}
+	dst := make([]byte, len(idx)*rb)
+	for _, name := range []string{"x", "plain"} {
+		if err := s.GetBatch(name, dst, idx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.agents[1].Close()
+	if err := s.GetBatch("x", dst, idx); err != nil {
+		t.Fatalf("backed rows of a lost node: %v", err)
+	}
+	for i, g := range idx {
+		if err := samePattern(dst[i*rb:(i+1)*rb], g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := s.GetBatch("plain", dst, idx)
+	if !errors.Is(err, ddstore.ErrPeer) || !strings.Contains(err.Error(), `node "node1"`) {
+		t.Fatalf("rows of a lost node without a backing file: %v, want ErrPeer naming node1", err)
+	}
+	// Rows of the living node still read.
+	if err := s.GetBatch("plain", dst[:2*rb], []int64{3, 99}); err != nil {
+		t.Fatal(err)
+	}
+	in, err := ddstore.QueryAgent(c.agents[0].Socket(), c.ns, "node0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Counters["peer_fallback_rows"] != 3 {
+		t.Errorf("peer_fallback_rows = %d, want 3", in.Counters["peer_fallback_rows"])
+	}
+}

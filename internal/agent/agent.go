@@ -133,6 +133,9 @@ type stats struct {
 	prefetchDropped atomic.Int64
 	prefetchEvicted atomic.Int64
 	storageErrors   atomic.Int64
+	// peerFallbackRows counts rows read from the backing file because the
+	// node holding them could not be reached.
+	peerFallbackRows atomic.Int64
 }
 
 // Start runs an agent until Close (or its idle exit).
@@ -487,6 +490,7 @@ func (a *Agent) info() Info {
 		"storage_bytes": int(s.storageBytes.Load()), "storage_errors": int(s.storageErrors.Load()),
 		"staged_rows": int(s.stagedRows.Load()), "prefetch_rows": int(s.prefetchRows.Load()),
 		"prefetch_dropped": int(s.prefetchDropped.Load()), "prefetch_evicted": int(s.prefetchEvicted.Load()),
+		"peer_fallback_rows": int(s.peerFallbackRows.Load()),
 	}
 	in.MemoryBytes += a.stagingBytes.Load()
 	if c := a.coord.Load(); c != nil {

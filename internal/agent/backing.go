@@ -212,6 +212,22 @@ func (t *tier) read(ctx context.Context, rows []int64, dst [][]byte) error {
 	return t.readFile(ctx, sortedRows, sortedDst)
 }
 
+// readAny reads rows of any owner (the node holding them is gone) from the
+// file, in any order.
+func (t *tier) readAny(ctx context.Context, rows []int64, dst [][]byte) error {
+	order := make([]int, len(rows))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(x, y int) int { return cmp.Compare(rows[x], rows[y]) })
+	sr := make([]int64, len(rows))
+	sd := make([][]byte, len(rows))
+	for k, i := range order {
+		sr[k], sd[k] = rows[i], dst[i]
+	}
+	return t.readFile(ctx, sr, sd)
+}
+
 // release gives back the slot of a staged row a reader claimed, once the
 // reader is done with it: now if the prefetch is over, else when the
 // prefetcher finishes it.

@@ -27,6 +27,7 @@ type nodeRows struct {
 
 // piece is one Fetch of a read: rows of one node, at most a share of them.
 type piece struct {
+	node    string
 	addr    string
 	globals []int64
 	dst     [][]byte
@@ -120,7 +121,7 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 		per := (len(n.globals) + k - 1) / k
 		for lo := 0; lo < len(n.globals); lo += per {
 			hi := min(lo+per, len(n.globals))
-			f.pieces = append(f.pieces, piece{addr: t.Addrs[i], globals: n.globals[lo:hi], dst: n.dst[lo:hi]})
+			f.pieces = append(f.pieces, piece{node: t.Nodes[i], addr: t.Addrs[i], globals: n.globals[lo:hi], dst: n.dst[lo:hi]})
 		}
 	}
 	// The first piece is fetched on this goroutine, unless rows of the
@@ -153,12 +154,28 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 		return backedErr
 	}
 	for i := range f.pieces {
-		if err := f.pieces[i].err; err != nil {
-			if errors.Is(err, base.ErrFreed) {
-				a.forgetStale(v)
-			}
+		p := &f.pieces[i]
+		err := p.err
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, base.ErrFreed) {
+			a.forgetStale(v)
 			return err
 		}
+		if v.tier != nil && errors.Is(err, base.ErrPeer) {
+			// The node is gone or unreachable, but the backing file holds
+			// every row: read its rows from there instead.
+			tctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
+			ferr := v.tier.readAny(tctx, p.globals, p.dst)
+			cancel()
+			if ferr == nil {
+				a.stats.peerFallbackRows.Add(int64(len(p.globals)))
+				continue
+			}
+			err = errors.Join(err, ferr)
+		}
+		return fmt.Errorf("rows of %q on node %q: %w", m.Name, p.node, err)
 	}
 	clear(f.pieces)
 	for i := range t.Nodes {
