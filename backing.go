@@ -109,7 +109,7 @@ func (s *Store) Prefetch(name string, indices []int64) error {
 		return fmt.Errorf("variable %q: %w", name, err)
 	}
 	held := v.lay.Held()
-	m := wire.Fetch{Name: name, ID: v.id}
+	m := wire.Fetch{Name: v.name, ID: v.id}
 	for _, g := range indices {
 		if g >= held {
 			m.Globals = append(m.Globals, g)

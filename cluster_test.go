@@ -37,7 +37,10 @@ func freeAddr(t testing.TB) string {
 	return l.Addr().String()
 }
 
-func startCluster(t testing.TB, ranksPerNode []int, mode meetMode, opts ...func(*ddstore.AgentConfig)) *cluster {
+// startCluster starts the agents and opens the stores; opts are
+// func(*ddstore.AgentConfig) and func(*ddstore.Config), applied to every
+// agent's and every store's configuration.
+func startCluster(t testing.TB, ranksPerNode []int, mode meetMode, opts ...any) *cluster {
 	t.Helper()
 	dir := t.TempDir()
 	c := &cluster{ns: fmt.Sprintf("t%d-%s", os.Getpid(), filepath.Base(dir))}
@@ -62,7 +65,9 @@ func startCluster(t testing.TB, ranksPerNode []int, mode meetMode, opts ...func(
 			PeerListen: "127.0.0.1:0",
 		}
 		for _, o := range opts {
-			o(&cfg)
+			if o, ok := o.(func(*ddstore.AgentConfig)); ok {
+				o(&cfg)
+			}
 		}
 		a, err := ddstore.StartAgent(cfg)
 		if err != nil {
@@ -74,9 +79,15 @@ func startCluster(t testing.TB, ranksPerNode []int, mode meetMode, opts ...func(
 	rank := 0
 	for i, n := range ranksPerNode {
 		for l := range n {
-			s, err := ddstore.Open(ddstore.Config{Namespace: c.ns, Rank: rank, Size: size, LocalRank: l, LocalSize: n,
+			cfg := ddstore.Config{Namespace: c.ns, Rank: rank, Size: size, LocalRank: l, LocalSize: n,
 				Node: fmt.Sprintf("node%d", i), Socket: c.agents[i].Socket(), NoSpawn: true,
-				Timeout: 10 * time.Second, PublishTimeout: 10 * time.Second})
+				Timeout: 10 * time.Second, PublishTimeout: 10 * time.Second}
+			for _, o := range opts {
+				if o, ok := o.(func(*ddstore.Config)); ok {
+					o(&cfg)
+				}
+			}
+			s, err := ddstore.Open(cfg)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -59,13 +59,22 @@ type Config struct {
 	// Reader makes a store that holds no shard (split mode: a job reading
 	// variables another job published). It cannot Add or Init.
 	Reader bool
+	// Width splits the job into replica groups (DDStore's ddstore_width):
+	// ranks [k*Width, (k+1)*Width) form group k, which holds a whole copy
+	// of each variable, its ranks sharing it as a job of Width ranks would
+	// (the last group may be smaller); reads stay within the group,
+	// node-local rows first. 0 means one group of the whole job.
+	Width int
 }
 
 // Store is one rank's handle on the job's variables. Its methods are safe
 // for concurrent use.
 type Store struct {
-	cfg    Config
-	id     rendezvous.Identity
+	cfg Config
+	id  rendezvous.Identity
+	// grp is this rank's replica group: ranks [first, first+size), this
+	// one its rank-th. Collectives and shards are the group's.
+	grp    group
 	hello  wire.Hello
 	socket string
 
@@ -87,6 +96,28 @@ type Store struct {
 		lanes []*lane
 	}
 	recv atomic.Pointer[[]*recvBuf]
+}
+
+// group is a replica group (Config.Width).
+type group struct{ first, rank, size int }
+
+// wireName is the name of a variable as the agents know it: the group's own
+// copy when the job has several groups.
+func (s *Store) wireName(name string) string {
+	if s.grp.size == s.id.Size {
+		return name
+	}
+	return fmt.Sprintf("%s@r%d", name, s.grp.first)
+}
+
+// Group returns this rank's replica group (Config.Width): its index, this
+// rank's rank in it, and its size; (0, Rank(), Size()) without groups.
+func (s *Store) Group() (index, rank, size int) {
+	w := s.cfg.Width
+	if w == 0 {
+		return 0, s.grp.rank, s.grp.size
+	}
+	return s.grp.first / w, s.grp.rank, s.grp.size
 }
 
 // recvBuf is a receive buffer the agent can write into (AllocRecv).
@@ -155,7 +186,15 @@ func Open(cfg Config) (*Store, error) {
 	if cfg.MaxLanes <= 0 {
 		cfg.MaxLanes = 16
 	}
-	s := &Store{cfg: cfg, id: id, socket: cfg.Socket, slots: make(chan struct{}, cfg.MaxLanes)}
+	if cfg.Width < 0 {
+		return nil, base.Errorf(base.ErrArgument, "replica group width %d: want >= 1, or 0 for one group of the whole job", cfg.Width)
+	}
+	grp := group{first: 0, rank: id.Rank, size: id.Size}
+	if w := cfg.Width; w > 0 && w < id.Size {
+		grp.first = id.Rank / w * w
+		grp.rank, grp.size = id.Rank-grp.first, min(w, id.Size-grp.first)
+	}
+	s := &Store{cfg: cfg, id: id, grp: grp, socket: cfg.Socket, slots: make(chan struct{}, cfg.MaxLanes)}
 	helloRank := int64(id.Rank)
 	if cfg.Reader {
 		helloRank = -1
@@ -390,7 +429,7 @@ func (s *Store) create(name string, rows []byte, nrows, disp, itemsize int64, dt
 	if have {
 		return base.Errorf(base.ErrExists, "variable %q already exists", name)
 	}
-	sh := wire.Shard{Name: name, Rank: int64(s.id.Rank), Size: int64(s.id.Size), Rows: nrows, Disp: disp, ItemSize: itemsize,
+	sh := wire.Shard{Name: s.wireName(name), Rank: int64(s.grp.rank), Size: int64(s.grp.size), Rows: nrows, Disp: disp, ItemSize: itemsize,
 		TimeoutMs: s.cfg.PublishTimeout.Milliseconds(), Attempt: attempt, Dtype: dtype}
 	for _, b := range backing {
 		sh.Backing, sh.Total = b.File, b.Rows
@@ -430,7 +469,7 @@ func (s *Store) create(name string, rows []byte, nrows, disp, itemsize int64, dt
 	s.mu.Lock()
 	delete(s.mu.freed, name)
 	s.mu.Unlock()
-	_, err = s.install(&t)
+	_, err = s.install(&t, name)
 	return err
 }
 
@@ -442,8 +481,9 @@ func checkName(name string) error {
 	return nil
 }
 
-// install maps the node-local shards of a table and records the variable.
-func (s *Store) install(t *wire.Table) (*variable, error) {
+// install maps the node-local shards of a table and records the variable
+// under name (the table's, less its replica group).
+func (s *Store) install(t *wire.Table, name string) (*variable, error) {
 	lay, err := layout.NewBacked(layout.Row{Disp: t.Disp, ItemSize: t.ItemSize}, t.ShardRows, t.Total)
 	if err != nil {
 		return nil, err
@@ -454,7 +494,7 @@ func (s *Store) install(t *wire.Table) (*variable, error) {
 		if r >= len(t.Paths) || t.Paths[r] == "" {
 			continue
 		}
-		own := s.id.Rank == r && s.hello.Rank >= 0
+		own := s.grp.rank == r && s.hello.Rank >= 0
 		seg, err := shm.Open(t.Paths[r], own)
 		if err != nil {
 			v.unmap()
@@ -472,11 +512,11 @@ func (s *Store) install(t *wire.Table) (*variable, error) {
 		v.unmap()
 		return nil, base.Errorf(base.ErrClosed, "store closed")
 	}
-	if old, ok := s.mu.vars[t.Name]; ok {
+	if old, ok := s.mu.vars[name]; ok {
 		v.unmap()
 		return old, nil
 	}
-	s.mu.vars[t.Name] = v
+	s.mu.vars[name] = v
 	return v, nil
 }
 
@@ -503,7 +543,7 @@ func (s *Store) acquire(name string) (*variable, error) {
 	case freed && !ok:
 		return nil, base.Errorf(base.ErrFreed, "variable %q was freed", name)
 	case !ok:
-		m := wire.Name{Name: name}
+		m := wire.Name{Name: s.wireName(name)}
 		body, err := s.request(wire.OpLookup, m.Encode, s.cfg.Timeout)
 		if err != nil {
 			return nil, err
@@ -512,7 +552,7 @@ func (s *Store) acquire(name string) (*variable, error) {
 		if err != nil {
 			return nil, err
 		}
-		if v, err = s.install(&t); err != nil {
+		if v, err = s.install(&t, name); err != nil {
 			return nil, err
 		}
 	}
@@ -875,7 +915,7 @@ func (s *Store) Free(name string) error {
 	if s.cfg.Reader {
 		return nil // a reader holds no share of the variable to give back
 	}
-	m := wire.Name{Name: name, Rank: int64(s.id.Rank)}
+	m := wire.Name{Name: s.wireName(name), Rank: int64(s.grp.rank)}
 	_, err := s.request(wire.OpFree, m.Encode, 3*s.cfg.Timeout)
 	return err
 }

@@ -58,6 +58,28 @@ class FileComm:
         self.allgather(None)
 
 
+def world_of(comm, rank, size):
+    """(world rank, world size, first world rank of the group) when comm is
+    a communicator split from a larger job (mpi4py, torch.distributed),
+    else None."""
+    if comm is None:
+        return None
+    if hasattr(comm, "Split_type"):  # mpi4py
+        from mpi4py import MPI
+        w = MPI.COMM_WORLD
+        if comm.Get_size() >= w.Get_size():
+            return None
+        return w.Get_rank(), w.Get_size(), min(comm.allgather(w.Get_rank()))
+    if type(comm).__module__.startswith("torch"):
+        import torch.distributed as dist
+        if dist.get_world_size(comm) >= dist.get_world_size():
+            return None
+        ranks = [None] * dist.get_world_size(comm)
+        dist.all_gather_object(ranks, dist.get_rank(), group=comm)
+        return dist.get_rank(), dist.get_world_size(), min(ranks)
+    return None
+
+
 def identity(comm=None, rank=None, size=None, local_rank=None, local_size=None, node=None):
     """The _env.Identity of this rank."""
     env = _env.from_env() if comm is None and (rank is None or size is None) else None

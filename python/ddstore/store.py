@@ -185,15 +185,37 @@ class Store:
 
     comm: an mpi4py communicator, a torch.distributed process group, a
     FileComm, or None (rank and size from torchrun, Slurm, Open MPI or MPICH).
+    A communicator split from the job's (mpi4py, torch) is a replica group,
+    as in DDStore: its ranks share whole copies of the variables among
+    themselves, apart from the other groups'. width=w does the same without
+    a communicator: ranks [k*w, (k+1)*w) form group k (the last may be
+    smaller); rank and size are then the group's.
     """
 
     def __init__(self, comm=None, namespace=None, *, rank=None, size=None, local_rank=None, local_size=None,
                  node=None, socket_path=None, run_dir=None, spawn=True, agent_args=(), binary=None,
-                 timeout=120.0, publish_timeout=300.0, agent_wait=60.0, max_lanes=16, reader=False):
-        from .comm import identity
+                 timeout=120.0, publish_timeout=300.0, agent_wait=60.0, max_lanes=16, reader=False, width=None):
+        from .comm import identity, world_of
         ident = identity(comm, rank, size, local_rank, local_size, node)
         self.rank, self.size, self.local_rank, self.local_size, self.node = (
             ident.rank, ident.size, ident.local_rank, ident.local_size, ident.node)
+        # The replica group: the first world rank of this rank's group, or
+        # None when the job is one group. The agents know a group's copy of
+        # a variable by the name plus "@r<first>".
+        self.group = None
+        self._world_rank, self._world_size = self.rank, self.size
+        world = world_of(comm, self.rank, self.size)
+        if world is not None:
+            self._world_rank, self._world_size, self.group = world
+        if width is not None:
+            if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+                raise ArgumentError(f"ddstore: bad argument: width {width!r}: want an int >= 1 (ranks per replica group)")
+            if self.group is not None:
+                raise ArgumentError("ddstore: bad argument: width with a split communicator: the communicator is "
+                                    "the group already")
+            if width < self.size:
+                first = self.rank // width * width
+                self.group, self.rank, self.size = first, self.rank - first, min(width, self.size - first)
         # A reader (split mode: a job reading data another job published)
         # holds no shard: it says rank -1 to the agent and cannot add.
         self.reader = bool(reader)
@@ -216,9 +238,12 @@ class Store:
     # -- connections --------------------------------------------------------
 
     def _hello(self):
-        rank = -1 if self.reader else self.rank
+        rank = -1 if self.reader else self._world_rank
         return (_wire.Encoder().string(self.namespace).string(self.node)
-                .i64(rank, self.size, self.local_rank, self.local_size, os.getpid()))
+                .i64(rank, self._world_size, self.local_rank, self.local_size, os.getpid()))
+
+    def _wire_name(self, name):
+        return name if self.group is None else f"{name}@r{self.group}"
 
     def _connect(self):
         try:
@@ -391,7 +416,8 @@ class Store:
         tms = int(self._publish_timeout * 1000)
 
         def shard(failed=False):
-            return _wire.shard(_wire.Encoder(), name, "", self.rank, self.size, nrows, disp, itemsize, tms, attempt,
+            return _wire.shard(_wire.Encoder(), self._wire_name(name), "", self.rank, self.size, nrows, disp, itemsize,
+                               tms, attempt,
                                failed, dt, backing, total)
 
         def fail(err):
@@ -418,19 +444,19 @@ class Store:
         t = _wire.Table.decode(body)
         with self._lock:
             self._freed.discard(name)
-        self._install(t)
+        self._install(t, name)
 
-    def _install(self, t):
+    def _install(self, t, name):
         v = _Var(t, -1 if self.reader else self.rank)
         with self._lock:
             if self._closed:
                 v.unmap()
                 raise ClosedError(f"ddstore: closed: store of rank {self.rank} closed")
-            old = self._vars.get(t.name)
+            old = self._vars.get(name)
             if old is not None:
                 v.unmap()
                 return old
-            self._vars[t.name] = v
+            self._vars[name] = v
             return v
 
     def _var(self, name):
@@ -442,8 +468,8 @@ class Store:
             raise ClosedError(f"ddstore: closed: store of rank {self.rank} closed")
         if name in self._freed:
             raise FreedVariable(f"ddstore: variable freed: variable {name!r} was freed")
-        body = self._request(_wire.OP_LOOKUP, _wire.Encoder().string(name).string("").i64(-1))
-        return self._install(_wire.Table.decode(body))
+        body = self._request(_wire.OP_LOOKUP, _wire.Encoder().string(self._wire_name(name)).string("").i64(-1))
+        return self._install(_wire.Table.decode(body), name)
 
     # -- reading ----------------------------------------------------------------
 
@@ -703,7 +729,7 @@ class Store:
                                   f"not in [0, {v.total})")
         idx = idx[idx >= v.held]
         if idx.size:
-            self._request(_wire.OP_PREFETCH, _wire.Encoder().string(name).i64(v.id).i64s(idx))
+            self._request(_wire.OP_PREFETCH, _wire.Encoder().string(v.name).i64(v.id).i64s(idx))
 
     def get_profile(self, name):
         return dict(self._var(name).profile)
@@ -730,7 +756,7 @@ class Store:
             v.unmap()
             if self.reader:
                 continue  # a reader holds no share of the variable to give back
-            self._request(_wire.OP_FREE, _wire.Encoder().string(n).string("").i64(self.rank),
+            self._request(_wire.OP_FREE, _wire.Encoder().string(self._wire_name(n)).string("").i64(self.rank),
                           timeout=3 * self._timeout)
 
     def close(self):

@@ -381,11 +381,13 @@ class DistDataset(_StoredDataset):
     time, so that loading holds one chunk rather than the whole share twice.
     device: tensors are moved there (e.g. "cuda:0").
 
-    Accepted for DDStore code: method (ddstore picks its transport in the
-    agent; the value is ignored), ddstore_width (replica groups are not
-    implemented yet: only None or the job's size, one group holding one copy,
-    is accepted), handshake_dir (ignored: to meet through a directory, pass
-    comm=ddstore.FileComm(handshake_dir, rank, size)).
+    ddstore_width: replica groups, as DDStore's: ranks [k*w, (k+1)*w) form
+    group k, which holds a whole copy of the dataset (rank r reads its group's
+    copy only, node-local rows first); a communicator split from the job's
+    does the same. Accepted for DDStore code: method (ddstore picks its
+    transport in the agent; the value is ignored), handshake_dir (ignored: to
+    meet through a directory, pass comm=ddstore.FileComm(handshake_dir, rank,
+    size)).
 
     capacity, backing: for a dataset larger than the memory the job gives
     it, keep only samples [0, capacity) in memory (rank r its share of them)
@@ -422,11 +424,13 @@ class DistDataset(_StoredDataset):
                              f"needs backing files for the others (backing=...)")
         owns = store is None
         if owns:
-            store = Store(comm)
+            store = Store(comm, width=ddstore_width if ddstore_width and ddstore_width > 0 else None)
         try:
-            if ddstore_width is not None and ddstore_width != store.size:
-                raise NotImplementedError(f"ddstore: replica groups are not implemented: ddstore_width "
-                                          f"{ddstore_width} with {store.size} ranks: want None or {store.size}")
+            whole = store.group is None
+            if not owns and ddstore_width is not None and ddstore_width > 0 and (
+                    (whole and ddstore_width < store.size) or (not whole and store.size > ddstore_width)):
+                raise ValueError(f"ddstore: bad argument: ddstore_width {ddstore_width} but the store given is a group "
+                                 f"of {store.size} ranks: open it with width={ddstore_width}")
             self.rank, self.size = store.rank, store.size
             held = self.capacity if self._backing is not None else n
             self.lo, self.hi = self.rank * held // self.size, (self.rank + 1) * held // self.size
