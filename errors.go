@@ -17,4 +17,5 @@ var (
 	ErrProtocol = base.ErrProtocol // a malformed frame
 	ErrNoAgent  = base.ErrNoAgent  // no agent could be reached or started
 	ErrArgument = base.ErrArgument // any other bad argument
+	ErrAuth     = base.ErrAuth     // a connection that did not prove it belongs to the job (DDSTORE_SECRET, key file)
 )

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ddstore-go/ddstore/internal/auth"
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/shm"
 	"github.com/ddstore-go/ddstore/internal/wire"
@@ -32,7 +33,11 @@ func dialLane(socket string, hello *wire.Hello, timeout time.Duration) (*lane, *
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: connect to %s: %w", base.ErrNoAgent, socket, err)
 	}
-	l := &lane{conn: c}
+	if err := authenticate(c, socket, timeout); err != nil {
+		c.Close()
+		return nil, nil, err
+	}
+	l := &lane{conn: c, id: auth.FirstID - 1}
 	body, err := l.call(wire.OpHello, hello.Encode, timeout)
 	if err != nil {
 		c.Close()
@@ -44,6 +49,31 @@ func dialLane(socket string, hello *wire.Hello, timeout time.Duration) (*lane, *
 		return nil, nil, err
 	}
 	return l, &r, nil
+}
+
+// authenticate proves to the agent at socket that this client belongs to
+// the job: the key of DDSTORE_SECRET, else the agent's key file.
+func authenticate(c *net.UnixConn, socket string, timeout time.Duration) error {
+	k, from, err := auth.ClientKey(socket)
+	if err != nil {
+		return fmt.Errorf("agent at %s: %w", socket, err)
+	}
+	c.SetDeadline(time.Now().Add(timeout))
+	defer c.SetDeadline(time.Time{})
+	err = auth.Initiate(c, k, auth.Client)
+	var ne net.Error
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, base.ErrAuth):
+		return fmt.Errorf("agent at %s, with the key of %s: %w", socket, from, err)
+	case errors.Is(err, base.ErrProtocol):
+		return err
+	case errors.As(err, &ne) && ne.Timeout():
+		return fmt.Errorf("%w: the agent at %s did not complete authentication in time: %w", base.ErrTimeout, socket, err)
+	default:
+		return fmt.Errorf("%w: authenticating to %s: %w", base.ErrNoAgent, socket, err)
+	}
 }
 
 // call sends one request and waits for its reply; a transport failure

@@ -35,10 +35,17 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	os.Setenv("DDSTORE_BIN", ddstoreBin)
+	// The job's secret, as a job on several nodes has one: agents that meet
+	// through a rendezvous address refuse to start without it. Tests of
+	// what happens without one clear it (auth_test.go).
+	os.Setenv("DDSTORE_SECRET", testSecret)
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
+
+// testSecret is the DDSTORE_SECRET of the tests' jobs.
+const testSecret = "ddstore-test-secret-0123456789abcdef"
 
 // waitFor polls f until it returns nil or the deadline passes.
 func waitFor(t testing.TB, d time.Duration, f func() error) {

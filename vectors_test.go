@@ -59,6 +59,7 @@ func TestVectors(t *testing.T) {
 		"escape":        vectorEscape(t),
 		"env":           vectorEnv(t),
 		"permutations":  vectorPermutations(t),
+		"auth":          vectorAuth(t),
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
@@ -328,7 +329,7 @@ func vectorStatusErrors(t *testing.T) []obj {
 		}},
 		{"every_code_internal", base.Code(base.ErrInternal), func(e *wire.Encoder) { e.String32("ddstore: internal error") }},
 		// A code from a newer agent is ErrInternal.
-		{"unknown_code", 14, func(e *wire.Encoder) { e.String32("ddstore: something new: details") }},
+		{"unknown_code", base.Code(base.ErrAuth) + 1, func(e *wire.Encoder) { e.String32("ddstore: something new: details") }},
 		{"unicode_message", base.Code(base.ErrExists), func(e *wire.Encoder) {
 			e.String32("ddstore: variable exists: variable \"données\" already exists")
 		}},
@@ -369,7 +370,7 @@ var sentinels = []struct {
 	{"ErrExists", base.ErrExists}, {"ErrBuffer", base.ErrBuffer}, {"ErrFreed", base.ErrFreed},
 	{"ErrClosed", base.ErrClosed}, {"ErrTimeout", base.ErrTimeout}, {"ErrPeer", base.ErrPeer},
 	{"ErrProtocol", base.ErrProtocol}, {"ErrNoAgent", base.ErrNoAgent}, {"ErrArgument", base.ErrArgument},
-	{"ErrInternal", base.ErrInternal},
+	{"ErrInternal", base.ErrInternal}, {"ErrAuth", base.ErrAuth},
 }
 
 func vectorStatusCodes(t *testing.T) obj {

@@ -66,6 +66,11 @@ type Config struct {
 	// at /metrics in the Prometheus text format; empty: not served.
 	MetricsAddr string
 	Logger      *slog.Logger
+	// Secret is the job's shared secret, from which agents and clients
+	// derive the keys they prove (internal/auth); empty: DDSTORE_SECRET.
+	// Without one the keys are generated (see docs/design.md, Security),
+	// and agents that meet through a Rendezvous refuse to start.
+	Secret string
 }
 
 // Agent is a running node agent.
@@ -90,6 +95,10 @@ type Agent struct {
 	coordAddr string
 	joinMu    sync.Mutex
 	joined    string // coordinator address this agent has joined
+
+	// auth holds the keys clients and peers prove, and the count of
+	// connections refused for not proving them (auth.go).
+	auth agentAuth
 
 	mu struct {
 		sync.Mutex
@@ -191,6 +200,11 @@ func (a *Agent) start() error {
 		return base.Errorf(base.ErrExists, "an agent for namespace %q node %q already runs (lock %s.lock held)", cfg.Namespace, cfg.Node, cfg.Socket)
 	}
 	a.lock = lock
+	// The key file goes before the socket: a client that reaches the
+	// socket finds it.
+	if err := a.initAuth(); err != nil {
+		return err
+	}
 	os.Remove(cfg.Socket) // a dead agent's socket: the lock says nobody serves it
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: cfg.Socket, Net: "unix"})
 	if err != nil {
@@ -202,7 +216,7 @@ func (a *Agent) start() error {
 		return err
 	}
 
-	a.pool = transport.NewPool(transport.Options{ConnsPerPeer: cfg.ConnsPerPeer, Timeout: cfg.Timeout})
+	a.pool = transport.NewPool(transport.Options{ConnsPerPeer: cfg.ConnsPerPeer, Timeout: cfg.Timeout, Key: a.peerKey})
 	var pln net.Listener
 	switch {
 	case cfg.Rendezvous != "":
@@ -229,7 +243,7 @@ func (a *Agent) start() error {
 		}
 	}
 	a.addr = advertise(cfg, pln.Addr().(*net.TCPAddr))
-	a.peer = transport.NewServer(pln, (*peerHandler)(a), a.log, cfg.Timeout)
+	a.peer = transport.NewServer(pln, (*peerHandler)(a), a.log, cfg.Timeout, a.peerKey)
 	if err := a.serveMetrics(); err != nil {
 		return err
 	}
@@ -255,6 +269,9 @@ type nodeRecord struct {
 	Node string `json:"node"`
 	Addr string `json:"addr"`
 	Pid  int    `json:"pid"`
+	// Key is the job's key (hex), in the coordinator's record only, and
+	// only when the agents have no secret of their own (DDSTORE_SECRET).
+	Key string `json:"key,omitempty"`
 }
 
 func (a *Agent) recordName(what string) string {
@@ -325,6 +342,7 @@ func (a *Agent) shutdown() {
 			// Unlink while still holding the lock: lockFile checks that the
 			// file it locked is still the one at the path.
 			os.Remove(a.cfg.Socket + ".lock")
+			a.removeKeyFile()
 			unix.Close(a.lock)
 		}
 		a.log.Info("agent stopped")
@@ -364,7 +382,7 @@ func (a *Agent) becomeCoordinator() error {
 		return nil
 	}
 	c.join(a.cfg.Node, a.addr)
-	rec := nodeRecord{Node: a.cfg.Node, Addr: a.addr, Pid: os.Getpid()}
+	rec := nodeRecord{Node: a.cfg.Node, Addr: a.addr, Pid: os.Getpid(), Key: a.coordinatorKey()}
 	return rendezvous.WriteRecord(a.cfg.HandshakeDir, a.recordName("coordinator"), rec)
 }
 
@@ -388,6 +406,9 @@ func (a *Agent) coordinatorAddr(ctx context.Context) (string, error) {
 		}
 		if a.coord.Load() != nil { // rank 0 said hello here meanwhile
 			return "", nil
+		}
+		if err := a.takeRecordKey(rec); err != nil {
+			return "", err
 		}
 		addr = rec.Addr
 	}
@@ -440,6 +461,8 @@ type Info struct {
 	Variables    []VarInfo      `json:"variables"`
 	Counters     map[string]int `json:"counters"`
 	Nodes        []string       `json:"nodes,omitempty"`
+	// Auth says where the keys come from (never the keys): see authSource.
+	Auth string `json:"auth"`
 }
 
 // VarInfo describes one variable as this node sees it.
@@ -496,6 +519,8 @@ func (a *Agent) info() Info {
 	if c := a.coord.Load(); c != nil {
 		in.Nodes, _ = c.nodes()
 	}
+	in.Auth = a.authSource()
+	in.Counters["refused_connections"] = int(a.auth.refusedClients.Load() + a.peer.Refused.Load())
 	return in
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ddstore-go/ddstore/internal/auth"
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/shm"
 	"github.com/ddstore-go/ddstore/internal/wire"
@@ -96,7 +97,26 @@ type rawConn struct {
 	in []byte
 }
 
+// dialRaw connects to the agent and runs the authentication handshake with
+// the key of its key file, as every client does first.
 func dialRaw(t *testing.T, a *Agent) *rawConn {
+	t.Helper()
+	r := dialUnauthenticated(t, a)
+	k, err := auth.ReadKeyFile(auth.KeyFile(a.Socket()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.c.SetDeadline(time.Now().Add(ioWait))
+	if err := auth.Initiate(r.c, k, auth.Client); err != nil {
+		t.Fatalf("authenticating to %s: %v", a.Socket(), err)
+	}
+	r.c.SetDeadline(time.Time{})
+	r.id = auth.FirstID - 1
+	return r
+}
+
+// dialUnauthenticated connects without the handshake.
+func dialUnauthenticated(t *testing.T, a *Agent) *rawConn {
 	t.Helper()
 	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: a.Socket(), Net: "unix"})
 	if err != nil {

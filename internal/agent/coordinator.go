@@ -85,14 +85,17 @@ func (c *coordinator) publish(ctx context.Context, sh wire.Shard) (*wire.Table, 
 		c.mu.Unlock()
 		return nil, base.Errorf(base.ErrExists, "variable %q already exists", sh.Name)
 	}
+	// Ranks that never came may never come (a crashed job, a killed
+	// client): a round that timed out long ago is forgotten, so that a
+	// later job's first Add is not refused with its error and rounds of
+	// names never used again do not pile up for the agent's life.
+	for k, p := range c.mu.pending {
+		if !p.timedOut.IsZero() && time.Since(p.timedOut) > lateGrace {
+			delete(c.mu.pending, k)
+		}
+	}
 	key := collKey{sh.Name, sh.Attempt}
 	col := c.mu.pending[key]
-	if col != nil && !col.timedOut.IsZero() && time.Since(col.timedOut) > lateGrace {
-		// Ranks that never came may never come (a crashed job): a shard
-		// arriving long after the round timed out starts a fresh round, so
-		// a later job's first Add is not refused with this round's error.
-		col = nil
-	}
 	if col == nil {
 		col = &collective{size: sh.Size, first: sh, shards: make(map[int64]wire.Shard), seen: make(map[int64]bool), done: make(chan struct{})}
 		c.mu.pending[key] = col

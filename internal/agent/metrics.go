@@ -51,6 +51,7 @@ func newMetrics(a *Agent) *metrics {
 	}
 	s := &a.stats
 	badFrames := opts("bad_frames_total", "Connections dropped for a malformed frame or request, by who sent it.")
+	refused := opts("refused_connections_total", "Connections refused for not proving the job's key (or, for clients, of another user), by who made them.")
 	m.readSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: "ddstore", Subsystem: "agent", Name: "read_duration_seconds", ConstLabels: labels, Buckets: readBuckets,
 		Help: "Time to serve a client's Read request, from its decoding to its answer (failed reads included).",
@@ -73,6 +74,13 @@ func newMetrics(a *Agent) *metrics {
 		counter(opts("peer_fallback_rows_total", "Rows read from the backing file because the node holding them could not be reached."), s.peerFallbackRows.Load),
 		gauge(opts("staging_bytes", "Staging memory of the storage tiers."), a.stagingBytes.Load),
 		counter(with(badFrames, "source", "client"), s.badFrames.Load),
+		counter(with(refused, "source", "client"), a.auth.refusedClients.Load),
+		counter(with(refused, "source", "peer"), func() int64 {
+			if a.peer == nil {
+				return 0
+			}
+			return a.peer.Refused.Load()
+		}),
 		counter(with(badFrames, "source", "peer"), func() int64 {
 			if a.peer == nil {
 				return 0

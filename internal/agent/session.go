@@ -32,6 +32,9 @@ type session struct {
 	prefetch wire.Fetch
 	// decodeFailed says the current request itself was malformed.
 	decodeFailed bool
+	// pid is the client's process (SO_PEERCRED), which owns the shards it
+	// created until they are published (orphans.go); 0 if unknown.
+	pid int32
 }
 
 func (a *Agent) acceptLoop() {
@@ -43,7 +46,7 @@ func (a *Agent) acceptLoop() {
 			}
 			return
 		}
-		s := &session{conn: c, oob: make([]byte, unix.CmsgSpace(4*4))}
+		s := &session{conn: c, oob: make([]byte, unix.CmsgSpace(4*4)), pid: peerPid(c)}
 		a.mu.Lock()
 		if a.ctx.Err() != nil {
 			a.mu.Unlock()
@@ -69,7 +72,11 @@ func (a *Agent) serveSession(s *session) {
 			a.mu.idleFrom = time.Now()
 		}
 		a.mu.Unlock()
+		a.reclaimOrphans(s)
 	}()
+	if !a.admitClient(s) {
+		return
+	}
 	var buf []byte
 	for {
 		h, body, err := wire.ReadFrame(s, buf)
@@ -180,6 +187,7 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 		if err != nil {
 			return nil, err
 		}
+		a.noteCreator(s, m.Name, m.Rank)
 		r := wire.Path{Path: p}
 		return r.Encode, nil
 	case wire.OpPublish:
@@ -188,7 +196,9 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 			s.decodeFailed = true
 			return nil, err
 		}
+		done := a.publishing(m.Name, m.Rank)
 		t, err := a.publish(ctx, m)
+		done()
 		if err != nil {
 			return nil, err
 		}

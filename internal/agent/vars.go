@@ -34,6 +34,9 @@ type variable struct {
 	// published mirrors table != nil without v.mu, which a peer transfer
 	// may hold for a while: a second Add of the name fails at once.
 	published atomic.Bool
+	// creators are the client processes of the local shards not yet
+	// published (orphans.go).
+	creators creators
 	// tier reads the rows only the backing file holds; nil without one.
 	tier *tier
 }

@@ -24,6 +24,7 @@ var (
 	ErrNoAgent  = errors.New("ddstore: no agent")
 	ErrArgument = errors.New("ddstore: bad argument")
 	ErrInternal = errors.New("ddstore: internal error")
+	ErrAuth     = errors.New("ddstore: not authenticated")
 )
 
 // codes are the wire numbers of the sentinels; their order is part of the
@@ -31,7 +32,7 @@ var (
 var codes = []error{
 	nil, ErrIndex, ErrGeometry, ErrUnknown, ErrExists, ErrBuffer, ErrFreed,
 	ErrClosed, ErrTimeout, ErrPeer, ErrProtocol, ErrNoAgent, ErrArgument,
-	ErrInternal,
+	ErrInternal, ErrAuth,
 }
 
 // Code returns the wire code of err: 0 for nil, the code of the sentinel it

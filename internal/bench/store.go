@@ -1,6 +1,7 @@
 package bench
 
 import (
+	crand "crypto/rand"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ddstore-go/ddstore"
+	"github.com/ddstore-go/ddstore/internal/auth"
 )
 
 // Options of a store benchmark.
@@ -116,6 +118,12 @@ func startJob(inProcess bool) (*job, error) {
 	rdv := l.Addr().String()
 	l.Close()
 	ns := fmt.Sprintf("bench-%d", os.Getpid())
+	// Agents that meet through a rendezvous address prove a shared secret
+	// to each other; without one from the user, the job makes its own,
+	// which the agents it starts inherit.
+	if os.Getenv(auth.SecretEnv) == "" {
+		os.Setenv(auth.SecretEnv, crand.Text())
+	}
 	runDir := ""
 	if inProcess {
 		if j.dir, err = os.MkdirTemp("", "ddstore-bench-"); err != nil {

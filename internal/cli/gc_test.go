@@ -314,14 +314,15 @@ func TestGCKilledAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd.Wait()
-	if !exists(seg) || !exists(sock) || !exists(sock+".lock") {
+	if !exists(seg) || !exists(sock) || !exists(sock+".lock") || !exists(sock+".key") {
 		t.Fatal("SIGKILL left nothing behind: nothing to test")
 	}
 	rep = gcJSON(t, "--run-dir", runDir)
-	if got := paths(rep.Removed); len(got) != 3 || got[seg] != "segment" || got[sock] != "socket" || got[sock+".lock"] != "lock" {
+	if got := paths(rep.Removed); len(got) != 4 || got[seg] != "segment" || got[sock] != "socket" || got[sock+".lock"] != "lock" ||
+		got[sock+".key"] != "key" {
 		t.Errorf("gc after SIGKILL removed %v", got)
 	}
-	for _, p := range []string{seg, sock, sock + ".lock"} {
+	for _, p := range []string{seg, sock, sock + ".lock", sock + ".key"} {
 		if exists(p) {
 			t.Errorf("%s still there", p)
 		}

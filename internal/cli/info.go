@@ -34,6 +34,9 @@ func runInfo(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "agent pid %d, namespace %q, node %q, coordinator %v\n", in.Pid, in.Namespace, in.Node, in.Coordinator)
 	fmt.Fprintf(stdout, "socket %s, peer %s, %d clients, %d receive regions\n", in.Socket, in.PeerAddr, in.Clients, in.Regions)
+	if in.Auth != "" {
+		fmt.Fprintf(stdout, "keys: %s\n", in.Auth)
+	}
 	if in.MemoryBudget > 0 {
 		fmt.Fprintf(stdout, "memory in use: %s of a %s budget\n", humanBytes(in.MemoryBytes), humanBytes(in.MemoryBudget))
 	} else {

@@ -73,7 +73,8 @@ func startNodes(t *testing.T, n int) (string, []node) {
 		name := fmt.Sprintf("n%d", i)
 		sock := filepath.Join(dir, name+".sock")
 		a, err := ddstore.StartAgent(ddstore.AgentConfig{Namespace: ns, Node: name, Socket: sock, Rendezvous: rdv,
-			PeerListen: "127.0.0.1:0", Timeout: 5 * time.Second, JoinTimeout: 10 * time.Second})
+			PeerListen: "127.0.0.1:0", Timeout: 5 * time.Second, JoinTimeout: 10 * time.Second,
+			Secret: "ingest-test-secret-0123456789"})
 		if err != nil {
 			t.Fatal(err)
 		}

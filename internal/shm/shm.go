@@ -202,6 +202,13 @@ func Create(path string, h Header) (*Segment, error) {
 	}
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
 	if err == unix.EEXIST {
+		// Never adopted, whoever made it; say so when it is another
+		// user's (in /dev/shm anyone can make a file of that name).
+		var st unix.Stat_t
+		if unix.Lstat(path, &st) == nil && int(st.Uid) != os.Geteuid() {
+			return nil, base.Errorf(base.ErrExists, "segment %s already exists and belongs to uid %d, not %d: another user's file, which ddstore does not adopt (remove it, or use another namespace)",
+				path, st.Uid, os.Geteuid())
+		}
 		return nil, base.Errorf(base.ErrExists, "segment %s already exists", path)
 	}
 	if err != nil {
@@ -223,13 +230,15 @@ func Create(path string, h Header) (*Segment, error) {
 }
 
 // Open maps an existing segment, read-only unless writable, after checking
-// that the file belongs to this user and its header is sound.
+// that it is a regular file (not a link) of this user that no other user
+// may read or write, and that its header is sound: a segment of another
+// user is never adopted.
 func Open(path string, writable bool) (*Segment, error) {
 	flags, prot := unix.O_RDONLY, unix.PROT_READ
 	if writable {
 		flags, prot = unix.O_RDWR, unix.PROT_READ|unix.PROT_WRITE
 	}
-	fd, err := unix.Open(path, flags|unix.O_CLOEXEC, 0)
+	fd, err := unix.Open(path, flags|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		if err == unix.ENOENT {
 			return nil, fmt.Errorf("%w: segment %s: %w", base.ErrUnknown, path, os.ErrNotExist)
@@ -242,7 +251,13 @@ func Open(path string, writable bool) (*Segment, error) {
 		return nil, fmt.Errorf("ddstore: stat segment %s: %w", path, err)
 	}
 	if int(st.Uid) != os.Geteuid() {
-		return nil, base.Errorf(base.ErrArgument, "segment %s belongs to uid %d, not %d", path, st.Uid, os.Geteuid())
+		return nil, base.Errorf(base.ErrArgument, "segment %s belongs to uid %d, not %d: another user's file, which ddstore does not adopt", path, st.Uid, os.Geteuid())
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, base.Errorf(base.ErrArgument, "segment %s is not a regular file", path)
+	}
+	if st.Mode&0o077 != 0 {
+		return nil, base.Errorf(base.ErrArgument, "segment %s has mode %o: want 0600 (other users may have read or written it)", path, st.Mode&0o777)
 	}
 	if st.Size < HeaderBytes {
 		return nil, base.Errorf(base.ErrProtocol, "segment %s has %d bytes, less than its header", path, st.Size)

@@ -182,7 +182,7 @@ func discardLog() *slog.Logger { return slog.New(slog.DiscardHandler) }
 func startServer(t *testing.T, h *fakeHandler) (*Server, *countingListener) {
 	t.Helper()
 	ln := &countingListener{Listener: listen(t)}
-	s := NewServer(ln, h, discardLog(), 5*time.Second)
+	s := NewServer(ln, h, discardLog(), 5*time.Second, nil)
 	var once sync.Once
 	t.Cleanup(func() {
 		h.release()

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ddstore-go/ddstore/internal/auth"
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
@@ -28,15 +29,23 @@ type Server struct {
 	}
 	// BadFrames counts connections dropped for a malformed frame.
 	BadFrames atomic.Int64
+	// Refused counts connections dropped because they did not prove the
+	// job's key (see key in NewServer).
+	Refused atomic.Int64
+	key     func() (auth.Key, error)
 }
 
 // NewServer serves ln with h until Close. writeTimeout bounds sending one
-// reply to a peer that stopped reading.
-func NewServer(ln net.Listener, h Handler, log *slog.Logger, writeTimeout time.Duration) *Server {
+// reply to a peer that stopped reading. key gives the job's key, which
+// every connection must prove (auth.Respond) before its first request, or
+// the reason there is none yet (then every connection is refused); nil:
+// connections are not authenticated (tests of the transport alone; the
+// agent always sets it).
+func NewServer(ln net.Listener, h Handler, log *slog.Logger, writeTimeout time.Duration, key func() (auth.Key, error)) *Server {
 	if writeTimeout <= 0 {
 		writeTimeout = 30 * time.Second
 	}
-	s := &Server{ln: ln, h: h, log: log, timeout: writeTimeout}
+	s := &Server{ln: ln, h: h, log: log, timeout: writeTimeout, key: key}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.mu.conns = make(map[net.Conn]struct{})
 	s.wg.Add(1)
@@ -138,7 +147,35 @@ func (w *serverConn) reply(op wire.Op, id uint64, err error, fill func(*wire.Enc
 	return werr
 }
 
+// authTimeout bounds a peer's handshake: a connection that has not proved
+// the key by then is dropped.
+const authTimeout = 10 * time.Second
+
+// authenticate runs the handshake on a new connection; false: it is
+// refused (counted, logged) and the caller closes it.
+func (s *Server) authenticate(nc net.Conn) bool {
+	if s.key == nil {
+		return true
+	}
+	nc.SetDeadline(time.Now().Add(authTimeout))
+	err := auth.Respond(nc, auth.Peer, s.key)
+	nc.SetDeadline(time.Time{})
+	if err == nil {
+		return true
+	}
+	if errors.Is(err, auth.ErrHungUp) {
+		s.log.Debug("peer connection closed before authenticating", "remote", nc.RemoteAddr().String())
+		return false
+	}
+	s.Refused.Add(1)
+	s.log.Warn("peer connection refused: it did not prove the job's key", "remote", nc.RemoteAddr().String(), "err", err)
+	return false
+}
+
 func (s *Server) serveConn(nc net.Conn) {
+	if !s.authenticate(nc) {
+		return
+	}
 	w := &serverConn{nc: nc, timeout: s.timeout}
 	var ctl sync.WaitGroup
 	defer ctl.Wait()

@@ -376,7 +376,7 @@ func TestServerSurvivesAcceptError(t *testing.T) {
 	h := newFakeHandler()
 	v := h.addVar("v", 10, 8, false)
 	ln := &flakyListener{Listener: listen(t)}
-	s := NewServer(ln, h, discardLog(), 5*time.Second)
+	s := NewServer(ln, h, discardLog(), 5*time.Second, nil)
 	t.Cleanup(func() { s.Close() })
 	p := newPool(t, Options{ConnsPerPeer: 1, Timeout: 300 * time.Millisecond})
 	eventually(t, 5*time.Second, "the injected Accept error", ln.failed.Load)

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ddstore-go/ddstore/internal/auth"
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
@@ -24,8 +25,13 @@ type Options struct {
 	// Timeout bounds a call: a peer that has not answered by then fails it
 	// with ErrTimeout, naming the peer. Zero means 30 s.
 	Timeout time.Duration
-	// DialTimeout bounds connecting. Zero means 5 s.
+	// DialTimeout bounds connecting, authentication included. Zero means 5 s.
 	DialTimeout time.Duration
+	// Key gives the job's key, which every new connection proves before
+	// its first request (auth.Initiate), or the reason there is none yet.
+	// Nil: connections are not authenticated (tests of the transport
+	// alone; the agent always sets it).
+	Key func() (auth.Key, error)
 }
 
 func (o Options) withDefaults() Options {
@@ -114,6 +120,10 @@ func (p *Pool) get(ctx context.Context, addr string) (*conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: connect to %s: %w", base.ErrPeer, addr, err)
 	}
+	if err := p.authenticate(ctx, nc, addr); err != nil {
+		nc.Close()
+		return nil, err
+	}
 	c, err := newConn(nc.(*net.TCPConn), addr)
 	if err != nil {
 		nc.Close()
@@ -133,6 +143,35 @@ func (p *Pool) get(ctx context.Context, addr string) (*conn, error) {
 	}()
 	pc.conns[i] = c
 	return c, nil
+}
+
+// authenticate proves the job's key on a new connection, before anything
+// else is sent on it.
+func (p *Pool) authenticate(ctx context.Context, nc net.Conn, addr string) error {
+	if p.opts.Key == nil {
+		return nil
+	}
+	k, err := p.opts.Key()
+	if err != nil {
+		return fmt.Errorf("connecting to peer %s: %w", addr, err)
+	}
+	by := time.Now().Add(p.opts.DialTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(by) {
+		by = d
+	}
+	nc.SetDeadline(by)
+	defer nc.SetDeadline(time.Time{})
+	err = auth.Initiate(nc, k, auth.Peer)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, base.ErrAuth) || errors.Is(err, base.ErrProtocol):
+		return fmt.Errorf("authenticating to peer %s: %w", addr, err)
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return fmt.Errorf("%w: peer %s did not complete authentication in time: %w", base.ErrTimeout, addr, err)
+	default:
+		return fmt.Errorf("%w: authenticating to peer %s: %w", base.ErrPeer, addr, err)
+	}
 }
 
 // Fetch implements Transport.

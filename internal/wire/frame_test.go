@@ -435,7 +435,8 @@ func TestOpString(t *testing.T) {
 		{OpInfo, "info"}, {OpPrefetch, "prefetch"}, {OpJoin, "join"}, {OpPeerPublish, "peer-publish"},
 		{OpPeerLookup, "peer-lookup"}, {OpFetch, "fetch"}, {OpPeerFree, "peer-free"},
 		{OpPeerNodes, "peer-nodes"}, {OpPeerInfo, "peer-info"}, {OpPeerDrop, "peer-drop"},
-		{Op(0), "op0"}, {Op(11), "op11"}, {Op(31), "op31"}, {Op(40), "op40"},
+		{OpAuth, "auth"}, {OpAuthProof, "auth-proof"}, {OpPeerAuth, "peer-auth"}, {OpPeerAuthProof, "peer-auth-proof"},
+		{Op(0), "op0"}, {Op(13), "op13"}, {Op(31), "op31"}, {Op(42), "op42"},
 		{Op(100), "op100"}, {Op(255), "op255"},
 	} {
 		if got := c.op.String(); got != c.want {

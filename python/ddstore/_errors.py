@@ -1,7 +1,8 @@
 """Exceptions of ddstore. Each maps one sentinel error of the Go side (its
 wire status code) and also derives from the builtin a Python user expects:
 IndexError for indices, ValueError for shapes and dtypes, KeyError for unknown
-variables, TimeoutError and ConnectionError for peers and agents."""
+variables, TimeoutError and ConnectionError for peers and agents,
+PermissionError for a refused key."""
 
 import builtins
 
@@ -67,9 +68,15 @@ class InternalError(Error, builtins.RuntimeError):
     code = 13
 
 
+class AuthError(Error, builtins.PermissionError):
+    """A connection that did not prove it belongs to the job (DDSTORE_SECRET,
+    or the agent's key file)."""
+    code = 14
+
+
 _BY_CODE = {c.code: c for c in (IndexOutOfRange, GeometryError, UnknownVariable, VariableExists, BadBuffer,
                                  FreedVariable, ClosedError, Timeout, PeerError, ProtocolError, NoAgent,
-                                 ArgumentError, InternalError)}
+                                 ArgumentError, InternalError, AuthError)}
 
 
 def from_status(code, message):

@@ -4,6 +4,7 @@ here) and memfd receive regions (handed to the agent over the socket)."""
 import fcntl
 import mmap
 import os
+import stat
 import struct
 import zlib
 
@@ -23,14 +24,20 @@ class Segment:
 
     def __init__(self, path, writable):
         try:
-            fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+            fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             raise UnknownVariable(f"ddstore: unknown variable: segment {path} does not exist") from None
         try:
+            # As shm.Open: never a segment another user made or may touch.
             st = os.fstat(fd)
             if st.st_uid != os.geteuid():
                 raise ArgumentError(f"ddstore: bad argument: segment {path} belongs to uid {st.st_uid}, "
-                                    f"not {os.geteuid()}")
+                                    f"not {os.geteuid()}: another user's file, which ddstore does not adopt")
+            if not stat.S_ISREG(st.st_mode):
+                raise ArgumentError(f"ddstore: bad argument: segment {path} is not a regular file")
+            if st.st_mode & 0o077:
+                raise ArgumentError(f"ddstore: bad argument: segment {path} has mode {st.st_mode & 0o777:o}: want 0600 "
+                                    f"(other users may have read or written it)")
             prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
             self.mm = mmap.mmap(fd, st.st_size, mmap.MAP_SHARED, prot)
         finally:

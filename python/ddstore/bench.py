@@ -9,6 +9,7 @@ get() latency of single rows.
 import argparse
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -57,6 +58,10 @@ def run(row_sizes=(4096, 65536), batch=256, shard_bytes=64 << 20, dur=0.5, lat_i
     ns = f"pybench-{os.getpid()}"
     port = _free_port()
     args = ("--rendezvous", f"127.0.0.1:{port}")
+    # Agents that meet through a rendezvous address prove a shared secret;
+    # the agents the stores start inherit this one.
+    if not os.environ.get("DDSTORE_SECRET"):
+        os.environ["DDSTORE_SECRET"] = secrets.token_hex(32)
     stores = [Store(namespace=ns, rank=r, size=2, local_rank=0, local_size=1, node=f"bench-{'ab'[r]}",
                     agent_args=args, binary=binary) for r in range(2)]
     s = stores[0]

@@ -9,8 +9,9 @@ LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and MASTER_PORT (a free port), so
 torch.distributed.init_process_group() and ddstore.Store() find their rank
 with no arguments. With --nodes K > 1 the ranks are split into K blocks of
 consecutive ranks, each a simulated node: DDSTORE_NODE_ID=node<k>, LOCAL_*
-counted per node, and DDSTORE_RENDEZVOUS=127.0.0.1:<free port> so that the
-nodes' agents meet.
+counted per node, DDSTORE_RENDEZVOUS=127.0.0.1:<free port> so that the
+nodes' agents meet, and DDSTORE_SECRET (the environment's, or a random one
+for the job) that they prove to each other.
 
 Every line a process writes comes out prefixed "[rank r] " (stdout to
 stdout, stderr to stderr). When a process fails, the others are stopped
@@ -29,6 +30,7 @@ output unless it is given `--redirects 1 --tee 1 --log_dir DIR`:
 
 import argparse
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -121,6 +123,9 @@ def launch(cmd, nproc, nodes=1, namespace=None, grace=5.0, stdout=None, stderr=N
     master, rendezvous = free_port(), None
     if nodes > 1:
         rendezvous = f"127.0.0.1:{free_port()}"
+        # Agents that meet through a rendezvous address prove a shared secret.
+        if not base.get("DDSTORE_SECRET"):
+            base["DDSTORE_SECRET"] = secrets.token_hex(32)
     procs, pumps, lock = [], [], threading.Lock()
     status = 0
     stop = []

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from . import _agent, _env, _wire
+from . import _agent, _auth, _env, _wire
 from ._errors import (ArgumentError, BadBuffer, ClosedError, Error, FreedVariable, GeometryError, IndexOutOfRange,
                       NoAgent, ProtocolError, Timeout, VariableExists)
 from ._shm import Region, Segment
@@ -39,6 +39,7 @@ class _Lane:
             self.sock.close()
             raise NoAgent(f"ddstore: no agent: connect to {path}: {e}") from None
         try:
+            _auth.handshake(self, path)
             self.call(_wire.OP_HELLO, hello)
         except BaseException:
             self.close()

@@ -10,6 +10,10 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# The DDSTORE_SECRET of jobs on several (simulated) nodes: agents that meet
+# through a rendezvous address refuse to start without one.
+SECRET = "ddstore-python-test-secret-0123456789"
+
 
 @pytest.fixture(scope="session")
 def ddstore_bin(tmp_path_factory):
@@ -31,7 +35,7 @@ def job(ddstore_bin, tmp_path, monkeypatch):
         monkeypatch.setenv(k, v)
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "DDSTORE_RANK", "DDSTORE_SIZE",
               "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID",
-              "DDSTORE_NODE_ID", "DDSTORE_RENDEZVOUS"):
+              "DDSTORE_NODE_ID", "DDSTORE_RENDEZVOUS", "DDSTORE_SECRET"):
         monkeypatch.delenv(k, raising=False)
     yield env
     # Stop the agents this test started: they would idle 30 s otherwise.
@@ -52,7 +56,7 @@ def run_ranks(script, nodes, env, timeout=120, args=()):
         e = {**os.environ, **env, "DDSTORE_RANK": str(r), "DDSTORE_SIZE": str(size),
              "DDSTORE_LOCAL_RANK": str(local.index(r)), "DDSTORE_LOCAL_SIZE": str(len(local)),
              "DDSTORE_NODE_ID": node, "DDSTORE_RENDEZVOUS": f"127.0.0.1:{port}", "DDSTORE_PEER_LISTEN": "127.0.0.1:0",
-             "PYTHONPATH": os.path.join(ROOT, "python")}
+             "DDSTORE_SECRET": SECRET, "PYTHONPATH": os.path.join(ROOT, "python")}
         procs.append(subprocess.Popen([sys.executable, "-c", script, *args], env=e, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     outs = []

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, SECRET
 
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI (mpirun) is not installed")
 
@@ -54,10 +54,11 @@ def test_mpirun(job, np_, how, tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(SCRIPT)
     env = {**os.environ, **job, "DDSTORE_RENDEZVOUS": f"127.0.0.1:{port}", "DDSTORE_PEER_LISTEN": "127.0.0.1:0",
-           "PYTHONPATH": os.path.join(ROOT, "python"), "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
+           "DDSTORE_SECRET": SECRET, "PYTHONPATH": os.path.join(ROOT, "python"),
+           "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_)]
-    for k in ("DDSTORE_RENDEZVOUS", "DDSTORE_PEER_LISTEN", "PYTHONPATH", "DDSTORE_BIN", "DDSTORE_RUN_DIR",
-              "DDSTORE_NAMESPACE"):
+    for k in ("DDSTORE_RENDEZVOUS", "DDSTORE_PEER_LISTEN", "DDSTORE_SECRET", "PYTHONPATH", "DDSTORE_BIN",
+              "DDSTORE_RUN_DIR", "DDSTORE_NAMESPACE"):
         cmd += ["-x", k]
     r = subprocess.run(cmd + [sys.executable, str(script), how], env=env, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr

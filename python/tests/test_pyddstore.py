@@ -18,7 +18,7 @@ import pytest
 
 import ddstore
 import pyddstore
-from conftest import ROOT, run_ranks
+from conftest import ROOT, SECRET, run_ranks
 from ddstore.launch import agent_pids
 
 torch = pytest.importorskip("torch")
@@ -562,10 +562,10 @@ def test_subgroups_under_mpirun(job, tmp_path):
     script = tmp_path / "groups.py"
     script.write_text(SUBGROUPS)
     env = {**os.environ, **job, "DDSTORE_RENDEZVOUS": f"127.0.0.1:{port}", "DDSTORE_PEER_LISTEN": "127.0.0.1:0",
-           "PYTHONPATH": PYTHONPATH, "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
+           "DDSTORE_SECRET": SECRET, "PYTHONPATH": PYTHONPATH, "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4"]
-    for k in ("DDSTORE_RENDEZVOUS", "DDSTORE_PEER_LISTEN", "PYTHONPATH", "DDSTORE_BIN", "DDSTORE_RUN_DIR",
-              "DDSTORE_NAMESPACE"):
+    for k in ("DDSTORE_RENDEZVOUS", "DDSTORE_PEER_LISTEN", "DDSTORE_SECRET", "PYTHONPATH", "DDSTORE_BIN",
+              "DDSTORE_RUN_DIR", "DDSTORE_NAMESPACE"):
         cmd += ["-x", k]
     try:
         r = subprocess.run(cmd + [sys.executable, str(script)], env=env, capture_output=True, text=True,
@@ -634,8 +634,10 @@ print("reader", remote)
 
 def test_split_mode(job, tmp_path):
     hs, ready, done = str(tmp_path / "hs"), str(tmp_path / "ready"), str(tmp_path / "done")
+    # The reader's agent holds the core job's secret (run_ranks gives it), as
+    # it must to be served by the core job's agents.
     env = {**os.environ, **job, "PYTHONPATH": PYTHONPATH, "DDSTORE_NODE_ID": "c",
-           "DDSTORE_PEER_LISTEN": "127.0.0.1:0", "DDSTORE_HANDSHAKE_TIMEOUT_S": "60"}
+           "DDSTORE_PEER_LISTEN": "127.0.0.1:0", "DDSTORE_HANDSHAKE_TIMEOUT_S": "60", "DDSTORE_SECRET": SECRET}
     for k in ("DDSTORE_RENDEZVOUS", "RANK", "WORLD_SIZE", "DDSTORE_RANK", "DDSTORE_SIZE"):
         env.pop(k, None)
     reader = subprocess.Popen([sys.executable, "-c", READER, hs, ready, done], env=env, stdout=subprocess.PIPE,
@@ -678,7 +680,7 @@ def test_filecomm_with_a_rendezvous_address_has_one_coordinator(job, tmp_path):
         sk.bind(("127.0.0.1", 0))
         port = sk.getsockname()[1]
     base = {**os.environ, **job, "DDSTORE_RENDEZVOUS": f"127.0.0.1:{port}", "DDSTORE_PEER_LISTEN": "127.0.0.1:0",
-            "PYTHONPATH": PYTHONPATH}
+            "DDSTORE_SECRET": SECRET, "PYTHONPATH": PYTHONPATH}
     procs = []
     try:
         for r, node in ((1, "b"), (0, "a")):
@@ -731,7 +733,7 @@ def test_two_namespaces_sharing_a_rendezvous_address_stay_apart(job):
                 env = {**os.environ, **job, "DDSTORE_NAMESPACE": f"{ns}.{sub}", "DDSTORE_RANK": str(r),
                        "DDSTORE_SIZE": "2", "DDSTORE_LOCAL_RANK": "0", "DDSTORE_LOCAL_SIZE": "1",
                        "DDSTORE_NODE_ID": node, "DDSTORE_RENDEZVOUS": f"127.0.0.1:{port}",
-                       "DDSTORE_PEER_LISTEN": "127.0.0.1:0", "PYTHONPATH": PYTHONPATH}
+                       "DDSTORE_PEER_LISTEN": "127.0.0.1:0", "DDSTORE_SECRET": SECRET, "PYTHONPATH": PYTHONPATH}
                 procs.append(subprocess.Popen([sys.executable, "-c", NAMESPACES, val], env=env,
                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         outs = [p.communicate(timeout=60)[0] for p in procs]

@@ -18,7 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 import ddstore  # noqa: E402
-from ddstore import _agent, _env, _errors, _wire, store  # noqa: E402
+from ddstore import _agent, _auth, _env, _errors, _wire, store  # noqa: E402
 
 VECTORS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "testdata", "vectors.json")
 
@@ -162,7 +162,7 @@ CLASSES = {
     "ErrExists": ddstore.VariableExists, "ErrBuffer": ddstore.BadBuffer, "ErrFreed": ddstore.FreedVariable,
     "ErrClosed": ddstore.ClosedError, "ErrTimeout": ddstore.Timeout, "ErrPeer": ddstore.PeerError,
     "ErrProtocol": ddstore.ProtocolError, "ErrNoAgent": ddstore.NoAgent, "ErrArgument": ddstore.ArgumentError,
-    "ErrInternal": ddstore.InternalError,
+    "ErrInternal": ddstore.InternalError, "ErrAuth": ddstore.AuthError,
 }
 
 
@@ -299,3 +299,70 @@ def test_from_env_error_code():
     for c in ENV_CASES:
         if "error" in c:
             assert ddstore.ArgumentError.code == c["error"]["code"], c["name"]
+
+
+# ---- authentication -------------------------------------------------------------
+
+AUTH = V["auth"]
+
+
+def test_auth_keys_from_secret():
+    client, peer = _auth.keys_from_secret(AUTH["secret"].encode())
+    assert (client.hex(), peer.hex()) == (AUTH["client_key"], AUTH["peer_key"])
+    assert (_auth.SALT.decode(), _auth.ITERATIONS, _auth.MIN_SECRET) == (AUTH["salt"], AUTH["iterations"],
+                                                                        AUTH["min_secret_bytes"])
+    want = f"DDSTORE_SECRET of 15 bytes: want at least {AUTH['min_secret_bytes']}"
+    with pytest.raises(ddstore.ArgumentError, match=want):
+        _auth.keys_from_secret(b"Fifteen_bytes!!")
+
+
+@pytest.mark.parametrize("hs", AUTH["handshakes"], ids=lambda h: h["proto"])
+def test_auth_macs(hs):
+    key, ni, nr = (bytes.fromhex(hs[k]) for k in ("key", "initiator_nonce", "responder_nonce"))
+    assert _auth.mac(key, hs["proto"], "responder", ni, nr).hex() == hs["responder_mac"]
+    assert _auth.mac(key, hs["proto"], "initiator", ni, nr).hex() == hs["initiator_mac"]
+    for role in ("responder", "initiator"):
+        assert hs[role + "_context"] == f"ddstore-auth-v1 {hs['proto']} {role}"
+
+
+class _ScriptedAgent:
+    """A lane whose agent answers with the vectors' replies, recording the
+    client's requests."""
+
+    def __init__(self, frames, tamper=False):
+        self.frames, self.tamper, self.req, self.broken, self.sent = frames, tamper, 0, False, []
+
+    def call(self, op, enc, fds=None, timeout=None):
+        self.req += 1
+        self.sent.append(bytes(enc.frame(op, self.req)).hex())
+        reply = bytes.fromhex(self.frames["auth_reply" if op == _wire.OP_AUTH else "auth_proof_reply"]["hex"])
+        body = bytearray(reply[_wire.HEADER.size:])
+        if self.tamper:
+            body[-1] ^= 1
+        return body
+
+
+def test_auth_client_handshake(monkeypatch):
+    """The client's side of the handshake, with the vectors' nonces: the
+    frames it sends are Go's, and it accepts Go's replies."""
+    hs = next(h for h in AUTH["handshakes"] if h["proto"] == "client")
+    monkeypatch.setenv("DDSTORE_SECRET", AUTH["secret"])
+    monkeypatch.setattr(_auth.os, "urandom", lambda n: bytes.fromhex(hs["initiator_nonce"]))
+    lane = _ScriptedAgent(hs["frames"])
+    _auth.handshake(lane, "/nonexistent/s.sock")
+    assert lane.sent == [hs["frames"]["auth"]["hex"], hs["frames"]["auth_proof"]["hex"]]
+    assert [hs["frames"][k]["op"] for k in ("auth", "auth_proof")] == [_wire.OP_AUTH, _wire.OP_AUTH_PROOF]
+    # An agent whose proof does not match is refused, before the client
+    # proves anything.
+    lane = _ScriptedAgent(hs["frames"], tamper=True)
+    with pytest.raises(ddstore.AuthError, match="does not hold the key of DDSTORE_SECRET"):
+        _auth.handshake(lane, "/nonexistent/s.sock")
+    assert len(lane.sent) == 1 and lane.broken
+
+
+def test_auth_refused_hello():
+    r = AUTH["refused_hello"]
+    frame = bytes.fromhex(r["hex"])
+    op, status, blen, rid, payload = _wire.parse_header(frame[:_wire.HEADER.size])
+    e = _wire.status_error(status, frame[_wire.HEADER.size:])
+    assert (op, status, type(e), str(e)) == (_wire.OP_HELLO, r["status"], ddstore.AuthError, r["message"])

@@ -1,0 +1,117 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
+
+// waitGone polls until the agent holds no segment and no variable.
+func waitGone(t *testing.T, a *Agent, what string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		segs, in := segmentsOf(t, a), a.info()
+		if len(segs) == 0 && len(in.Variables) == 0 && a.shardBytes.Load() == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: segments %v, variables %+v, %d shard bytes charged", what, segs, in.Variables, a.shardBytes.Load())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A client process that dies between Create and Publish leaves nothing: the
+// shard goes with its last connection (all connections here are of this
+// test's process, as a client's lanes are of one process), the budget is
+// given back, and the name can be created again.
+func TestAgentReclaimsUnpublishedShard(t *testing.T) {
+	a := startAgent(t, Config{MemoryBytes: 1 << 20})
+	r1, r2 := dialRaw(t, a), dialRaw(t, a)
+	r1.hello(a, 0, 1)
+	r2.hello(a, 0, 1)
+	sh := shardOf("v", 512)
+	r1.must(wire.OpCreate, sh.Encode)
+	r1.c.Close()
+	// Another connection of the process remains: the shard is still its.
+	time.Sleep(50 * time.Millisecond)
+	if segs := segmentsOf(t, a); len(segs) != 1 {
+		t.Fatalf("segments with a connection of the creator open: %v", segs)
+	}
+	r2.c.Close()
+	waitGone(t, a, "after the creator's last connection closed")
+
+	r3 := dialRaw(t, a)
+	r3.hello(a, 0, 1)
+	sh.Attempt = 2
+	addShard(t, r3, sh)
+	if in := r3.info(); len(in.Variables) != 1 || !in.Variables[0].Published {
+		t.Fatalf("the name created again: %+v", in.Variables)
+	}
+	// Published, the variable is the job's: it outlives its creator.
+	r3.c.Close()
+	time.Sleep(50 * time.Millisecond)
+	r4 := dialRaw(t, a)
+	r4.hello(a, 0, 1)
+	if in := r4.info(); len(in.Variables) != 1 {
+		t.Fatalf("a published variable went with its creator: %+v", in.Variables)
+	}
+}
+
+// A shard whose Publish waits for other ranks when its creator goes is left
+// to the round, which takes it back when it times out.
+func TestAgentKeepsShardBeingPublished(t *testing.T) {
+	a := startAgent(t, Config{})
+	r := dialRaw(t, a)
+	r.hello(a, 1, 2)
+	sh := wire.Shard{Name: "p", Rank: 1, Size: 2, Rows: 4, Disp: 8, ItemSize: 8, TimeoutMs: 300, Attempt: 1}
+	r.must(wire.OpCreate, sh.Encode)
+	r.id++
+	r.write(wire.AppendFrame(nil, wire.OpPublish, 0, r.id, 0, sh.Encode))
+	time.Sleep(50 * time.Millisecond)
+	r.c.Close()
+	time.Sleep(100 * time.Millisecond)
+	if segs := segmentsOf(t, a); len(segs) != 1 {
+		t.Fatalf("segments while the round waits: %v", segs)
+	}
+	waitGone(t, a, fmt.Sprintf("after the round's timeout (%d ms)", sh.TimeoutMs))
+}
+
+// The round of a rank killed while it waited for the others times out and
+// is forgotten once lateGrace has passed, whatever its name: a name never
+// used again leaves nothing in the coordinator.
+func TestCoordinatorForgetsAbandonedRounds(t *testing.T) {
+	old := lateGrace
+	lateGrace = 50 * time.Millisecond
+	defer func() { lateGrace = old }()
+	c := newTestCoordinator()
+	for _, name := range []string{"p.1", "p.2"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		_, err := c.publish(ctx, shard(name, 1, 2, "a"))
+		cancel()
+		if !errors.Is(err, base.ErrTimeout) {
+			t.Fatalf("lonely rank of %s: %v, want ErrTimeout", name, err)
+		}
+	}
+	pending := func() int {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.mu.pending)
+	}
+	if n := pending(); n != 2 {
+		t.Fatalf("%d rounds pending right after their timeout, want 2 (late ranks still get the error)", n)
+	}
+	time.Sleep(2 * lateGrace)
+	if _, err := c.publish(context.Background(), shard("other", 0, 1, "a")); err != nil {
+		t.Fatal(err)
+	}
+	if n := pending(); n != 0 {
+		t.Fatalf("%d rounds pending after lateGrace, want 0", n)
+	}
+}

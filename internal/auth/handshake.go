@@ -1,0 +1,155 @@
+package auth
+
+import (
+	"errors"
+	"io"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
+
+// The handshake, as frames (docs/protocol.md, Authentication):
+//
+//	initiator → responder  Auth (id 1)       AuthHello{Ni}
+//	responder → initiator  reply             AuthReply{Nr, MAC(responder, Ni, Nr)}
+//	initiator → responder  AuthProof (id 2)  AuthProof{MAC(initiator, Ni, Nr)}
+//	responder → initiator  reply             empty
+//
+// The initiator checks the responder's MAC before it sends its own, and the
+// responder sends nothing else before it has checked the initiator's. The
+// responder proves first, to anyone who asks: what it gives away is a MAC of
+// the responder's role, which is never accepted as an initiator's
+// (reflection), over a nonce of its own, fresh for each connection, so a
+// recorded handshake fails when replayed. A refusal is an error reply
+// carrying ErrAuth, after which the responder closes the connection; the
+// initiator refuses by hanging up.
+
+// FirstID is the request id of the first request after the handshake, whose
+// two requests have ids 1 and 2.
+const FirstID = 3
+
+// ErrHungUp is returned by Respond when the other side closed the
+// connection before sending anything: a probe (is the socket up?), not an
+// attempt to authenticate.
+var ErrHungUp = errors.New("ddstore: connection closed before the handshake")
+
+// Initiate runs the dialing side of the handshake on c, with key k; the
+// caller sets c's deadlines. It returns nil once both sides have proved
+// they hold k. A refusal from the other side, or a proof from it that does
+// not match k, gives ErrAuth; I/O errors come back as they are.
+func Initiate(c io.ReadWriter, k Key, p Proto) error {
+	helloOp, proofOp := p.ops()
+	ni := nonce()
+	hello := wire.AuthHello{Nonce: ni}
+	if _, err := c.Write(wire.AppendFrame(nil, helloOp, 0, 1, 0, hello.Encode)); err != nil {
+		return err
+	}
+	body, err := readReply(c, helloOp, 1)
+	if err != nil {
+		return err
+	}
+	r, err := wire.DecodeAuthReply(body)
+	if err != nil {
+		return err
+	}
+	if !check(k, p, Responder, &ni, &r.Nonce, r.MAC) {
+		return base.Errorf(base.ErrAuth, "the other side does not hold this key (its proof does not match)")
+	}
+	proof := wire.AuthProof{MAC: MAC(k, p, Initiator, &ni, &r.Nonce)}
+	if _, err := c.Write(wire.AppendFrame(nil, proofOp, 0, 2, 0, proof.Encode)); err != nil {
+		return err
+	}
+	body, err = readReply(c, proofOp, 2)
+	if err != nil {
+		return err
+	}
+	if len(body) != 0 {
+		return base.Errorf(base.ErrProtocol, "%s reply of %d bytes: want an empty body", proofOp, len(body))
+	}
+	return nil
+}
+
+// readReply reads the reply to request id of op, as the error it carries
+// when it has one.
+func readReply(c io.Reader, op wire.Op, id uint64) ([]byte, error) {
+	h, body, err := wire.ReadFrame(c, nil)
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	if h.Op != op || h.ID != id || h.Payload != 0 {
+		return nil, base.Errorf(base.ErrProtocol, "reply %s #%d (payload %d) to %s #%d", h.Op, h.ID, h.Payload, op, id)
+	}
+	if err := wire.StatusError(h, body); err != nil {
+		return nil, err
+	}
+	return body, nil
+}
+
+// Respond runs the accepting side of the handshake on c; the caller sets
+// c's deadlines. key gives the key to check against, or an error saying why
+// there is none yet (the connection is then refused with that reason). It
+// returns nil once both sides have proved they hold the key; ErrHungUp when
+// c closed before its first byte; an error matching ErrAuth for a refusal
+// (another op first, a proof that does not match, no key), after telling
+// the other side; other errors (malformed frames, I/O) as they are. The
+// caller closes c on any error.
+func Respond(c io.ReadWriter, p Proto, key func() (Key, error)) error {
+	helloOp, proofOp := p.ops()
+	h, body, err := wire.ReadFrame(c, nil)
+	if errors.Is(err, io.EOF) {
+		return ErrHungUp
+	}
+	if err != nil {
+		return err
+	}
+	if h.Status != 0 || h.Payload != 0 {
+		return base.Errorf(base.ErrProtocol, "%s request with status %d, payload %d", h.Op, h.Status, h.Payload)
+	}
+	if h.Op != helloOp {
+		return refuse(c, h, base.Errorf(base.ErrAuth, "%s before the authentication handshake (%s): a client or agent of an older ddstore?", h.Op, helloOp))
+	}
+	m, err := wire.DecodeAuthHello(body)
+	if err != nil {
+		return err
+	}
+	k, err := key()
+	if err != nil {
+		return refuse(c, h, err)
+	}
+	r := wire.AuthReply{Nonce: nonce()}
+	r.MAC = MAC(k, p, Responder, &m.Nonce, &r.Nonce)
+	if _, err := c.Write(wire.AppendFrame(nil, helloOp, 0, h.ID, 0, r.Encode)); err != nil {
+		return err
+	}
+	h, body, err = wire.ReadFrame(c, body[:0])
+	if errors.Is(err, io.EOF) {
+		return base.Errorf(base.ErrAuth, "the other side hung up after this side's proof (it holds another key?)")
+	}
+	if err != nil {
+		return err
+	}
+	if h.Status != 0 || h.Payload != 0 {
+		return base.Errorf(base.ErrProtocol, "%s request with status %d, payload %d", h.Op, h.Status, h.Payload)
+	}
+	if h.Op != proofOp {
+		return refuse(c, h, base.Errorf(base.ErrAuth, "%s where %s was due", h.Op, proofOp))
+	}
+	proof, err := wire.DecodeAuthProof(body)
+	if err != nil {
+		return err
+	}
+	if !check(k, p, Initiator, &m.Nonce, &r.Nonce, proof.MAC) {
+		return refuse(c, h, base.Errorf(base.ErrAuth, "the key does not match (a different %s, or a stale key file?)", SecretEnv))
+	}
+	_, err = c.Write(wire.AppendFrame(nil, proofOp, 0, h.ID, 0, nil))
+	return err
+}
+
+// refuse tells the other side why, then returns why.
+func refuse(c io.Writer, h wire.Header, why error) error {
+	c.Write(wire.AppendError(nil, h.Op, h.ID, why))
+	return why
+}
