@@ -10,6 +10,7 @@ from bisect import bisect_right
 import socket
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -234,6 +235,7 @@ class Store:
         self._closed = False
         self._pid = os.getpid()
         self._lanes, self._nlanes, self._lane_free = [], 0, threading.Condition(self._lock)
+        _STORES.add(self)
         self._ctl = self._connect()
 
     # -- connections --------------------------------------------------------
@@ -276,24 +278,30 @@ class Store:
     def _check_fork(self):
         """In a forked child, drop the parent's connections (never use them)
         and its receive regions; keep the segment mappings, which fork
-        shares."""
+        shares. Done at fork time (os.register_at_fork); this catches a
+        child made without it."""
+        if self._pid != os.getpid():
+            self._forked()
+
+    def _forked(self):
+        """Reset a forked child's copy of the store, which only this thread
+        uses yet. The parent's lock is not taken: another parent thread may
+        have held it when the process forked, and its copy here would stay
+        locked forever."""
         if self._pid == os.getpid():
             return
-        with self._lock:
-            if self._pid == os.getpid():
-                return
-            for lane in self._lanes + [self._ctl]:
-                if lane is not None:
-                    try:
-                        lane.sock.close()
-                    except OSError:
-                        pass
-                    lane.stage = None  # the parent owns its regions
-            self._lanes, self._nlanes, self._recv = [], 0, []
-            self._lock = threading.Lock()
-            self._lane_free = threading.Condition(self._lock)
-            self._ctl = None
-            self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._lane_free = threading.Condition(self._lock)
+        for lane in self._lanes + [self._ctl]:
+            if lane is not None:
+                try:
+                    lane.sock.close()
+                except OSError:
+                    pass
+                lane.stage = None  # the parent owns its regions
+        self._lanes, self._nlanes, self._recv = [], 0, []
+        self._ctl = None
+        self._pid = os.getpid()
 
     def _control(self, op, enc, timeout=None):
         self._check_fork()
@@ -825,6 +833,18 @@ def _count(v, rows, remote, wait):
         p["remote_calls"] += 1
         p["wait_s"] += wait
 
+
+# Every open Store, reset in a forked child before any thread of the child
+# can touch it.
+_STORES = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    for s in list(_STORES):
+        s._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 _HDF5_EXTS = (".h5", ".hdf5", ".hdf", ".he5")
 

@@ -2,6 +2,7 @@
 simulated nodes (one agent per node id, meeting over loopback)."""
 
 import os
+import signal
 import threading
 
 import numpy as np
@@ -148,6 +149,42 @@ def test_forked_child_reads(store):
     assert got == b"\x01"
     store.get_batch("f", out, [97, 98, 99])  # the parent still works
     np.testing.assert_array_equal(out, data[97:100])
+
+
+def test_fork_while_another_thread_holds_the_store(store):
+    """A thread of the parent in the middle of a request (holding the store's
+    lock) when DataLoader forks a worker: the child must not inherit that
+    lock held forever."""
+    data = rows_of("int32", 20, 3)
+    store.add("g", data)
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with store._lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(10)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        ok = 0
+        try:
+            signal.alarm(20)  # a deadlock fails the test instead of hanging it
+            buf = store.alloc_recv((5, 3), np.int32)  # needs the control lane, under the lock
+            store.get_batch("g", buf, [4, 3, 2, 1, 0])
+            ok = int(np.array_equal(buf, data[4::-1]))
+        finally:
+            os.write(w, bytes([ok]))
+            os._exit(0)
+    release.set()
+    t.join()
+    os.close(w)
+    got = os.read(r, 1)
+    os.waitpid(pid, 0)
+    assert got == b"\x01"
 
 
 SCRIPT = r"""
