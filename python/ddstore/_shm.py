@@ -1,6 +1,7 @@
 """Shared memory: the agent's shard segments (files under /dev/shm, mapped
 here) and memfd receive regions (handed to the agent over the socket)."""
 
+import errno
 import fcntl
 import mmap
 import os
@@ -27,6 +28,9 @@ class Segment:
             fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             raise UnknownVariable(f"ddstore: unknown variable: segment {path} does not exist") from None
+        except OSError as e:  # ELOOP: a symbolic link, which is never a segment; EACCES, ...
+            what = "is a symbolic link" if e.errno == errno.ELOOP else f"cannot be opened: {e.strerror}"
+            raise ArgumentError(f"ddstore: bad argument: segment {path} {what}") from None
         try:
             # As shm.Open: never a segment another user made or may touch.
             st = os.fstat(fd)

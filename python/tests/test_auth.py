@@ -165,3 +165,14 @@ def test_secret_shows_nowhere(job, monkeypatch):
                 assert k not in text, f"a key shows in the agent's {what}"
     finally:
         s.close()
+
+
+def test_segment_symlink_is_refused(tmp_path):
+    from ddstore._shm import Segment
+    target = tmp_path / "real"
+    target.write_bytes(b"\0" * 64)
+    target.chmod(0o600)
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    with pytest.raises(ddstore.ArgumentError, match="symbolic link"):
+        Segment(str(link), writable=False)
