@@ -26,6 +26,9 @@ type lane struct {
 	stageID uint32
 	read    wire.Read
 	broken  bool
+	// unsent: the lane broke writing a request, which so never reached
+	// the agent (safe to send again on another lane).
+	unsent bool
 }
 
 func dialLane(socket string, hello *wire.Hello, timeout time.Duration) (*lane, *wire.HelloReply, error) {
@@ -93,6 +96,7 @@ func (l *lane) callFd(op wire.Op, fill func(*wire.Encoder), fd int, timeout time
 		_, err = l.conn.Write(l.out)
 	}
 	if err != nil {
+		l.unsent = true
 		return nil, l.fail(op, err)
 	}
 	h, body, err := wire.ReadFrame(l.conn, l.in)

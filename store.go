@@ -327,13 +327,43 @@ func (s *Store) request(op wire.Op, fill func(*wire.Encoder), timeout time.Durat
 	if err := s.checkOpen(); err != nil {
 		return nil, err
 	}
-	l, err := s.getLane()
-	if err != nil {
-		return nil, err
+	var body []byte
+	err := s.withLane(func(l *lane) error {
+		b, err := l.call(op, fill, timeout)
+		body = append(body[:0], b...)
+		return err
+	})
+	return body, err
+}
+
+// withLane runs f on a lane of the pool. When the lane turns out dead
+// before its request left (the agent was restarted: every pooled lane is
+// then dead), the idle lanes are dropped and f runs once more on a new one.
+func (s *Store) withLane(f func(l *lane) error) error {
+	for attempt := 0; ; attempt++ {
+		l, err := s.getLane()
+		if err != nil {
+			return err
+		}
+		err = f(l)
+		unsent := l.unsent
+		s.putLane(l)
+		if err == nil || !unsent || attempt > 0 {
+			return err
+		}
+		s.dropIdle()
 	}
-	defer s.putLane(l)
-	body, err := l.call(op, fill, timeout)
-	return append([]byte(nil), body...), err
+}
+
+// dropIdle closes every idle lane.
+func (s *Store) dropIdle() {
+	s.idle.Lock()
+	lanes := s.idle.lanes
+	s.idle.lanes = nil
+	s.idle.Unlock()
+	for _, l := range lanes {
+		l.close()
+	}
 }
 
 // ctlLocked returns the control lane, the session receive buffers are
@@ -709,17 +739,18 @@ func (s *Store) fetch(v *variable, dst []byte, pos []int64, at func(int) int64) 
 	if len(pos) == 0 {
 		return nil
 	}
-	l, err := s.getLane()
-	if err != nil {
-		return err
-	}
-	defer s.putLane(l)
+	return s.withLane(func(l *lane) error { return s.fetchOn(l, v, dst, pos, at) })
+}
+
+// fetchOn is one attempt of fetch, on lane l.
+func (s *Store) fetchOn(l *lane, v *variable, dst []byte, pos []int64, at func(int) int64) error {
 	rb := v.rb
 	m := &l.read
 	m.Name, m.ID = v.name, v.id
 	m.Globals, m.Offsets = m.Globals[:0], m.Offsets[:0]
 	rbuf, off := s.recvOf(dst)
 	var stage []byte
+	var err error
 	if rbuf != nil {
 		m.Region = rbuf.id.Load()
 		for _, p := range pos {
@@ -794,6 +825,13 @@ func (s *Store) AllocRecv(n int) ([]byte, error) {
 		return nil, err
 	}
 	id, err := ctl.register(r, s.cfg.Timeout)
+	if err != nil && ctl.unsent {
+		// The agent was restarted: a new control session, with the other
+		// buffers registered again, then this one.
+		if ctl, err = s.ctlLocked(true); err == nil {
+			id, err = ctl.register(r, s.cfg.Timeout)
+		}
+	}
 	if err != nil {
 		r.Close()
 		return nil, err

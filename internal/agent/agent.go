@@ -62,6 +62,12 @@ type Config struct {
 	// for rows read ahead of use (Prefetch), charged to MemoryBytes when
 	// first used; zero: DefaultStagingBytes.
 	StagingBytes int64
+	// Persist keeps the shards when the agent stops (SIGTERM, Close): its
+	// manifest and segments stay, and the next agent of the namespace on
+	// this node re-adopts them. Without it a clean stop removes them (an
+	// agent killed outright leaves them too, and its successor re-adopts
+	// them just the same).
+	Persist bool
 	// MetricsAddr is a TCP HOST:PORT where the agent serves its counters
 	// at /metrics in the Prometheus text format; empty: not served.
 	MetricsAddr string
@@ -119,6 +125,17 @@ type Agent struct {
 	admitMu    sync.Mutex
 	// stagingBytes is the staging memory of the storage tiers.
 	stagingBytes atomic.Int64
+
+	// restored is the coordinator's part of the manifest a previous agent
+	// left, for when this one becomes coordinator; manifestMu serializes
+	// writing the manifest.
+	restored   *manifestCoord
+	manifestMu sync.Mutex
+
+	// inflight counts client requests being served; once draining is set
+	// (a stop), sessions take no new ones and the stop waits for these.
+	inflight atomic.Int64
+	draining atomic.Bool
 }
 
 type stats struct {
@@ -145,6 +162,10 @@ type stats struct {
 	// peerFallbackRows counts rows read from the backing file because the
 	// node holding them could not be reached.
 	peerFallbackRows atomic.Int64
+	// adopted counts variables re-adopted from a previous agent's manifest;
+	// addrRefreshes, tables refreshed after a node's address went stale.
+	adopted       atomic.Int64
+	addrRefreshes atomic.Int64
 }
 
 // Start runs an agent until Close (or its idle exit).
@@ -205,6 +226,9 @@ func (a *Agent) start() error {
 	if err := a.initAuth(); err != nil {
 		return err
 	}
+	// What a previous agent of this namespace and node left: re-adopted
+	// before anyone is served.
+	a.adopt()
 	os.Remove(cfg.Socket) // a dead agent's socket: the lock says nobody serves it
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: cfg.Socket, Net: "unix"})
 	if err != nil {
@@ -223,12 +247,12 @@ func (a *Agent) start() error {
 		// Whoever can listen on the rendezvous address coordinates.
 		if l, err := net.Listen("tcp", cfg.Rendezvous); err == nil {
 			pln = l
-			a.coord.Store(newCoordinator())
+			a.coord.Store(a.newCoordinator())
 		} else {
 			a.coordAddr = cfg.Rendezvous
 		}
 	case cfg.HandshakeDir == "":
-		a.coord.Store(newCoordinator()) // a single-node job: this agent is the whole job
+		a.coord.Store(a.newCoordinator()) // a single-node job: this agent is the whole job
 	}
 	if pln == nil {
 		listen := cfg.PeerListen
@@ -257,6 +281,19 @@ func (a *Agent) start() error {
 		}
 	}
 	a.go_(a.acceptLoop)
+	a.mu.Lock()
+	adopted := len(a.mu.vars) > 0
+	a.mu.Unlock()
+	if adopted && a.coord.Load() == nil {
+		// Other nodes still read this node's re-adopted rows at its old
+		// address: tell the coordinator the new one now, not at the first
+		// client's request.
+		a.go_(func() {
+			if _, err := a.coordinatorAddr(a.ctx); err != nil && a.ctx.Err() == nil {
+				a.log.Warn("could not rejoin the coordinator after a restart", "err", err)
+			}
+		})
+	}
 	if cfg.IdleExit > 0 {
 		a.go_(a.idleLoop)
 	}
@@ -306,10 +343,14 @@ func (a *Agent) Close() error {
 
 func (a *Agent) shutdown() {
 	a.closed.Do(func() {
-		a.cancel()
+		// Stop accepting, let the requests in flight finish (bounded), then
+		// end everything.
+		a.draining.Store(true)
 		if a.ln != nil {
 			a.ln.Close()
 		}
+		a.drain(min(a.cfg.Timeout, drainTimeout))
+		a.cancel()
 		a.mu.Lock()
 		for s := range a.mu.sessions {
 			s.conn.Close()
@@ -324,14 +365,24 @@ func (a *Agent) shutdown() {
 		a.closeMetrics()
 		a.wg.Wait()
 		a.regions.closeAll()
+		if a.cfg.Persist && a.lock >= 0 {
+			a.saveManifest()
+		}
 		a.mu.Lock()
 		for _, v := range a.mu.vars {
 			n := v.heldBytes()
-			v.drop()
+			if a.cfg.Persist {
+				v.unmap() // the segments and the manifest stay for the next agent
+			} else {
+				v.drop()
+			}
 			a.shardBytes.Add(-n)
 		}
 		a.mu.vars = nil
 		a.mu.Unlock()
+		if !a.cfg.Persist && a.lock >= 0 {
+			a.removeManifest()
+		}
 		if a.cfg.HandshakeDir != "" {
 			rendezvous.RemoveRecord(a.cfg.HandshakeDir, a.recordName("node."+shm.Escape(a.cfg.Node)))
 			if a.coord.Load() != nil {
@@ -371,13 +422,36 @@ func (a *Agent) idleLoop() {
 }
 
 // becomeCoordinator is called when rank 0 says hello in handshake mode.
+// drainTimeout bounds how long a stopping agent waits for the requests in
+// flight (a Publish may wait for other ranks far longer).
+const drainTimeout = 10 * time.Second
+
+// drain waits until no client request is in flight, or d has passed.
+func (a *Agent) drain(d time.Duration) {
+	deadline := time.Now().Add(d)
+	for a.inflight.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(2 * time.Millisecond)
+	}
+	if n := a.inflight.Load(); n > 0 {
+		a.log.Warn("stopping with requests still in flight", "requests", n)
+	}
+}
+
+// newCoordinator makes this agent's coordinator, with the state a previous
+// coordinator of the job left on this node, if any.
+func (a *Agent) newCoordinator() *coordinator {
+	c := newCoordinator()
+	c.restore(a.restored)
+	return c
+}
+
 func (a *Agent) becomeCoordinator() error {
 	// With a rendezvous address too, the rendezvous decides (whoever could
 	// listen there coordinates): never two coordinators.
 	if a.cfg.HandshakeDir == "" || a.cfg.Rendezvous != "" || a.coord.Load() != nil {
 		return nil
 	}
-	c := newCoordinator()
+	c := a.newCoordinator()
 	if !a.coord.CompareAndSwap(nil, c) {
 		return nil
 	}
@@ -513,7 +587,8 @@ func (a *Agent) info() Info {
 		"storage_bytes": int(s.storageBytes.Load()), "storage_errors": int(s.storageErrors.Load()),
 		"staged_rows": int(s.stagedRows.Load()), "prefetch_rows": int(s.prefetchRows.Load()),
 		"prefetch_dropped": int(s.prefetchDropped.Load()), "prefetch_evicted": int(s.prefetchEvicted.Load()),
-		"peer_fallback_rows": int(s.peerFallbackRows.Load()),
+		"peer_fallback_rows": int(s.peerFallbackRows.Load()), "adopted_variables": int(s.adopted.Load()),
+		"addr_refreshes": int(s.addrRefreshes.Load()),
 	}
 	in.MemoryBytes += a.stagingBytes.Load()
 	if c := a.coord.Load(); c != nil {

@@ -66,8 +66,15 @@ func newCoordinator() *coordinator {
 
 func (c *coordinator) join(node, addr string) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old, ok := c.mu.nodes[node]; ok && old != addr {
+		// The node's agent restarted: its variables' tables get its new
+		// address (other agents fetch them again when its old one fails).
+		c.mu.nodes[node] = addr
+		c.refreshAddrsLocked()
+		return
+	}
 	c.mu.nodes[node] = addr
-	c.mu.Unlock()
 }
 
 func (col *collective) fail(err error) {

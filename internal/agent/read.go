@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -163,6 +164,15 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 			a.forgetStale(v)
 			return err
 		}
+		if errors.Is(err, base.ErrPeer) {
+			// The node's agent may have restarted elsewhere (a new port):
+			// ask the coordinator where it is now, and try there once.
+			if addr, ok := a.refreshAddr(ctx, v, p.node, p.addr); ok {
+				if err = a.pool.Fetch(ctx, addr, m.Name, t.ID, p.globals, p.dst); err == nil {
+					continue
+				}
+			}
+		}
 		if v.tier != nil && errors.Is(err, base.ErrPeer) {
 			// The node is gone or unreachable, but the backing file holds
 			// every row: read its rows from there instead.
@@ -182,6 +192,57 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 		clear(f.nodes[i].dst)
 	}
 	return nil
+}
+
+// refreshAddr asks the coordinator for node's address now; when it is not
+// old, the variable's table takes it (a copy: readers may hold the old one)
+// and it is returned.
+func (a *Agent) refreshAddr(ctx context.Context, v *variable, node, old string) (string, bool) {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
+	defer cancel()
+	var addr string
+	if c := a.coord.Load(); c != nil {
+		c.mu.Lock()
+		addr = c.mu.nodes[node]
+		c.mu.Unlock()
+	} else {
+		caddr, err := a.coordinatorAddr(ctx)
+		if err != nil || caddr == "" {
+			return "", false
+		}
+		m := wire.Name{Name: node}
+		body, err := a.pool.Call(ctx, caddr, wire.OpPeerNodes, m.Encode)
+		if err != nil {
+			return "", false
+		}
+		nodes, err := wire.DecodeTable(body)
+		if err != nil {
+			return "", false
+		}
+		for i, n := range nodes.Nodes {
+			if n == node {
+				addr = nodes.Addrs[i]
+			}
+		}
+	}
+	if addr == "" || addr == old {
+		return "", false
+	}
+	v.mu.Lock()
+	if t := v.table; t != nil {
+		nt := *t
+		nt.Addrs = slices.Clone(t.Addrs)
+		for i, n := range nt.Nodes {
+			if n == node {
+				nt.Addrs[i] = addr
+			}
+		}
+		v.table = &nt
+	}
+	v.mu.Unlock()
+	a.stats.addrRefreshes.Add(1)
+	a.log.Info("a node's agent moved; using its new address", "node", node, "old", old, "new", addr)
+	return addr, true
 }
 
 // prefetch starts reading rows of a variable's backing file into staging
@@ -314,6 +375,7 @@ func (h *peerHandler) Control(ctx context.Context, op wire.Op, body []byte) (fun
 		if err != nil {
 			return nil, err
 		}
+		a.saveManifest()
 		return t.Encode, nil
 	case wire.OpPeerLookup:
 		m, err := wire.DecodeName(body)
@@ -333,6 +395,7 @@ func (h *peerHandler) Control(ctx context.Context, op wire.Op, body []byte) (fun
 		if t := c.free(m.Name, m.Rank); t != nil {
 			a.dropEverywhere(t)
 		}
+		a.saveManifest()
 		return nil, nil
 	case wire.OpPeerDrop:
 		m, err := wire.DecodeDrop(body)

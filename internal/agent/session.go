@@ -93,12 +93,25 @@ func (a *Agent) serveSession(s *session) {
 			a.log.Warn("client request with payload or status; dropping its connection", "op", h.Op)
 			return
 		}
+		// In flight from here to the reply: a stopping agent finishes it.
+		// Not so a collective, which may wait minutes for other ranks: a
+		// stop cancels it, as the other ranks' errors then say.
+		counted := int64(1)
+		if h.Op == wire.OpPublish || h.Op == wire.OpFree {
+			counted = 0
+		}
+		a.inflight.Add(counted)
+		if a.draining.Load() {
+			a.inflight.Add(-counted)
+			return // stopping: no new request is taken
+		}
 		a.stats.clientRequests.Add(1)
 		fill, err := a.handleClient(s, h.Op, body)
 		if err != nil {
 			a.stats.errors.Add(1)
 			var bad *badRequest
 			if errors.As(err, &bad) {
+				a.inflight.Add(-counted)
 				a.stats.badFrames.Add(1)
 				a.log.Warn("client sent a malformed request; dropping its connection", "op", h.Op, "err", err)
 				return
@@ -107,7 +120,9 @@ func (a *Agent) serveSession(s *session) {
 		} else {
 			s.out = wire.AppendFrame(s.out[:0], h.Op, 0, h.ID, 0, fill)
 		}
-		if _, err := s.conn.Write(s.out); err != nil {
+		_, err = s.conn.Write(s.out)
+		a.inflight.Add(-counted)
+		if err != nil {
 			return
 		}
 	}
@@ -202,6 +217,7 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 		if err != nil {
 			return nil, err
 		}
+		a.saveManifest()
 		return t.Encode, nil
 	case wire.OpLookup:
 		m, err := wire.DecodeName(body)
@@ -604,6 +620,7 @@ func (a *Agent) free(ctx context.Context, name string, rank int) error {
 		if t := a.coord.Load().free(name, int64(rank)); t != nil {
 			a.dropEverywhere(t)
 		}
+		a.saveManifest()
 		return nil
 	}
 	m := wire.Name{Name: name, Node: a.cfg.Node, Rank: int64(rank)}
@@ -658,5 +675,6 @@ func (a *Agent) drop(name string, id int64) {
 	if v != nil {
 		v.drop()
 		a.shardBytes.Add(-held)
+		a.saveManifest()
 	}
 }

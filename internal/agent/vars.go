@@ -99,6 +99,21 @@ func (v *variable) localTable() *wire.Table {
 	return &t
 }
 
+// unmap unmaps every local segment and leaves the files (an agent stopping
+// with Persist); the caller holds no lock on v.
+func (v *variable) unmap() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.tier != nil {
+		v.tier.close()
+	}
+	for _, seg := range v.segs {
+		seg.Close()
+	}
+	v.segs, v.byRank, v.gone = map[int]*shm.Segment{}, nil, true
+	v.wake()
+}
+
 // drop unmaps and removes every local segment; the caller holds no lock on
 // v (it takes the write lock, so it waits for rows being served).
 func (v *variable) drop() {

@@ -24,7 +24,14 @@ agents over TCP. Run one per node (srun --ntasks-per-node=1, or mpirun
 
 On several nodes, agents meet through --rendezvous HOST:PORT (the agent that
 can listen there coordinates; give every agent the same address, e.g. the
-first node's) or --handshake-dir DIR on a shared filesystem.`
+first node's) or --handshake-dir DIR on a shared filesystem.
+
+On SIGTERM or SIGINT the agent stops taking requests, finishes those in
+flight (up to 10 s), and removes its shards — or, with --persist, keeps
+them: an agent started again for the same namespace and node (after a
+stop, or after the agent was killed) re-adopts the shards its predecessor
+left, checking each segment's header against the variable's table, without
+loading the data again; clients reconnect by themselves.`
 
 func runAgent(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("agent", agentSynopsis, stderr)
@@ -39,6 +46,7 @@ func runAgent(args []string, stdout, stderr io.Writer) error {
 	timeout := fs.Duration("timeout", 30*time.Second, "bound on a read from another node")
 	joinTimeout := fs.Duration("join-timeout", 5*time.Minute, "bound on waiting for the coordinator and the other ranks")
 	idle := fs.Duration("idle-exit", 0, "stop after this long without a client (0: never)")
+	persist := fs.Bool("persist", false, "keep the shards when stopping: the next agent of this namespace on this node re-adopts them (split mode, restarts)")
 	conns := fs.Int("conns-per-peer", 4, "TCP connections kept to each other agent")
 	memory := fs.String("memory", envOr("DDSTORE_MEMORY", ""), "cap on the shards and receive regions the agent holds, e.g. 64G, 512M, 1048576 (DDSTORE_MEMORY; default or 0: none)")
 	staging := fs.String("staging", envOr("DDSTORE_STAGING", ""), "memory each variable with a backing file may use for rows read ahead of use, e.g. 256M (DDSTORE_STAGING; default 256M), counted in --memory")
@@ -78,7 +86,7 @@ func runAgent(args []string, stdout, stderr io.Writer) error {
 	a, err := ddstore.StartAgent(ddstore.AgentConfig{
 		Namespace: *ns, Node: *node, Socket: *socket, PeerListen: *peer, Advertise: *adv,
 		Rendezvous: *rdv, HandshakeDir: *hs, Timeout: *timeout, JoinTimeout: *joinTimeout,
-		IdleExit: *idle, ConnsPerPeer: *conns, MemoryBytes: budget, StagingBytes: stagingBytes, MetricsAddr: *metricsAddr, Logger: log,
+		IdleExit: *idle, ConnsPerPeer: *conns, MemoryBytes: budget, StagingBytes: stagingBytes, Persist: *persist, MetricsAddr: *metricsAddr, Logger: log,
 	})
 	if err != nil {
 		return err

@@ -27,13 +27,16 @@ class _Lane:
     """One connection to the agent with its own staging region; a thread
     takes a lane for each request that needs the agent."""
 
-    __slots__ = ("sock", "req", "hdr", "stage", "broken", "timeout")
+    __slots__ = ("sock", "req", "hdr", "stage", "broken", "unsent", "timeout")
 
     def __init__(self, path, hello, timeout):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
         self.timeout = timeout
         self.req, self.hdr, self.stage, self.broken = 0, bytearray(_wire.HEADER.size), None, False
+        # unsent: the lane broke sending a request, which so never reached
+        # the agent (safe to send again on a new lane: the agent restarted).
+        self.unsent = False
         try:
             self.sock.connect(path)
         except OSError as e:
@@ -52,10 +55,14 @@ class _Lane:
         try:
             # A long wait (a collective) for this request only.
             self.sock.settimeout(self.timeout if timeout is None else timeout)
-            if fds:
-                self.sock.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-            else:
-                self.sock.sendall(frame)
+            try:
+                if fds:
+                    self.sock.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+                else:
+                    self.sock.sendall(frame)
+            except (BrokenPipeError, ConnectionResetError, ConnectionRefusedError, ConnectionAbortedError):
+                self.unsent = True
+                raise
             self._recv_into(self.hdr)
             rop, status, blen, rid, payload = _wire.parse_header(self.hdr)
             body = bytearray(blen)
@@ -309,17 +316,42 @@ class Store:
             if self._closed:
                 raise ClosedError(f"ddstore: closed: store of rank {self.rank} closed")
             self._ensure_ctl()
+            try:
+                return self._ctl.call(op, enc, timeout=timeout or self._timeout)
+            except NoAgent:
+                if not self._ctl.unsent:
+                    raise
+            # The agent was restarted: a new control session (receive
+            # buffers registered again), and the request once more.
+            self._ensure_ctl()
             return self._ctl.call(op, enc, timeout=timeout or self._timeout)
 
     def _request(self, op, enc, timeout=None):
         """A request on a lane of the pool: a collective that waits minutes
         for other ranks holds one lane, not the store's lock."""
         self._check_fork()
-        lane = self._take_lane()
-        try:
-            return lane.call(op, enc, timeout=timeout or self._timeout)
-        finally:
-            self._put_lane(lane)
+        return self._with_lane(lambda lane: lane.call(op, enc, timeout=timeout or self._timeout))
+
+    def _with_lane(self, f):
+        """f(lane) on a lane of the pool. A lane found dead before its
+        request left (the agent was restarted: every pooled lane is then
+        dead) makes the pool drop its idle lanes, and f runs once more on a
+        new one."""
+        for attempt in (0, 1):
+            lane = self._take_lane()
+            try:
+                return f(lane)
+            except NoAgent:
+                if attempt or not lane.unsent:
+                    raise
+            finally:
+                self._put_lane(lane)
+            with self._lock:
+                idle, self._lanes = self._lanes, []
+                self._nlanes -= len(idle)
+                self._lane_free.notify_all()
+            for lane in idle:
+                lane.close()
 
     def _ensure_ctl(self):
         """(Re)connect the control lane; receive buffers registered on a
@@ -612,8 +644,8 @@ class Store:
         rb = v.rb
         k = pos.shape[0]
         region, base = self._recv_of(dst)
-        lane = self._take_lane()
-        try:
+
+        def read(lane):
             if region is not None:
                 offsets = base + pos * rb
                 rid = region.id
@@ -625,8 +657,20 @@ class Store:
             lane.call(_wire.OP_READ, enc)
             if region is None:
                 dst[pos] = stage.array()[:k * rb].reshape(k, rb)
-        finally:
-            self._put_lane(lane)
+
+        try:
+            self._with_lane(read)
+        except ArgumentError as e:
+            if region is None or "receive region" not in str(e):
+                raise
+            # The agent no longer knows the buffer (it was restarted, or
+            # dropped the control session): register the buffers again on
+            # a new session, and read once more.
+            with self._lock:
+                if self._ctl is not None:
+                    self._ctl.broken = True
+                self._ensure_ctl()
+            self._with_lane(read)
 
     def _recv_of(self, dst):
         if not self._recv:

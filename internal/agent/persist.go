@@ -1,0 +1,239 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/shm"
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
+
+// Restart and persistence. An agent keeps a manifest next to its socket
+// (SOCKET.manifest.json, 0600 in the 0700 run directory): the published
+// variables it holds shards of, with their tables and segment files, and,
+// on the coordinator, every table of the job. An agent that starts where a
+// manifest is left — its predecessor was killed, or stopped with --persist
+// — re-adopts the segments the manifest names (each one's header checked
+// against its table) instead of having the data loaded again: its clients
+// reconnect by themselves and read on, and other nodes learn its new
+// address from the coordinator when a read of its rows fails.
+
+// manifestVersion changes when the manifest's layout does.
+const manifestVersion = 1
+
+type manifest struct {
+	Version     int            `json:"version"`
+	Namespace   string         `json:"namespace"`
+	Node        string         `json:"node"`
+	Vars        []manifestVar  `json:"vars"`
+	Coordinator *manifestCoord `json:"coordinator,omitempty"`
+}
+
+type manifestVar struct {
+	Table    *wire.Table    `json:"table"`
+	Segments map[int]string `json:"segments"` // local rank → segment file
+}
+
+// manifestCoord is the coordinator's state that outlives a restart: the
+// nodes' addresses, the tables, which ranks freed what, the last table id.
+type manifestCoord struct {
+	Nodes  map[string]string         `json:"nodes"`
+	Tables []*wire.Table             `json:"tables"`
+	Freed  map[string]map[int64]bool `json:"freed,omitempty"`
+	LastID int64                     `json:"last_id"`
+}
+
+func (a *Agent) manifestPath() string { return a.cfg.Socket + ".manifest.json" }
+
+// saveManifest writes the manifest of what the agent holds now. Callers
+// hold no lock of the agent's.
+func (a *Agent) saveManifest() {
+	m := manifest{Version: manifestVersion, Namespace: a.cfg.Namespace, Node: a.cfg.Node}
+	a.mu.Lock()
+	vars := make([]*variable, 0, len(a.mu.vars))
+	for _, v := range a.mu.vars {
+		vars = append(vars, v)
+	}
+	a.mu.Unlock()
+	for _, v := range vars {
+		v.mu.RLock()
+		if v.table != nil && !v.gone && len(v.segs) > 0 {
+			mv := manifestVar{Table: v.table, Segments: make(map[int]string, len(v.segs))}
+			for r, seg := range v.segs {
+				mv.Segments[r] = seg.Path
+			}
+			m.Vars = append(m.Vars, mv)
+		}
+		v.mu.RUnlock()
+	}
+	slices.SortFunc(m.Vars, func(x, y manifestVar) int { return int(x.Table.ID - y.Table.ID) })
+	if c := a.coord.Load(); c != nil {
+		m.Coordinator = c.snapshot()
+	}
+	b, err := json.Marshal(m)
+	if err == nil {
+		a.manifestMu.Lock()
+		err = writeFileAtomic(a.manifestPath(), b)
+		a.manifestMu.Unlock()
+	}
+	if err != nil {
+		a.log.Warn("could not write the manifest; a restarted agent will not re-adopt the segments", "err", err)
+	}
+}
+
+// writeFileAtomic writes path through a temporary file and a rename, mode
+// 0600, so a reader never sees half of it.
+func writeFileAtomic(path string, b []byte) error {
+	tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
+// adopt re-adopts what the manifest a previous agent left names, before the
+// agent serves anyone. A variable whose segments are missing or do not
+// match its table is left out (its files stay for `ddstore gc`); the
+// coordinator's part is kept for when this agent becomes coordinator.
+func (a *Agent) adopt() {
+	b, err := os.ReadFile(a.manifestPath())
+	if errors.Is(err, os.ErrNotExist) {
+		return
+	}
+	var m manifest
+	if err == nil {
+		err = json.Unmarshal(b, &m)
+	}
+	if err == nil && (m.Version != manifestVersion || m.Namespace != a.cfg.Namespace || m.Node != a.cfg.Node) {
+		err = fmt.Errorf("manifest of version %d, namespace %q, node %q", m.Version, m.Namespace, m.Node)
+	}
+	if err != nil {
+		a.log.Warn("ignoring a manifest left by a previous agent", "path", a.manifestPath(), "err", err)
+		return
+	}
+	a.restored = m.Coordinator
+	for _, mv := range m.Vars {
+		v, n, err := a.adoptVar(mv)
+		if err != nil {
+			a.log.Warn("not re-adopting a variable", "err", err)
+			continue
+		}
+		a.mu.vars[v.name] = v
+		a.shardBytes.Add(n)
+		a.stats.adopted.Add(1)
+		a.log.Info("re-adopted a variable", "variable", v.name, "id", v.table.ID, "bytes", n)
+	}
+}
+
+// adoptVar opens the segments of one variable and checks each against its
+// table: rank, rows, row shape.
+func (a *Agent) adoptVar(mv manifestVar) (*variable, int64, error) {
+	t := mv.Table
+	if t == nil || t.Check() != nil || len(mv.Segments) == 0 {
+		return nil, 0, base.Errorf(base.ErrProtocol, "manifest entry without a sound table")
+	}
+	v := newVariable(t.Name)
+	var n int64
+	fail := func(err error) (*variable, int64, error) {
+		for _, seg := range v.segs {
+			seg.Close()
+		}
+		return nil, 0, fmt.Errorf("variable %q: %w", t.Name, err)
+	}
+	for _, r := range slices.Sorted(maps.Keys(mv.Segments)) {
+		path := mv.Segments[r]
+		if r < 0 || r >= len(t.ShardRows) || t.Nodes[t.RankNode[r]] != a.cfg.Node {
+			return fail(base.Errorf(base.ErrProtocol, "segment %s of rank %d, which is not on node %q", path, r, a.cfg.Node))
+		}
+		seg, err := shm.Open(path, true)
+		if err != nil {
+			return fail(err)
+		}
+		v.segs[r] = seg
+		if h := seg.Header; h.Rank != int64(r) || h.Rows != t.ShardRows[r] || h.Disp != t.Disp || h.ItemSize != t.ItemSize {
+			return fail(base.Errorf(base.ErrGeometry, "segment %s holds rank %d's %d rows of disp %d, itemsize %d; the table says rank %d's %d rows of disp %d, itemsize %d",
+				path, h.Rank, h.Rows, h.Disp, h.ItemSize, r, t.ShardRows[r], t.Disp, t.ItemSize))
+		}
+		n += int64(len(seg.Data))
+	}
+	v.mu.Lock()
+	err := v.setTable(a, t)
+	v.mu.Unlock()
+	if err != nil {
+		return fail(err)
+	}
+	return v, n, nil
+}
+
+// removeManifest forgets the manifest (a clean stop without --persist).
+func (a *Agent) removeManifest() { os.Remove(a.manifestPath()) }
+
+// snapshot is the coordinator's state for the manifest.
+func (c *coordinator) snapshot() *manifestCoord {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := &manifestCoord{Nodes: maps.Clone(c.mu.nodes), LastID: c.mu.lastID, Freed: make(map[string]map[int64]bool, len(c.mu.freed))}
+	for _, t := range c.mu.tables {
+		s.Tables = append(s.Tables, t)
+	}
+	slices.SortFunc(s.Tables, func(x, y *wire.Table) int { return int(x.ID - y.ID) })
+	for name, ranks := range c.mu.freed {
+		s.Freed[name] = maps.Clone(ranks)
+	}
+	return s
+}
+
+// restore takes back a previous coordinator's state; nodes that join later
+// replace their addresses.
+func (c *coordinator) restore(s *manifestCoord) {
+	if s == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for node, addr := range s.Nodes {
+		if _, ok := c.mu.nodes[node]; !ok {
+			c.mu.nodes[node] = addr
+		}
+	}
+	for _, t := range s.Tables {
+		if t != nil && t.Check() == nil {
+			c.mu.tables[t.Name] = t
+		}
+	}
+	for name, ranks := range s.Freed {
+		c.mu.freed[name] = maps.Clone(ranks)
+	}
+	c.mu.lastID = max(c.mu.lastID, s.LastID)
+	c.refreshAddrsLocked()
+}
+
+// refreshAddrsLocked gives every table the nodes' current addresses, as
+// new tables (readers may hold the old ones). The caller holds c.mu.
+func (c *coordinator) refreshAddrsLocked() {
+	for name, t := range c.mu.tables {
+		var nt *wire.Table
+		for i, node := range t.Nodes {
+			if addr, ok := c.mu.nodes[node]; ok && addr != t.Addrs[i] {
+				if nt == nil {
+					cp := *t
+					cp.Addrs = slices.Clone(t.Addrs)
+					nt = &cp
+				}
+				nt.Addrs[i] = addr
+			}
+		}
+		if nt != nil {
+			c.mu.tables[name] = nt
+		}
+	}
+}

@@ -1,0 +1,239 @@
+package ddstore_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ddstore-go/ddstore"
+)
+
+// restartableAgent is a real `ddstore agent` process that a test can kill and
+// start again with the same arguments.
+type restartableAgent struct {
+	t    *testing.T
+	args []string
+	cmd  *exec.Cmd
+	log  bytes.Buffer
+}
+
+func startRestartableAgent(t *testing.T, args ...string) *restartableAgent {
+	p := &restartableAgent{t: t, args: args}
+	p.start()
+	t.Cleanup(func() {
+		p.kill()
+		if t.Failed() {
+			t.Logf("agent %v log:\n%s", args, p.log.String())
+		}
+	})
+	return p
+}
+
+func (p *restartableAgent) start() {
+	p.cmd = exec.Command(ddstoreBin, append([]string{"agent"}, p.args...)...)
+	p.cmd.Stdout, p.cmd.Stderr = &p.log, &p.log
+	if err := p.cmd.Start(); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+func (p *restartableAgent) signal(sig syscall.Signal) {
+	if p.cmd != nil && p.cmd.Process != nil {
+		p.cmd.Process.Signal(sig)
+		p.cmd.Wait()
+		p.cmd = nil
+	}
+}
+
+func (p *restartableAgent) kill() { p.signal(syscall.SIGKILL) }
+
+// inode is a file's inode number: the same one after a restart means the
+// agent re-adopted the segment rather than loading the data again.
+func inode(t *testing.T, path string) uint64 {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+// TestAgentRestartReadopts: an agent killed outright (SIGKILL) and started
+// again re-adopts its segments — the same files, no reload — and the job's
+// open Store reads every row on through it; a new variable after the
+// restart gets a new table id. Then a clean stop without --persist removes
+// everything, and one with --persist keeps it for the next agent.
+func TestAgentRestartReadopts(t *testing.T) {
+	dir := t.TempDir()
+	ns := fmt.Sprintf("restart%d", os.Getpid())
+	runDir := filepath.Join(dir, "run")
+	args := []string{"--namespace", ns, "--node", "n0", "--run-dir", runDir, "--timeout", "5s"}
+	p := startRestartableAgent(t, args...)
+	open := func(rank, size int) *ddstore.Store {
+		s, err := ddstore.Open(ddstore.Config{Namespace: ns, Rank: rank, Size: size, LocalRank: rank, LocalSize: size, Node: "n0",
+			RunDir: runDir, NoSpawn: true, AgentWait: 20 * time.Second, Timeout: 10 * time.Second, PublishTimeout: 20 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	c := &cluster{ns: ns, stores: []*ddstore.Store{open(0, 2), open(1, 2)}}
+	c.addPattern(t, "v", []int64{30, 20}, 8, 8)
+	segs := segments(ns)
+	if len(segs) != 2 {
+		t.Fatalf("segments %v", segs)
+	}
+	before := map[string]uint64{}
+	for _, s := range segs {
+		before[s] = inode(t, s)
+	}
+	readAll := func() error {
+		return c.each(func(r int, s *ddstore.Store) error {
+			all := make([]byte, 50*64)
+			if err := s.Get("v", all, 0); err != nil {
+				return err
+			}
+			for g := range int64(50) {
+				if err := samePattern(all[g*64:(g+1)*64], g); err != nil {
+					return err
+				}
+			}
+			return nil
+		})[0]
+	}
+	if err := readAll(); err != nil {
+		t.Fatal(err)
+	}
+
+	p.kill()
+	if got := segments(ns); !slices.Equal(got, segs) {
+		t.Fatalf("after SIGKILL the segments are %v, want %v", got, segs)
+	}
+	p.start()
+	var in ddstore.AgentInfo
+	waitFor(t, 20*time.Second, func() (err error) {
+		in, err = ddstore.QueryAgent(ddstore.SocketPath(runDir, ns, "n0"), ns, "n0")
+		return err
+	})
+	// Node-local rows never needed the agent; the open stores reconnect
+	// by themselves for what does (a new variable, below).
+	if err := readAll(); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range segments(ns) {
+		if inode(t, s) != before[s] {
+			t.Errorf("segment %s was made again, not re-adopted", s)
+		}
+	}
+	if in.Counters["adopted_variables"] != 1 {
+		t.Errorf("adopted_variables = %d, want 1", in.Counters["adopted_variables"])
+	}
+	// A variable made after the restart is new (its own id), and a Store
+	// opened now reads the old one.
+	c.addPattern(t, "w", []int64{3, 4}, 8, 8)
+	late := open(0, 2)
+	row := make([]byte, 64)
+	if err := late.Get("v", row, 49); err != nil {
+		t.Fatal(err)
+	}
+	if err := samePattern(row, 49); err != nil {
+		t.Fatal(err)
+	}
+	vi, _ := late.Info("v")
+	wi, _ := late.Info("w")
+	if vi.TotalRows != 50 || wi.TotalRows != 7 {
+		t.Errorf("info: v %d rows, w %d rows", vi.TotalRows, wi.TotalRows)
+	}
+
+	// A clean stop without --persist removes the shards and the manifest.
+	for _, st := range c.stores {
+		st.Close()
+	}
+	late.Close()
+	p.signal(syscall.SIGTERM)
+	if got := segments(ns); len(got) != 0 {
+		t.Fatalf("after SIGTERM without --persist: segments %v", got)
+	}
+	if _, err := os.Stat(ddstore.SocketPath(runDir, ns, "n0") + ".manifest.json"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("after SIGTERM without --persist the manifest is there: %v", err)
+	}
+
+	// With --persist a clean stop keeps them for the next agent.
+	p.args = append(p.args, "--persist")
+	p.start()
+	c = &cluster{ns: ns, stores: []*ddstore.Store{open(0, 2), open(1, 2)}}
+	c.addPattern(t, "x", []int64{5, 6}, 8, 8)
+	for _, st := range c.stores {
+		st.Close()
+	}
+	p.signal(syscall.SIGTERM)
+	if n := len(segments(ns)); n != 2 {
+		t.Fatalf("after SIGTERM with --persist: %d segments, want 2", n)
+	}
+	p.start()
+	waitFor(t, 20*time.Second, func() error {
+		_, err := ddstore.QueryAgent(ddstore.SocketPath(runDir, ns, "n0"), ns, "n0")
+		return err
+	})
+	r := open(0, 1)
+	all := make([]byte, 11*64)
+	waitFor(t, 20*time.Second, func() error { return r.Get("x", all, 0) })
+	for g := range int64(11) {
+		checkRow(t, all[g*64:(g+1)*64], g)
+	}
+}
+
+// TestNodeAgentRestartAcrossNodes: the agent of the second node is killed
+// and started again on a new port; it re-adopts its shard, tells the
+// coordinator, and the first node's reads of its rows find it there.
+func TestNodeAgentRestartAcrossNodes(t *testing.T) {
+	dir := t.TempDir()
+	ns := fmt.Sprintf("restart2n%d", os.Getpid())
+	runDir := filepath.Join(dir, "run")
+	rdv := freeAddr(t)
+	common := []string{"--namespace", ns, "--run-dir", runDir, "--rendezvous", rdv, "--peer-listen", "127.0.0.1:0", "--timeout", "5s"}
+	startRestartableAgent(t, append([]string{"--node", "n0"}, common...)...)
+	p1 := startRestartableAgent(t, append([]string{"--node", "n1"}, common...)...)
+	var stores []*ddstore.Store
+	for r, node := range []string{"n0", "n1"} {
+		s, err := ddstore.Open(ddstore.Config{Namespace: ns, Rank: r, Size: 2, LocalRank: 0, LocalSize: 1, Node: node,
+			RunDir: runDir, NoSpawn: true, AgentWait: 20 * time.Second, Timeout: 10 * time.Second, PublishTimeout: 20 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		stores = append(stores, s)
+	}
+	c := &cluster{ns: ns, stores: stores}
+	c.addPattern(t, "v", []int64{10, 10}, 16, 4)
+	idx := []int64{15, 3, 19, 10}
+	dst := make([]byte, len(idx)*64)
+	check := func() error {
+		if err := stores[0].GetBatch("v", dst, idx); err != nil {
+			return err
+		}
+		for i, g := range idx {
+			if err := samePattern(dst[i*64:(i+1)*64], g); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := check(); err != nil {
+		t.Fatal(err)
+	}
+	p1.kill()
+	if err := check(); !errors.Is(err, ddstore.ErrPeer) {
+		t.Fatalf("rows of a dead node: %v, want ErrPeer", err)
+	}
+	p1.start()
+	waitFor(t, 20*time.Second, check)
+}
