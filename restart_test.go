@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -236,4 +239,98 @@ func TestNodeAgentRestartAcrossNodes(t *testing.T) {
 	}
 	p1.start()
 	waitFor(t, 20*time.Second, check)
+}
+
+// TestPeerKilledMidBatches: goroutines read batches of both nodes' rows
+// without pause while the second node's agent is killed and started again.
+// Every read either returns the right rows or fails with ErrPeer naming
+// the node, within the timeout — no hang, no wrong row — and once the
+// agent is back, reads succeed again.
+func TestPeerKilledMidBatches(t *testing.T) {
+	dir := t.TempDir()
+	ns := fmt.Sprintf("peerkill%d", os.Getpid())
+	runDir := filepath.Join(dir, "run")
+	rdv := freeAddr(t)
+	common := []string{"--namespace", ns, "--run-dir", runDir, "--rendezvous", rdv, "--peer-listen", "127.0.0.1:0", "--timeout", "3s"}
+	startRestartableAgent(t, append([]string{"--node", "n0"}, common...)...)
+	p1 := startRestartableAgent(t, append([]string{"--node", "n1"}, common...)...)
+	var stores []*ddstore.Store
+	for r, node := range []string{"n0", "n1"} {
+		s, err := ddstore.Open(ddstore.Config{Namespace: ns, Rank: r, Size: 2, LocalRank: 0, LocalSize: 1, Node: node,
+			RunDir: runDir, NoSpawn: true, AgentWait: 20 * time.Second, Timeout: 10 * time.Second, PublishTimeout: 20 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		stores = append(stores, s)
+	}
+	c := &cluster{ns: ns, stores: stores}
+	const n, rb = 400, 1024
+	c.addPattern(t, "v", []int64{n / 2, n / 2}, rb/8, 8)
+	s := stores[0]
+	stop := make(chan struct{})
+	type result struct{ ok, peerErrs int }
+	results := make(chan result, 4)
+	var bad error
+	var badOnce sync.Once
+	for w := range 4 {
+		go func() {
+			var res result
+			defer func() { results <- res }()
+			rng := rand.New(rand.NewPCG(uint64(w), 1))
+			idx := make([]int64, 32)
+			dst := make([]byte, len(idx)*rb)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				for i := range idx {
+					idx[i] = rng.Int64N(n)
+				}
+				t0 := time.Now()
+				err := s.GetBatch("v", dst, idx)
+				if took := time.Since(t0); took > 15*time.Second {
+					badOnce.Do(func() { bad = fmt.Errorf("a read took %v", took) })
+				}
+				switch {
+				case err == nil:
+					for i, g := range idx {
+						if e := samePattern(dst[i*rb:(i+1)*rb], g); e != nil {
+							badOnce.Do(func() { bad = e })
+						}
+					}
+					res.ok++
+				case errors.Is(err, ddstore.ErrPeer) && strings.Contains(err.Error(), `"n1"`):
+					res.peerErrs++
+				default:
+					badOnce.Do(func() { bad = fmt.Errorf("unexpected error: %w", err) })
+				}
+			}
+		}()
+	}
+	time.Sleep(200 * time.Millisecond)
+	p1.kill()
+	time.Sleep(300 * time.Millisecond)
+	p1.start()
+	// Back: reads of its rows succeed again.
+	waitFor(t, 20*time.Second, func() error {
+		return s.GetBatch("v", make([]byte, rb), []int64{n - 1})
+	})
+	time.Sleep(200 * time.Millisecond)
+	close(stop)
+	var total result
+	for range 4 {
+		r := <-results
+		total.ok += r.ok
+		total.peerErrs += r.peerErrs
+	}
+	if bad != nil {
+		t.Fatal(bad)
+	}
+	if total.ok == 0 || total.peerErrs == 0 {
+		t.Errorf("%d reads succeeded, %d failed for the lost node: want both", total.ok, total.peerErrs)
+	}
+	t.Logf("%d batches read, %d failed while node n1 was down", total.ok, total.peerErrs)
 }
