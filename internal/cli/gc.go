@@ -21,9 +21,11 @@ import (
 
 const gcSynopsis = `
 Remove what dead agents left behind: their shared-memory segments
-(/dev/shm/ddstore.NAMESPACE.NODE.VARIABLE.rRANK) and their socket, key, lock
-and log files in the run directory. An agent killed with SIGKILL (or a node's
-job ended without a clean shutdown) leaves all of them.
+(/dev/shm/ddstore.NAMESPACE.NODE.VARIABLE.rRANK) and their socket, key, lock,
+log and manifest files in the run directory. An agent killed with SIGKILL (or
+a node's job ended without a clean shutdown) leaves all of them, and one
+stopped with --persist leaves its segments and manifest on purpose: an agent
+started again for that namespace and node re-adopts them, gc removes them.
 
 An agent is alive while it holds the lock file RUN_DIR/NAMESPACE.NODE.sock.lock
 (flock); gc tries that lock for each namespace and node it finds, and removes
@@ -44,7 +46,7 @@ there: give that directory as --run-dir.`
 // gcFile is one file gc removed, would remove, or kept.
 type gcFile struct {
 	Path      string `json:"path"`
-	Kind      string `json:"kind"` // segment, socket, key, lock, log
+	Kind      string `json:"kind"` // segment, socket, key, lock, log, manifest
 	Namespace string `json:"namespace,omitempty"`
 	Node      string `json:"node,omitempty"`
 	Bytes     int64  `json:"bytes"`  // apparent size
@@ -281,9 +283,11 @@ func ownFile(path, kind string, fail func(string, error)) (gcFile, bool) {
 }
 
 // splitRunFile recognizes the files an agent leaves in the run directory:
-// BASE.sock, BASE.sock.key, BASE.sock.lock and BASE.sock.log.
+// BASE.sock, BASE.sock.key, BASE.sock.lock, BASE.sock.log and
+// BASE.sock.manifest.json.
 func splitRunFile(name string) (base, kind string) {
-	for _, s := range []struct{ suffix, kind string }{{".sock", "socket"}, {".sock.key", "key"}, {".sock.lock", "lock"}, {".sock.log", "log"}} {
+	for _, s := range []struct{ suffix, kind string }{{".sock", "socket"}, {".sock.key", "key"}, {".sock.lock", "lock"},
+		{".sock.log", "log"}, {".sock.manifest.json", "manifest"}} {
 		if b, ok := strings.CutSuffix(name, s.suffix); ok && b != "" {
 			return b, s.kind
 		}

@@ -98,9 +98,9 @@ func TestGC(t *testing.T) {
 		fakeSegment(t, "dead.ns", "n1", "x", 0),
 		fakeSegment(t, "dead.ns", "n1", "x", 1),
 		fakeSegment(t, "dead.ns", "n1", strings.Repeat("v", 300), 2), // hashed variable name
-		deadSock + ".lock", deadSock + ".log", deadSock,
+		deadSock + ".lock", deadSock + ".log", deadSock, deadSock + ".manifest.json",
 	}
-	for _, p := range dead[3:5] {
+	for _, p := range append(dead[3:5], dead[6]) {
 		if err := os.WriteFile(p, []byte("x"), 0o600); err != nil {
 			t.Fatal(err)
 		}
