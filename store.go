@@ -59,6 +59,11 @@ type Config struct {
 	// Reader makes a store that holds no shard (split mode: a job reading
 	// variables another job published). It cannot Add or Init.
 	Reader bool
+	// WaitPublished makes a first read of a variable that is not published
+	// yet wait up to that long for it, instead of failing with ErrUnknown
+	// at once (split mode: the reading job may start before the publishing
+	// one is done; DDStore's DDSTORE_HANDSHAKE_TIMEOUT_S).
+	WaitPublished time.Duration
 	// Width splits the job into replica groups (DDStore's ddstore_width):
 	// ranks [k*Width, (k+1)*Width) form group k, which holds a whole copy
 	// of each variable, its ranks sharing it as a job of Width ranks would
@@ -575,6 +580,9 @@ func (s *Store) acquire(name string) (*variable, error) {
 	case !ok:
 		m := wire.Name{Name: s.wireName(name)}
 		body, err := s.request(wire.OpLookup, m.Encode, s.cfg.Timeout)
+		if err != nil && errors.Is(err, base.ErrUnknown) && s.cfg.WaitPublished > 0 {
+			body, err = s.waitPublished(&m)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -592,6 +600,24 @@ func (s *Store) acquire(name string) (*variable, error) {
 		return nil, base.Errorf(base.ErrFreed, "variable %q was freed", name)
 	}
 	return v, nil
+}
+
+// waitPublished looks a variable up until it is published or
+// WaitPublished has passed.
+func (s *Store) waitPublished(m *wire.Name) ([]byte, error) {
+	deadline := time.Now().Add(s.cfg.WaitPublished)
+	wait := 10 * time.Millisecond
+	for {
+		time.Sleep(min(wait, time.Until(deadline)))
+		body, err := s.request(wire.OpLookup, m.Encode, s.cfg.Timeout)
+		if err == nil || !errors.Is(err, base.ErrUnknown) {
+			return body, err
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("after waiting %v for it to be published: %w", s.cfg.WaitPublished, err)
+		}
+		wait = min(2*wait, 200*time.Millisecond)
+	}
 }
 
 // Update overwrites rows of this rank's own shard from row offset on.

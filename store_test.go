@@ -79,6 +79,44 @@ func TestReaderStore(t *testing.T) {
 	checkRow(t, dst, 12)
 }
 
+// TestReaderWaitsForPublication: a reader (split mode) that starts first
+// waits for the variable to be published, up to WaitPublished; a name that
+// never comes fails with ErrUnknown saying how long it waited.
+func TestReaderWaitsForPublication(t *testing.T) {
+	c := startCluster(t, []int{1, 1}, viaRendezvous)
+	r, err := ddstore.Open(ddstore.Config{Namespace: c.ns, Rank: 0, Size: 1, Node: "node1", Socket: c.agents[1].Socket(),
+		NoSpawn: true, Reader: true, Timeout: 10 * time.Second, WaitPublished: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	got := make(chan error, 1)
+	all := make([]byte, 9*8)
+	go func() { got <- r.Get("late", all, 0) }()
+	time.Sleep(300 * time.Millisecond)
+	select {
+	case err := <-got:
+		t.Fatalf("the reader did not wait: %v", err)
+	default:
+	}
+	c.addPattern(t, "late", []int64{4, 5}, 2, 4)
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	for g := range int64(9) {
+		checkRow(t, all[g*8:(g+1)*8], g)
+	}
+	q, err := ddstore.Open(ddstore.Config{Namespace: c.ns, Rank: 0, Size: 1, Node: "node0", Socket: c.agents[0].Socket(),
+		NoSpawn: true, Reader: true, Timeout: 10 * time.Second, WaitPublished: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	if err := q.Get("never", all[:8], 0); !errors.Is(err, ddstore.ErrUnknown) || !strings.Contains(err.Error(), "after waiting 200ms") {
+		t.Fatalf("a name never published: %v", err)
+	}
+}
+
 // TestShard: rows written into the own shard are what every rank reads.
 func TestShard(t *testing.T) {
 	c := startCluster(t, []int{1, 1}, viaRendezvous)

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _agent, _auth, _env, _wire
 from ._errors import (ArgumentError, BadBuffer, ClosedError, Error, FreedVariable, GeometryError, IndexOutOfRange,
-                      NoAgent, ProtocolError, Timeout, VariableExists)
+                      NoAgent, ProtocolError, Timeout, UnknownVariable, VariableExists)
 from ._shm import Region, Segment
 from .dtypes import as_array, dtype_name, numpy_dtype
 
@@ -203,7 +203,8 @@ class Store:
 
     def __init__(self, comm=None, namespace=None, *, rank=None, size=None, local_rank=None, local_size=None,
                  node=None, socket_path=None, run_dir=None, spawn=True, agent_args=(), binary=None,
-                 timeout=120.0, publish_timeout=300.0, agent_wait=60.0, max_lanes=16, reader=False, width=None):
+                 timeout=120.0, publish_timeout=300.0, agent_wait=60.0, max_lanes=16, reader=False, width=None,
+                 wait_published=None):
         from .comm import identity, world_of
         ident = identity(comm, rank, size, local_rank, local_size, node)
         self.rank, self.size, self.local_rank, self.local_size, self.node = (
@@ -228,6 +229,12 @@ class Store:
         # A reader (split mode: a job reading data another job published)
         # holds no shard: it says rank -1 to the agent and cannot add.
         self.reader = bool(reader)
+        # How long a first read of a variable not published yet waits for it
+        # (split mode: the reading job may start first); by default, for a
+        # reader, DDStore's DDSTORE_HANDSHAKE_TIMEOUT_S, else none.
+        if wait_published is None:
+            wait_published = float(os.environ.get("DDSTORE_HANDSHAKE_TIMEOUT_S", "0") or 0) if self.reader else 0.0
+        self._wait_published = float(wait_published)
         self.namespace = namespace or getattr(comm, "ns", None) or _agent.default_namespace()
         run_dir = run_dir or _agent.default_run_dir()
         self.socket_path = socket_path or _agent.socket_path(run_dir, self.namespace, self.node)
@@ -509,8 +516,29 @@ class Store:
             raise ClosedError(f"ddstore: closed: store of rank {self.rank} closed")
         if name in self._freed:
             raise FreedVariable(f"ddstore: variable freed: variable {name!r} was freed")
-        body = self._request(_wire.OP_LOOKUP, _wire.Encoder().string(self._wire_name(name)).string("").i64(-1))
+        enc = _wire.Encoder().string(self._wire_name(name)).string("").i64(-1)
+        try:
+            body = self._request(_wire.OP_LOOKUP, enc)
+        except UnknownVariable:
+            if self._wait_published <= 0:
+                raise
+            body = self._wait_for(name, enc)
         return self._install(_wire.Table.decode(body), name)
+
+    def _wait_for(self, name, enc):
+        """Look a variable up until it is published or wait_published has
+        passed."""
+        deadline = time.monotonic() + self._wait_published
+        wait = 0.01
+        while True:
+            time.sleep(max(0.0, min(wait, deadline - time.monotonic())))
+            try:
+                return self._request(_wire.OP_LOOKUP, enc)
+            except UnknownVariable as e:
+                if time.monotonic() >= deadline:
+                    raise UnknownVariable(f"{e} (after waiting {self._wait_published:g}s for it to be published)") \
+                        from None
+            wait = min(2 * wait, 0.2)
 
     # -- reading ----------------------------------------------------------------
 

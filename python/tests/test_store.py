@@ -4,6 +4,7 @@ simulated nodes (one agent per node id, meeting over loopback)."""
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -242,3 +243,32 @@ def test_reader_store(store):
     out = np.empty((1, 2))
     store.get("pub", out, 19)
     np.testing.assert_array_equal(out[0], data[19])
+
+
+def test_reader_waits_for_publication(store):
+    """Split mode: a reader started before the publisher waits for the
+    variable, up to wait_published; a name never published fails saying
+    how long it waited."""
+    r = ddstore.Store(reader=True, spawn=False, wait_published=20)
+    q = ddstore.Store(reader=True, spawn=False, wait_published=0.2)
+    try:
+        got = {}
+
+        def read():
+            out = np.empty((6, 2), np.float64)
+            r.get("late", out, 0)
+            got["rows"] = out
+
+        t = threading.Thread(target=read)
+        t.start()
+        time.sleep(0.3)
+        assert t.is_alive()  # still waiting
+        data = rows_of("float64", 6, 2)
+        store.add("late", data)
+        t.join(20)
+        np.testing.assert_array_equal(got["rows"], data)
+        with pytest.raises(ddstore.UnknownVariable, match="after waiting 0.2s"):
+            q.get("never", np.empty((1, 2)), 0)
+    finally:
+        r.close()
+        q.close()
