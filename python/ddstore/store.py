@@ -6,6 +6,7 @@ survives fork(): a forked child reconnects on first use."""
 
 import array
 import os
+import queue
 from bisect import bisect_right
 import socket
 import threading
@@ -249,6 +250,8 @@ class Store:
         self._closed = False
         self._pid = os.getpid()
         self._lanes, self._nlanes, self._lane_free = [], 0, threading.Condition(self._lock)
+        # The background sender of prefetch(), started on first use.
+        self._pf_queue, self._pf_thread, self._pf_error = None, None, None
         _STORES.add(self)
         self._ctl = self._connect()
 
@@ -315,6 +318,7 @@ class Store:
                 lane.stage = None  # the parent owns its regions
         self._lanes, self._nlanes, self._recv = [], 0, []
         self._ctl = None
+        self._pf_queue = self._pf_thread = None  # the parent's thread is not in the child
         self._pid = os.getpid()
 
     def _control(self, op, enc, timeout=None):
@@ -787,13 +791,17 @@ class Store:
                 "shard_rows": [int(x) for x in v.shard_rows], "nodes": list(v.nodes), "backing": v.backing,
                 "held_rows": v.held}
 
-    def prefetch(self, name, indices):
+    def prefetch(self, name, indices, wait=False):
         """Tell the node's agent which rows of a variable with a backing file
         this rank reads soon (its next steps' storage reads, from the
         schedule): it reads them from the file now, into staging memory, so
         that the get_batch that wants them finds them there. Rows in memory
         are skipped; rows beyond the staging room are read when asked for.
-        Returns at once."""
+
+        Returns at once: the request goes to the agent from a background
+        thread of the store (wait=True sends it on this thread and returns
+        once the agent has queued the rows). Bad arguments raise here; an
+        error the agent answers is raised by the next prefetch."""
         self._check_fork()
         v = self._var(name)
         if not v.backing:
@@ -809,8 +817,34 @@ class Store:
             raise IndexOutOfRange(f"ddstore: index out of range: variable {name!r}: indices[{i}] = {int(idx[i])} "
                                   f"not in [0, {v.total})")
         idx = idx[idx >= v.held]
-        if idx.size:
-            self._request(_wire.OP_PREFETCH, _wire.Encoder().string(v.name).i64(v.id).i64s(idx))
+        err, self._pf_error = self._pf_error, None
+        if err is not None:
+            raise err
+        if not idx.size:
+            return
+        enc = _wire.Encoder().string(v.name).i64(v.id).i64s(idx)
+        if wait:
+            self._request(_wire.OP_PREFETCH, enc)
+            return
+        with self._lock:
+            if self._pf_queue is None:
+                self._pf_queue = queue.SimpleQueue()
+                self._pf_thread = threading.Thread(target=self._prefetcher, args=(self._pf_queue,), daemon=True,
+                                                   name=f"ddstore-prefetch-{self.rank}")
+                self._pf_thread.start()
+            q = self._pf_queue
+        q.put(enc)
+
+    def _prefetcher(self, q):
+        """Sends the Prefetch requests prefetch() queues, until close()."""
+        while True:
+            enc = q.get()
+            if enc is None:
+                return
+            try:
+                self._request(_wire.OP_PREFETCH, enc)
+            except Error as e:
+                self._pf_error = e
 
     def get_profile(self, name):
         return dict(self._var(name).profile)
@@ -841,6 +875,10 @@ class Store:
                           timeout=3 * self._timeout)
 
     def close(self):
+        q, t = self._pf_queue, self._pf_thread
+        if q is not None and self._pid == os.getpid():
+            q.put(None)  # the prefetcher sends what was queued, then ends
+            t.join(self._timeout)
         with self._lock:
             if self._closed:
                 return
