@@ -166,6 +166,8 @@ type stats struct {
 	// addrRefreshes, tables refreshed after a node's address went stale.
 	adopted       atomic.Int64
 	addrRefreshes atomic.Int64
+	// errorKinds counts errors answered to clients by kind.
+	errorKinds errorKinds
 }
 
 // Start runs an agent until Close (or its idle exit).
@@ -590,6 +592,7 @@ func (a *Agent) info() Info {
 		"peer_fallback_rows": int(s.peerFallbackRows.Load()), "adopted_variables": int(s.adopted.Load()),
 		"addr_refreshes": int(s.addrRefreshes.Load()),
 	}
+	s.errorKinds.counters(in.Counters)
 	in.MemoryBytes += a.stagingBytes.Load()
 	if c := a.coord.Load(); c != nil {
 		in.Nodes, _ = c.nodes()

@@ -56,6 +56,8 @@ func newMetrics(a *Agent) *metrics {
 		Namespace: "ddstore", Subsystem: "agent", Name: "read_duration_seconds", ConstLabels: labels, Buckets: readBuckets,
 		Help: "Time to serve a client's Read request, from its decoding to its answer (failed reads included).",
 	})
+	byKind := opts("client_errors_total", "Client requests answered with an error, by kind (the error's sentinel: index, geometry, unknown, timeout, peer, ...).")
+	s.errorKinds.each(func(kind string, n func() int64) { m.reg.MustRegister(counter(with(byKind, "kind", kind), n)) })
 	m.reg.MustRegister(
 		counter(opts("client_requests_total", "Requests received from this node's clients."), s.clientRequests.Load),
 		counter(opts("read_rows_total", "Rows read for this node's clients (local and fetched from other nodes)."), s.readRows.Load),

@@ -64,6 +64,12 @@ func series(a *Agent, name string, extra ...string) string {
 	return "ddstore_agent_" + name + "{" + strings.Join(labels, ",") + "}"
 }
 
+// kindSeries is the series of client errors of one kind: the text format
+// writes the label kind first, before the agent's constant labels.
+func kindSeries(a *Agent, kind string) string {
+	return fmt.Sprintf("ddstore_agent_client_errors_total{kind=%q,namespace=%q,node=%q}", kind, a.cfg.Namespace, a.cfg.Node)
+}
+
 // metricValue scrapes one series, failing if the agent does not export it.
 func metricValue(t *testing.T, a *Agent, name string, extra ...string) float64 {
 	t.Helper()
@@ -160,6 +166,8 @@ func TestAgentMetrics(t *testing.T) {
 		series(a, "client_requests_total"):                      6, // hello, create, publish, register, 2 reads
 		series(a, "read_rows_total"):                            3,
 		series(a, "errors_total"):                               1,
+		kindSeries(a, "index"):                                  1, // the read past the last row
+		kindSeries(a, "geometry"):                               0,
 		series(a, "served_rows_total"):                          0, // no other node
 		series(a, "fetches_total"):                              0,
 		series(a, "bad_frames_total", "source", "peer"):         0,

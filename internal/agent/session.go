@@ -109,6 +109,7 @@ func (a *Agent) serveSession(s *session) {
 		fill, err := a.handleClient(s, h.Op, body)
 		if err != nil {
 			a.stats.errors.Add(1)
+			a.stats.errorKinds.add(err)
 			var bad *badRequest
 			if errors.As(err, &bad) {
 				a.inflight.Add(-counted)

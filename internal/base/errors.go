@@ -5,6 +5,7 @@ package base
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Sentinel errors. Every error ddstore returns wraps exactly one of these, so
@@ -33,6 +34,47 @@ var codes = []error{
 	nil, ErrIndex, ErrGeometry, ErrUnknown, ErrExists, ErrBuffer, ErrFreed,
 	ErrClosed, ErrTimeout, ErrPeer, ErrProtocol, ErrNoAgent, ErrArgument,
 	ErrInternal, ErrAuth,
+}
+
+// NumCodes is one more than the largest code.
+var NumCodes = len(codes)
+
+// Kind names the sentinel of a code in a word ("index", "geometry", ...):
+// the label of the agent's error counters; "" for 0 and unknown codes.
+func Kind(code uint16) string {
+	if code == 0 || int(code) >= len(codes) {
+		return ""
+	}
+	k := strings.TrimPrefix(codes[code].Error(), "ddstore: ")
+	switch k { // one word each
+	case "index out of range":
+		return "index"
+	case "bad geometry":
+		return "geometry"
+	case "unknown variable":
+		return "unknown"
+	case "variable exists":
+		return "exists"
+	case "bad buffer":
+		return "buffer"
+	case "variable freed":
+		return "freed"
+	case "timed out":
+		return "timeout"
+	case "peer failed":
+		return "peer"
+	case "protocol error":
+		return "protocol"
+	case "no agent":
+		return "no_agent"
+	case "bad argument":
+		return "argument"
+	case "internal error":
+		return "internal"
+	case "not authenticated":
+		return "auth"
+	}
+	return strings.ReplaceAll(k, " ", "_")
 }
 
 // Code returns the wire code of err: 0 for nil, the code of the sentinel it
