@@ -14,16 +14,20 @@ FUZZTIME ?= 200000x
 # RACE is the race-detector flag of `make test`; it needs cgo and a C
 # compiler. `make test RACE=` runs the tests without it.
 RACE     ?= -race
+# SOAK and KILLS size `make soak` (docs/reliability.md); `make test` runs
+# the same tests shorter (3 s, 300 kills) under -race.
+SOAK     ?= 60s
+KILLS    ?= 1000
 
 .DEFAULT_GOAL := help
 # Debian packages the tests need (no PyPI on these machines): Python with
-# numpy, torch and mpi4py, pytest, venv for the install check, Open MPI, and
-# gcc for the race detector.
+# numpy, torch and mpi4py, pytest, venv for the install check, Open MPI,
+# gcc for the race detector, and matplotlib for `make report`.
 DEB_PACKAGES := gcc python3 python3-numpy python3-pytest python3-venv python3-setuptools python3-pip \
-	python3-torch python3-mpi4py openmpi-bin libopenmpi-dev libhdf5-dev python3-h5py
+	python3-torch python3-mpi4py openmpi-bin libopenmpi-dev libhdf5-dev python3-h5py python3-matplotlib
 PYTHON   := /usr/bin/python3
 
-.PHONY: help build deps test gotest pytest python fuzz-short bench bench-quick gobench clean
+.PHONY: help build build-mpi bench-mpi deps test gotest pytest python fuzz-short soak bench bench-quick cosmoflow cosmoflow-io micro report gobench clean
 
 help: ## list the targets
 	@echo 'Usage: make TARGET'
@@ -38,6 +42,17 @@ HDF5_TAGS := $(shell test -e /usr/include/hdf5/serial/hdf5.h && echo hdf5)
 
 build: ## build the ddstore binary into bin/ddstore (with HDF5 where libhdf5-dev is installed)
 	$(GO) build -tags '$(HDF5_TAGS)' -o $(BIN) ./cmd/ddstore
+
+# The MPI transport (docs/build_tags.md) links the MPI library, so its binary
+# is a separate one: bin/mpi/ddstore (named ddstore, so that it starts
+# agents of its own kind).
+MPI_BIN  := bin/mpi/ddstore
+# MPI_TESTS are the cluster tests `make gotest` runs again over the MPI
+# transport (DDSTORE_TEST_TRANSPORT=mpi, mpicluster_test.go).
+MPI_TESTS := ^(TestMPIClusterOneSided|TestGetBatchEveryRank|TestReaderStore|TestReaderWaitsForPublication|TestShard|TestTyped|TestReplicaGroups|TestManyGoroutinesRead|TestErrPeerDown|TestErrCloseDuringReads|TestErrExists|TestErrFreeAllThenAddAgain|TestErrFreedAndClosed|TestErrGeometryInvalidOnOneRank|TestErrGeometryMismatch|TestErrPublishTimeout|TestErrRetryAfterFailedCollective|TestErrUnknownVariable|TestBadBuffer|TestBadGeometryArgs|TestBadIndex|TestBadUpdate|TestTierReadsEverySample|TestTierErrors|TestTierStagingUnderPressure|TestPeerLossFallsBackToTheFile)$$
+
+build-mpi: ## build bin/mpi/ddstore with the MPI transport (tag mpi; needs libopenmpi-dev or libmpich-dev)
+	$(GO) build -tags '$(HDF5_TAGS) mpi' -o $(MPI_BIN) ./cmd/ddstore
 
 deps: ## install the Debian packages the tests need (apt-get, as root), if missing
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -66,6 +81,13 @@ gotest: ## gofmt check, go vet, pure-Go build, race tests, then fuzz-short
 	@echo '== HDF5 (build tag hdf5, cgo on libhdf5)'
 	$(GO) vet -tags hdf5 ./internal/source/ ./internal/cli/
 	$(GO) test $(RACE) -tags hdf5 -count=1 ./internal/source/ ./internal/cli/
+	@if command -v mpicc >/dev/null 2>&1; then \
+		echo '== MPI (build tag mpi, cgo on MPI): the transport between ranks, then the cluster tests over it'; \
+		set -x; \
+		$(GO) vet -tags mpi ./internal/transport/ ./internal/bench/ ./internal/agent/ ./internal/cli/ || exit 1; \
+		$(GO) test $(RACE) -tags mpi -count=1 ./internal/transport/ ./internal/bench/ || exit 1; \
+		DDSTORE_TEST_TRANSPORT=mpi $(GO) test $(RACE) -count=1 -run '$(MPI_TESTS)' . || exit 1; \
+	else echo '== MPI: no mpicc, skipped (apt-get install libopenmpi-dev)'; fi
 	@$(MAKE) --no-print-directory fuzz-short
 
 pytest: build ## the Python client's tests against agents built from this tree
@@ -80,11 +102,36 @@ python: build ## pip-install the Python package (with the binary bundled) into .
 fuzz-short: ## run every fuzz target in the repo for FUZZTIME inputs each
 	@FUZZTIME='$(FUZZTIME)' GO='$(GO)' bash .ci/fuzz-short.sh
 
+soak: build ## fault and load tests at full length, no -race: SOAK (60s) of random batches on 2 nodes, KILLS (1000) clients killed
+	DDSTORE_SOAK=$(SOAK) DDSTORE_CLIENT_KILLS=$(KILLS) DDSTORE_SOAK_BIN=$(CURDIR)/$(BIN) \
+		$(GO) test -count=1 -v -timeout 30m -run '^(TestSoak|TestClientLoss)$$' .
+
 bench: build ## run the store benchmark (bin/ddstore bench)
 	$(BIN) bench
 
 bench-quick: build ## run the short store benchmark (bin/ddstore bench --quick)
 	$(BIN) bench --quick
+
+bench-mpi: build-mpi ## cross-node reads over tcp and mpi side by side, next to DDStore's figures (docs/benchmarks.md)
+	$(MPI_BIN) bench --sizes 64,4K,64K --transports tcp,mpi
+
+# COSMOFLOW_ARGS: more options of `python -m ddstore.cosmoflow train|io`
+# (--help), e.g. --cold, --json, or a larger size. deps first, then build in
+# a new make, so that a libhdf5-dev just installed is seen by HDF5_TAGS.
+cosmoflow: deps ## the main job: CosmoFlow-like DDP training with each loader (2 ranks, ~2 min), SOLAR's report, a comparison
+	@$(MAKE) --no-print-directory build
+	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore.cosmoflow train $(COSMOFLOW_ARGS)
+
+cosmoflow-io: deps ## SOLAR's I/O evaluation (4 ranks, batch 16, 3 epochs, no model), page cache dropped before every epoch
+	@$(MAKE) --no-print-directory build
+	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore.cosmoflow io --cold $(COSMOFLOW_ARGS)
+
+micro: build ## DDStore's microbenchmark from Python: µs per row of get() and get_batch(128), 3 KiB and 1 MiB rows
+	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore.microbench
+
+# REPORT_ARGS: e.g. --replot (plot the saved JSON again) or --quick.
+report: build ## measure, then plot docs/figures/*.png (loading time, hit rate, throughput); needs python3-matplotlib
+	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore.report --out $(CURDIR)/docs/figures $(REPORT_ARGS)
 
 gobench: ## run the Go benchmarks of every package (1 s each)
 	$(GO) test -run '^$$' -bench . -benchtime 1s ./...

@@ -17,8 +17,15 @@ import (
 // different node id, and one Store per rank, ranks dealt to nodes in blocks.
 type cluster struct {
 	ns     string
-	agents []*ddstore.Agent
+	agents []testAgent
 	stores []*ddstore.Store
+}
+
+// testAgent is a node's agent as the tests see it: in this process (tcp),
+// or a rank of an mpirun launch (mpi; mpicluster_test.go).
+type testAgent interface {
+	Socket() string
+	Close() error
 }
 
 type meetMode int
@@ -39,7 +46,9 @@ func freeAddr(t testing.TB) string {
 
 // startCluster starts the agents and opens the stores; opts are
 // func(*ddstore.AgentConfig) and func(*ddstore.Config), applied to every
-// agent's and every store's configuration.
+// agent's and every store's configuration. The agents run the transport
+// DDSTORE_TEST_TRANSPORT names (clusterTransport): tcp, in this process,
+// or mpi, as the ranks of one mpirun launch of the ddstore binary.
 func startCluster(t testing.TB, ranksPerNode []int, mode meetMode, opts ...any) *cluster {
 	t.Helper()
 	dir := t.TempDir()
@@ -57,6 +66,7 @@ func startCluster(t testing.TB, ranksPerNode []int, mode meetMode, opts ...any) 
 	for _, n := range ranksPerNode {
 		size += n
 	}
+	var cfgs []ddstore.AgentConfig
 	for i := range ranksPerNode {
 		node := fmt.Sprintf("node%d", i)
 		cfg := ddstore.AgentConfig{
@@ -69,6 +79,12 @@ func startCluster(t testing.TB, ranksPerNode []int, mode meetMode, opts ...any) 
 				o(&cfg)
 			}
 		}
+		cfgs = append(cfgs, cfg)
+	}
+	if clusterTransport == "mpi" {
+		c.agents = startMPIAgents(t, cfgs)
+	}
+	for _, cfg := range cfgs[len(c.agents):] {
 		a, err := ddstore.StartAgent(cfg)
 		if err != nil {
 			t.Fatal(err)

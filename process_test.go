@@ -25,10 +25,16 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	ddstoreBin = filepath.Join(dir, "ddstore")
-	out, err := exec.Command("go", "build", "-race", "-o", ddstoreBin, "./cmd/ddstore").CombinedOutput()
+	// The MPI transport's agents need a binary built with it
+	// (mpicluster_test.go).
+	tags := ""
+	if clusterTransport == "mpi" {
+		tags = "mpi"
+	}
+	out, err := exec.Command("go", "build", "-race", "-tags", tags, "-o", ddstoreBin, "./cmd/ddstore").CombinedOutput()
 	if err != nil {
 		// Without -race (no cgo on this machine) the binary still serves.
-		out, err = exec.Command("go", "build", "-o", ddstoreBin, "./cmd/ddstore").CombinedOutput()
+		out, err = exec.Command("go", "build", "-tags", tags, "-o", ddstoreBin, "./cmd/ddstore").CombinedOutput()
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "building ddstore: %v\n%s", err, out)

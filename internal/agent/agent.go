@@ -68,6 +68,11 @@ type Config struct {
 	// agent killed outright leaves them too, and its successor re-adopts
 	// them just the same).
 	Persist bool
+	// Transport moves rows between nodes: "tcp" (the default) or "mpi":
+	// one-sided MPI gets, for agents started as the ranks of one MPI
+	// launch, one per node (needs a build with the tag mpi; control
+	// messages stay on TCP). See internal/transport.
+	Transport string
 	// MetricsAddr is a TCP HOST:PORT where the agent serves its counters
 	// at /metrics in the Prometheus text format; empty: not served.
 	MetricsAddr string
@@ -93,6 +98,14 @@ type Agent struct {
 	wg     sync.WaitGroup
 	done   chan struct{}
 	closed sync.Once
+
+	// fetcher reads rows of other nodes: the pool, or mpi.
+	fetcher transport.Transport
+	mpi     *transport.MPI // nil unless Transport is mpi
+	// serving is set once start succeeded: only then is MPI ended at
+	// shutdown (collectively; an agent that failed to start exits and its
+	// launcher ends the job).
+	serving atomic.Bool
 
 	// coord is set when this agent coordinates the job.
 	coord atomic.Pointer[coordinator]
@@ -181,6 +194,11 @@ func Start(cfg Config) (*Agent, error) {
 	if err := CheckName("node", cfg.Node); err != nil {
 		return nil, err
 	}
+	switch cfg.Transport {
+	case "", TransportTCP, TransportMPI:
+	default:
+		return nil, base.Errorf(base.ErrArgument, "transport %q: want %s or %s", cfg.Transport, TransportTCP, TransportMPI)
+	}
 	if cfg.StagingBytes < 0 {
 		return nil, base.Errorf(base.ErrArgument, "staging of %d bytes: want > 0, or 0 for the default", cfg.StagingBytes)
 	}
@@ -228,6 +246,12 @@ func (a *Agent) start() error {
 	if err := a.initAuth(); err != nil {
 		return err
 	}
+	// The peer pool and the transport go before re-adoption, which
+	// exposes the adopted shards in the MPI window.
+	a.pool = transport.NewPool(transport.Options{ConnsPerPeer: cfg.ConnsPerPeer, Timeout: cfg.Timeout, Key: a.peerKey})
+	if err := a.startTransport(); err != nil {
+		return err
+	}
 	// What a previous agent of this namespace and node left: re-adopted
 	// before anyone is served.
 	a.adopt()
@@ -242,7 +266,6 @@ func (a *Agent) start() error {
 		return err
 	}
 
-	a.pool = transport.NewPool(transport.Options{ConnsPerPeer: cfg.ConnsPerPeer, Timeout: cfg.Timeout, Key: a.peerKey})
 	var pln net.Listener
 	switch {
 	case cfg.Rendezvous != "":
@@ -299,7 +322,8 @@ func (a *Agent) start() error {
 	if cfg.IdleExit > 0 {
 		a.go_(a.idleLoop)
 	}
-	a.log.Info("agent started", "socket", cfg.Socket, "peer", a.addr, "coordinator", a.coord.Load() != nil, "memory_budget", cfg.MemoryBytes)
+	a.serving.Store(true)
+	a.log.Info("agent started", "socket", cfg.Socket, "peer", a.addr, "coordinator", a.coord.Load() != nil, "memory_budget", cfg.MemoryBytes, "transport", a.transportName())
 	return nil
 }
 
@@ -382,6 +406,12 @@ func (a *Agent) shutdown() {
 		}
 		a.mu.vars = nil
 		a.mu.Unlock()
+		if a.mpi != nil && a.serving.Load() {
+			// Collective: returns once every agent of the MPI world stops.
+			if err := a.mpi.Close(); err != nil {
+				a.log.Warn("ending MPI", "err", err)
+			}
+		}
 		if !a.cfg.Persist && a.lock >= 0 {
 			a.removeManifest()
 		}
@@ -539,6 +569,8 @@ type Info struct {
 	Nodes        []string       `json:"nodes,omitempty"`
 	// Auth says where the keys come from (never the keys): see authSource.
 	Auth string `json:"auth"`
+	// Transport is how this agent reads rows of other nodes: tcp or mpi.
+	Transport string `json:"transport"`
 }
 
 // VarInfo describes one variable as this node sees it.
@@ -598,6 +630,7 @@ func (a *Agent) info() Info {
 		in.Nodes, _ = c.nodes()
 	}
 	in.Auth = a.authSource()
+	in.Transport = a.transportName()
 	in.Counters["refused_connections"] = int(a.auth.refusedClients.Load() + a.peer.Refused.Load())
 	return in
 }

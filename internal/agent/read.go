@@ -118,6 +118,9 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 		}
 		a.stats.fetches.Add(1)
 		k := int(min(int64(a.connsPerPeer()), int64(len(n.globals))*rb/splitBytes))
+		if a.mpi != nil {
+			k = 1 // one batch of gets: the transport takes turns on its window anyway
+		}
 		k = max(k, 1)
 		per := (len(n.globals) + k - 1) / k
 		for lo := 0; lo < len(n.globals); lo += per {
@@ -137,7 +140,7 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			p.err = a.pool.Fetch(ctx, p.addr, m.Name, t.ID, p.globals, p.dst)
+			p.err = a.fetcher.Fetch(ctx, p.addr, m.Name, t.ID, p.globals, p.dst)
 		}()
 	}
 	var backedErr error
@@ -147,7 +150,7 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 		cancel()
 	} else if len(f.pieces) > 0 {
 		p := &f.pieces[0]
-		p.err = a.pool.Fetch(ctx, p.addr, m.Name, t.ID, p.globals, p.dst)
+		p.err = a.fetcher.Fetch(ctx, p.addr, m.Name, t.ID, p.globals, p.dst)
 	}
 	wg.Wait()
 	clear(f.backed.dst)
@@ -168,7 +171,7 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 			// The node's agent may have restarted elsewhere (a new port):
 			// ask the coordinator where it is now, and try there once.
 			if addr, ok := a.refreshAddr(ctx, v, p.node, p.addr); ok {
-				if err = a.pool.Fetch(ctx, addr, m.Name, t.ID, p.globals, p.dst); err == nil {
+				if err = a.fetcher.Fetch(ctx, addr, m.Name, t.ID, p.globals, p.dst); err == nil {
 					continue
 				}
 			}
@@ -289,33 +292,9 @@ type peerHandler Agent
 // they are sent.
 func (h *peerHandler) Rows(name string, id int64, globals []int64, rows [][]byte) ([][]byte, func(), error) {
 	a := (*Agent)(h)
-	a.mu.Lock()
-	v := a.mu.vars[name]
-	a.mu.Unlock()
-	if v == nil {
-		return rows, nil, base.Errorf(base.ErrUnknown, "node %q holds no variable %q", a.cfg.Node, name)
-	}
-	v.mu.RLock()
-	if v.table == nil && !v.gone && len(v.segs) > 0 {
-		// This node's shards exist: the round is completing and its reply
-		// is on its way here. Wait for it, boundedly.
-		v.mu.RUnlock()
-		t := time.NewTimer(a.cfg.Timeout)
-		select {
-		case <-v.ready:
-		case <-t.C:
-		case <-a.ctx.Done():
-		}
-		t.Stop()
-		v.mu.RLock()
-	}
-	if v.gone || v.table == nil {
-		v.mu.RUnlock()
-		return rows, nil, base.Errorf(base.ErrUnknown, "node %q holds no published variable %q", a.cfg.Node, name)
-	}
-	if v.table.ID != id {
-		v.mu.RUnlock()
-		return rows, nil, base.Errorf(base.ErrFreed, "variable %q was freed and created again since the reader looked it up", name)
+	v, err := a.served(name, id)
+	if err != nil {
+		return rows, nil, err
 	}
 	if err := v.lay.CheckAll(globals); err != nil {
 		v.mu.RUnlock()
@@ -340,6 +319,40 @@ func (h *peerHandler) Rows(name string, id int64, globals []int64, rows [][]byte
 	a.stats.servedRows.Add(int64(len(globals)))
 	a.stats.servedBytes.Add(int64(len(globals)) * rb)
 	return rows, v.mu.RUnlock, nil
+}
+
+// served is a published variable of this node that a peer asks for by
+// name and table id, read-locked (the caller unlocks it).
+func (a *Agent) served(name string, id int64) (*variable, error) {
+	a.mu.Lock()
+	v := a.mu.vars[name]
+	a.mu.Unlock()
+	if v == nil {
+		return nil, base.Errorf(base.ErrUnknown, "node %q holds no variable %q", a.cfg.Node, name)
+	}
+	v.mu.RLock()
+	if v.table == nil && !v.gone && len(v.segs) > 0 {
+		// This node's shards exist: the round is completing and its reply
+		// is on its way here. Wait for it, boundedly.
+		v.mu.RUnlock()
+		t := time.NewTimer(a.cfg.Timeout)
+		select {
+		case <-v.ready:
+		case <-t.C:
+		case <-a.ctx.Done():
+		}
+		t.Stop()
+		v.mu.RLock()
+	}
+	if v.gone || v.table == nil {
+		v.mu.RUnlock()
+		return nil, base.Errorf(base.ErrUnknown, "node %q holds no published variable %q", a.cfg.Node, name)
+	}
+	if v.table.ID != id {
+		v.mu.RUnlock()
+		return nil, base.Errorf(base.ErrFreed, "variable %q was freed and created again since the reader looked it up", name)
+	}
+	return v, nil
 }
 
 // Control answers the peer protocol's control ops.
@@ -411,6 +424,16 @@ func (h *peerHandler) Control(ctx context.Context, op wire.Op, body []byte) (fun
 	case wire.OpPeerInfo:
 		t := wire.Text{Text: a.infoJSON()}
 		return t.Encode, nil
+	case wire.OpPeerWindow:
+		m, err := wire.DecodeDrop(body)
+		if err != nil {
+			return nil, err
+		}
+		w, err := a.window(m.Name, m.ID)
+		if err != nil {
+			return nil, err
+		}
+		return w.Encode, nil
 	}
 	return nil, base.Errorf(base.ErrProtocol, "unknown peer op %d", op)
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/layout"
 	"github.com/ddstore-go/ddstore/internal/shm"
+	"github.com/ddstore-go/ddstore/internal/transport"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
@@ -39,6 +40,11 @@ type variable struct {
 	creators creators
 	// tier reads the rows only the backing file holds; nil without one.
 	tier *tier
+	// exposed are the local shards in this agent's MPI window (transport
+	// mpi), by rank; mpi is that transport. Set with the table, withdrawn
+	// before the segments are unmapped (release).
+	exposed map[int]transport.Exposure
+	mpi     *transport.MPI
 }
 
 func newVariable(name string) *variable {
@@ -69,6 +75,7 @@ func (v *variable) setTable(a *Agent, t *wire.Table) error {
 		byRank[r] = seg
 	}
 	v.table, v.lay, v.byRank = t, lay, byRank
+	v.expose(a)
 	if t.Backing != "" {
 		v.tier = newTier(a, t, lay.Held())
 	}
@@ -107,8 +114,8 @@ func (v *variable) unmap() {
 	if v.tier != nil {
 		v.tier.close()
 	}
-	for _, seg := range v.segs {
-		seg.Close()
+	for r, seg := range v.segs {
+		v.release(r, seg)
 	}
 	v.segs, v.byRank, v.gone = map[int]*shm.Segment{}, nil, true
 	v.wake()
@@ -119,8 +126,8 @@ func (v *variable) unmap() {
 func (v *variable) drop() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	for _, seg := range v.segs {
-		seg.Close()
+	for r, seg := range v.segs {
+		v.release(r, seg)
 		shm.Remove(seg.Path)
 	}
 	v.segs, v.byRank, v.gone = map[int]*shm.Segment{}, nil, true

@@ -27,7 +27,13 @@ type Options struct {
 	// InProcess runs both agents inside this process; otherwise the
 	// library starts them as `ddstore agent` processes, as a job would.
 	InProcess bool
-	Progress  io.Writer // where to say what is being measured; nil: nowhere
+	// Transports are the transports whose cross-node figures are measured,
+	// each in a job of its own, one after the other: "tcp", "mpi" (the
+	// agents as the two ranks of an mpirun launch of this binary, which
+	// must be built with -tags mpi). The first one's job also gives Rows
+	// (local reads and the limits). Empty: tcp alone.
+	Transports []string
+	Progress   io.Writer // where to say what is being measured; nil: nowhere
 }
 
 // QuickOptions finishes in well under 30 s on two cores.
@@ -58,6 +64,8 @@ type Result struct {
 	GetLocalP99us    float64 `json:"get_local_p99_us"`
 	GetRemoteP50us   float64 `json:"get_remote_p50_us"`
 	GetRemoteP99us   float64 `json:"get_remote_p99_us"`
+	// Transport is the transport of the job that measured the row.
+	Transport string `json:"transport"`
 }
 
 // Report is a whole run.
@@ -69,6 +77,12 @@ type Report struct {
 	Agents     string   `json:"agents"`
 	CPUs       int      `json:"cpus"`
 	Go         string   `json:"go"`
+	// Transports are the cross-node figures of every transport measured
+	// (Options.Transports), the first one's the same as in Rows.
+	Transports []Result `json:"transports,omitempty"`
+	// MPIProbe is DDStore's method 0 measured in this run (with the
+	// transport mpi).
+	MPIProbe []MPIProbeResult `json:"mpi_probe,omitempty"`
 }
 
 // Run measures a two-node job on loopback: rank 0 on node A reads rows of
@@ -82,24 +96,65 @@ func Run(opts Options) (*Report, error) {
 	if progress == nil {
 		progress = io.Discard
 	}
-	j, err := startJob(opts.InProcess)
-	if err != nil {
-		return nil, err
+	transports := opts.Transports
+	if len(transports) == 0 {
+		transports = []string{"tcp"}
 	}
-	defer j.close()
+	for _, tr := range transports {
+		if err := checkTransport(tr); err != nil {
+			return nil, err
+		}
+	}
 	rep := &Report{Batch: opts.Batch, ShardBytes: opts.ShardBytes, Duration: opts.Duration.String(),
 		Agents: map[bool]string{true: "in-process", false: "processes"}[opts.InProcess], CPUs: runtime.NumCPU(), Go: runtime.Version()}
+	if transports[0] == "mpi" {
+		rep.Agents = "mpirun"
+	}
 	src := make([]byte, opts.ShardBytes)
-	for _, rb := range opts.RowSizes {
-		fmt.Fprintf(progress, "row %s: ", sizeName(rb))
-		r, err := j.measure(opts, rb, src, progress)
-		fmt.Fprintln(progress)
-		if err != nil {
-			return nil, fmt.Errorf("bench: rows of %d bytes: %w", rb, err)
+	for k, tr := range transports {
+		if err := runTransport(opts, rep, tr, k == 0, src, progress); err != nil {
+			return nil, err
 		}
-		rep.Rows = append(rep.Rows, r)
+		if tr == "mpi" && rep.MPIProbe == nil {
+			fmt.Fprintln(progress, "mpi probe (DDStore's method 0 pattern)")
+			probe, err := runMPIProbe(opts)
+			if err != nil {
+				return nil, err
+			}
+			rep.MPIProbe = probe
+		}
 	}
 	return rep, nil
+}
+
+// runTransport measures one transport's job: everything for the first,
+// the cross-node figures for the others.
+func runTransport(opts Options, rep *Report, tr string, first bool, src []byte, progress io.Writer) error {
+	var j *job
+	var err error
+	if tr == "mpi" {
+		j, err = startMPIJob()
+	} else {
+		j, err = startJob(opts.InProcess)
+	}
+	if err != nil {
+		return fmt.Errorf("bench: transport %s: %w", tr, err)
+	}
+	defer j.close()
+	for _, rb := range opts.RowSizes {
+		fmt.Fprintf(progress, "%s row %s: ", tr, sizeName(rb))
+		r, err := j.measure(opts, rb, src, progress, !first)
+		fmt.Fprintln(progress)
+		if err != nil {
+			return fmt.Errorf("bench: transport %s, rows of %d bytes: %w", tr, rb, err)
+		}
+		r.Transport = tr
+		if first {
+			rep.Rows = append(rep.Rows, r)
+		}
+		rep.Transports = append(rep.Transports, r)
+	}
+	return nil
 }
 
 // job is two ranks on two nodes of one machine.
@@ -107,6 +162,7 @@ type job struct {
 	agents []*ddstore.Agent
 	stores [2]*ddstore.Store
 	dir    string
+	mpi    *mpiLaunch // the agents' mpirun (transport mpi)
 }
 
 func startJob(inProcess bool) (*job, error) {
@@ -117,7 +173,7 @@ func startJob(inProcess bool) (*job, error) {
 	}
 	rdv := l.Addr().String()
 	l.Close()
-	ns := fmt.Sprintf("bench-%d", os.Getpid())
+	ns := fmt.Sprintf("bench-%d-tcp", os.Getpid())
 	// Agents that meet through a rendezvous address prove a shared secret
 	// to each other; without one from the user, the job makes its own,
 	// which the agents it starts inherit.
@@ -163,6 +219,9 @@ func (j *job) close() {
 	for _, a := range j.agents {
 		a.Close()
 	}
+	if j.mpi != nil {
+		j.mpi.stop()
+	}
 	if j.dir != "" {
 		os.RemoveAll(j.dir)
 	}
@@ -188,7 +247,9 @@ func (j *job) both(f func(rank int, s *ddstore.Store) error) error {
 	return nil
 }
 
-func (j *job) measure(opts Options, rb int, src []byte, progress io.Writer) (Result, error) {
+// measure measures rows of rb bytes; remoteOnly skips what does not
+// cross nodes (local reads, the limits).
+func (j *job) measure(opts Options, rb int, src []byte, progress io.Writer, remoteOnly bool) (Result, error) {
 	res := Result{RowBytes: rb}
 	n := int64(len(src) / rb)
 	if n < 1 {
@@ -244,10 +305,13 @@ func (j *job) measure(opts Options, rb int, src []byte, progress io.Writer) (Res
 	}
 
 	dst := make([]byte, opts.Batch*rb)
-	fmt.Fprint(progress, "local ")
-	local, err := read(dst, batches(0, 1))
-	if err != nil {
-		return res, err
+	var local Rate
+	if !remoteOnly {
+		fmt.Fprint(progress, "local ")
+		var err error
+		if local, err = read(dst, batches(0, 1)); err != nil {
+			return res, err
+		}
 	}
 	fmt.Fprint(progress, "remote ")
 	recv, err := s.AllocRecv(opts.Batch * rb)
@@ -281,11 +345,17 @@ func (j *job) measure(opts Options, rb int, src []byte, progress io.Writer) (Res
 		}
 		return DurationsToMicros(ds), nil
 	}
-	ll, err := lat(0, opts.Latency)
+	rl, err := lat(n, max(opts.Latency/10, 100))
 	if err != nil {
 		return res, err
 	}
-	rl, err := lat(n, max(opts.Latency/10, 100))
+	res.RemoteGBps, res.RemoteRowsPerSec = remote.GBps, remote.RowsPerSec
+	res.RemoteCopyGBps = remoteCopy.GBps
+	res.GetRemoteP50us, res.GetRemoteP99us = Percentile(rl, 50), Percentile(rl, 99)
+	if remoteOnly {
+		return res, nil
+	}
+	ll, err := lat(0, opts.Latency)
 	if err != nil {
 		return res, err
 	}
@@ -297,8 +367,6 @@ func (j *job) measure(opts Options, rb int, src []byte, progress io.Writer) (Res
 		return res, err
 	}
 	res.LocalGBps, res.LocalRowsPerSec = local.GBps, local.RowsPerSec
-	res.RemoteGBps, res.RemoteRowsPerSec = remote.GBps, remote.RowsPerSec
-	res.RemoteCopyGBps = remoteCopy.GBps
 	res.GatherLimitGBps, res.TCPLimitGBps = gather.GBps, tcp.GBps
 	if gather.GBps > 0 {
 		res.LocalVsGather = local.GBps / gather.GBps
@@ -307,7 +375,6 @@ func (j *job) measure(opts Options, rb int, src []byte, progress io.Writer) (Res
 		res.RemoteVsTCP = remote.GBps / tcp.GBps
 	}
 	res.GetLocalP50us, res.GetLocalP99us = Percentile(ll, 50), Percentile(ll, 99)
-	res.GetRemoteP50us, res.GetRemoteP99us = Percentile(rl, 50), Percentile(rl, 99)
 	return res, nil
 }
 
@@ -336,7 +403,14 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if err := t.Write(w); err != nil {
 		return err
 	}
-	fmt.Fprintln(w, "\nlocal: GetBatch of rows of this node (shared memory); remote: of the other node (agents over TCP) into an AllocRecv buffer; remote copy: into a plain buffer.")
+	tr := "tcp"
+	if len(r.Rows) > 0 && r.Rows[0].Transport != "" {
+		tr = r.Rows[0].Transport
+	}
+	fmt.Fprintf(w, "\nlocal: GetBatch of rows of this node (shared memory); remote: of the other node (agents over %s) into an AllocRecv buffer; remote copy: into a plain buffer.\n", tr)
 	fmt.Fprintln(w, "Peer to beat (DDStore C++/MPI on these machines): get_batch 3.2-4.3 GB/s at 4 KiB, 4.7-6.7 GB/s at 64 KiB.")
+	if len(r.Transports) > len(r.Rows) || tr != "tcp" {
+		return r.writeTransports(w)
+	}
 	return nil
 }

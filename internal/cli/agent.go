@@ -26,6 +26,13 @@ On several nodes, agents meet through --rendezvous HOST:PORT (the agent that
 can listen there coordinates; give every agent the same address, e.g. the
 first node's) or --handshake-dir DIR on a shared filesystem.
 
+With --transport mpi (a build with -tags mpi: make build-mpi), rows of
+other nodes are read with one-sided MPI gets straight out of their agents'
+memory: start the agents as the ranks of one MPI launch, one per node
+(mpirun --map-by ppr:1:node ddstore agent --transport mpi ..., or srun
+--mpi=pmix --ntasks-per-node=1); they still meet as above, and control
+messages stay on TCP.
+
 On SIGTERM or SIGINT the agent stops taking requests, finishes those in
 flight (up to 10 s), and removes its shards — or, with --persist, keeps
 them: an agent started again for the same namespace and node (after a
@@ -46,6 +53,7 @@ func runAgent(args []string, stdout, stderr io.Writer) error {
 	timeout := fs.Duration("timeout", 30*time.Second, "bound on a read from another node")
 	joinTimeout := fs.Duration("join-timeout", 5*time.Minute, "bound on waiting for the coordinator and the other ranks")
 	idle := fs.Duration("idle-exit", 0, "stop after this long without a client (0: never)")
+	transportName := fs.String("transport", envOr("DDSTORE_TRANSPORT", "tcp"), "how rows of other nodes are read: tcp, or mpi (one-sided gets; the agents are the ranks of one MPI launch, one per node; needs a build with -tags mpi) (DDSTORE_TRANSPORT)")
 	persist := fs.Bool("persist", false, "keep the shards when stopping: the next agent of this namespace on this node re-adopts them (split mode, restarts)")
 	conns := fs.Int("conns-per-peer", 4, "TCP connections kept to each other agent")
 	memory := fs.String("memory", envOr("DDSTORE_MEMORY", ""), "cap on the shards and receive regions the agent holds, e.g. 64G, 512M, 1048576 (DDSTORE_MEMORY; default or 0: none)")
@@ -76,6 +84,9 @@ func runAgent(args []string, stdout, stderr io.Writer) error {
 		*socket = ddstore.SocketPath(*runDir, *ns, *node)
 	}
 	if *daemon {
+		if *transportName == "mpi" {
+			return fmt.Errorf("ddstore agent: --daemon with --transport mpi: an agent of the MPI transport is a rank of its MPI launch; run it in the foreground under mpirun or srun")
+		}
 		return daemonize(args, *socket)
 	}
 	level := slog.LevelInfo
@@ -87,6 +98,7 @@ func runAgent(args []string, stdout, stderr io.Writer) error {
 		Namespace: *ns, Node: *node, Socket: *socket, PeerListen: *peer, Advertise: *adv,
 		Rendezvous: *rdv, HandshakeDir: *hs, Timeout: *timeout, JoinTimeout: *joinTimeout,
 		IdleExit: *idle, ConnsPerPeer: *conns, MemoryBytes: budget, StagingBytes: stagingBytes, Persist: *persist, MetricsAddr: *metricsAddr, Logger: log,
+		Transport: *transportName,
 	})
 	if err != nil {
 		return err

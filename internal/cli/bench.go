@@ -17,9 +17,16 @@ Measure ddstore on two nodes of this machine (two agents on loopback): GetBatch
 of node-local and remote rows, single-row Get latency, and, in the same run,
 the limits they compare with: a single-thread gather of random rows from one
 buffer, and raw loopback TCP. Agents are started as processes unless
---in-process.`
+--in-process. With --transports tcp,mpi the cross-node figures are measured
+over each transport (mpi: a build with -tags mpi, agents run by mpirun),
+next to DDStore's figures for the same cases.`
 
 func runBench(args []string, stdout, stderr io.Writer) error {
+	// `ddstore bench --transports ...,mpi` runs this binary under mpirun
+	// as the ranks of its MPI probe.
+	if ok, err := bench.MPIProbeRank(); ok {
+		return err
+	}
 	fs := newFlags("bench", benchSynopsis, stderr)
 	quick := fs.Bool("quick", false, "small shards and short figures (under 30 s)")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of the table")
@@ -28,6 +35,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	shard := fs.String("shard", "", "bytes per rank, e.g. 256M (default 64M quick, 256M full)")
 	dur := fs.Duration("duration", 0, "time per throughput figure")
 	inProc := fs.Bool("in-process", false, "run the agents inside this process")
+	transports := fs.String("transports", "tcp", "transports to measure cross-node reads over, each in a job of its own: tcp, mpi or tcp,mpi (mpi: the agents are the ranks of an mpirun launch of this binary, built with -tags mpi)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -59,6 +67,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		opts.Duration = *dur
 	}
 	opts.InProcess = *inProc
+	opts.Transports = strings.Split(*transports, ",")
 	if !*asJSON {
 		opts.Progress = stderr
 	}

@@ -64,6 +64,9 @@ const (
 	OpPeerNodes   Op = 37
 	OpPeerInfo    Op = 38
 	OpPeerDrop    Op = 39
+	// OpPeerWindow (peer protocol 1.1) asks an agent of the MPI transport
+	// where its shards of a variable lie in its MPI window.
+	OpPeerWindow Op = 42
 )
 
 var opNames = map[Op]string{
@@ -71,7 +74,7 @@ var opNames = map[Op]string{
 	OpRead: "read", OpRegister: "register", OpUnregister: "unregister", OpFree: "free",
 	OpInfo: "info", OpPrefetch: "prefetch", OpJoin: "join", OpPeerPublish: "peer-publish", OpPeerLookup: "peer-lookup",
 	OpFetch: "fetch", OpPeerFree: "peer-free", OpPeerNodes: "peer-nodes", OpPeerInfo: "peer-info",
-	OpPeerDrop: "peer-drop",
+	OpPeerDrop: "peer-drop", OpPeerWindow: "peer-window",
 }
 
 func (o Op) String() string {

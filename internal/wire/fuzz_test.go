@@ -146,6 +146,7 @@ func FuzzDecodeRegion(f *testing.F)     { fuzzCodec(f, regionSamples, DecodeRegi
 func FuzzDecodeText(f *testing.F)       { fuzzCodec(f, textSamples, DecodeText) }
 func FuzzDecodeJoin(f *testing.F)       { fuzzCodec(f, joinSamples, DecodeJoin) }
 func FuzzDecodeDrop(f *testing.F)       { fuzzCodec(f, dropSamples, DecodeDrop) }
+func FuzzDecodeWindow(f *testing.F)     { fuzzCodec(f, windowSamples, DecodeWindow) }
 
 func FuzzDecodeTable(f *testing.F) {
 	// A few invalid tables too: Check must refuse them.

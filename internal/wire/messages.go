@@ -1,5 +1,7 @@
 package wire
 
+import "math"
+
 // Messages are the bodies of frames. Each has Encode, appending its fields,
 // and a Decode function that reads them and rejects anything else.
 
@@ -325,4 +327,82 @@ func DecodeDrop(b []byte) (m Drop, err error) {
 	d := NewDecoder(b)
 	m.Name, m.ID = d.String(), d.I64()
 	return m, d.Done()
+}
+
+// Window is where an agent of the MPI transport exposes its shards of a
+// variable (PeerWindow reply): a reader in the same MPI world gets rows
+// straight out of the owner's memory with one-sided gets, with no work on
+// the owner's side.
+type Window struct {
+	// World identifies the MPI world (MPI_COMM_WORLD of one launch): a rank
+	// means nothing to an agent of another world.
+	World uint64
+	// Rank is the owner agent's rank in that world.
+	Rank     int64
+	RowBytes int64
+	Shards   []WindowShard // the node's shards, by First
+}
+
+// WindowShard is one shard as exposed in the owner's MPI window.
+type WindowShard struct {
+	First int64  // global index of the shard's first row
+	Rows  int64  // rows in the shard
+	Addr  uint64 // MPI address (MPI_Get_address) of the shard's row 0
+	// Token is the MPI address of a word that holds the variable's table
+	// id for as long as the shard is exposed (zero once it is withdrawn):
+	// a reader checks it after its gets, so rows of a freed shard, or of
+	// another shard mapped at the same address since, are never taken.
+	Token uint64
+}
+
+// windowShardBytes is the encoded size of one WindowShard.
+const windowShardBytes = 32
+
+func (m *Window) Encode(e *Encoder) {
+	e.U64(m.World)
+	e.I64(m.Rank)
+	e.I64(m.RowBytes)
+	e.U32(uint32(len(m.Shards)))
+	for _, s := range m.Shards {
+		e.I64(s.First)
+		e.I64(s.Rows)
+		e.U64(s.Addr)
+		e.U64(s.Token)
+	}
+}
+
+func DecodeWindow(b []byte) (m Window, err error) {
+	d := NewDecoder(b)
+	m.World, m.Rank, m.RowBytes = d.U64(), d.I64(), d.I64()
+	n := int(d.U32())
+	if d.err == nil && n > len(d.b)/windowShardBytes {
+		d.fail("window shards", windowShardBytes*n)
+	}
+	if d.err == nil && n > 0 {
+		m.Shards = make([]WindowShard, n)
+		for i := range m.Shards {
+			s := &m.Shards[i]
+			s.First, s.Rows, s.Addr, s.Token = d.I64(), d.I64(), d.U64(), d.U64()
+		}
+	}
+	if err := d.Done(); err != nil {
+		return m, err
+	}
+	return m, m.Check()
+}
+
+// Check rejects a window a reader could not use as is: rows of no size,
+// shards empty, overlapping or out of order.
+func (m *Window) Check() error {
+	if m.RowBytes < 1 {
+		return protoErr("window: rows of %d bytes", m.RowBytes)
+	}
+	next := int64(0)
+	for i, s := range m.Shards {
+		if s.First < next || s.Rows < 1 || s.Rows > math.MaxInt64-s.First {
+			return protoErr("window: shard %d of rows [%d, +%d) after row %d", i, s.First, s.Rows, next)
+		}
+		next = s.First + s.Rows
+	}
+	return nil
 }

@@ -141,6 +141,14 @@ var (
 		{Name: "x", ID: 7},
 		{Name: "features/0", ID: -1},
 	}
+	windowSamples = []Window{
+		{RowBytes: 1},
+		{World: 0x0123456789abcdef, Rank: 3, RowBytes: 4096, Shards: []WindowShard{
+			{First: 0, Rows: 5, Addr: 0x7f0000001000, Token: 0x55aa00000008},
+			{First: 5, Rows: 1, Addr: 0x7f0000100000, Token: 0x55aa00000010},
+			{First: 100, Rows: math.MaxInt64 - 100, Addr: math.MaxUint64, Token: math.MaxUint64},
+		}},
+	}
 	fetchSamples = []Fetch{
 		{},
 		{Name: "empty", Globals: []int64{}},
@@ -229,6 +237,28 @@ func TestMessageRoundTrip(t *testing.T) {
 	t.Run("Join", func(t *testing.T) { testCodec(t, joinSamples, DecodeJoin) })
 	t.Run("Drop", func(t *testing.T) { testCodec(t, dropSamples, DecodeDrop) })
 	t.Run("Fetch", func(t *testing.T) { testCodec(t, fetchSamples, decodeFetch) })
+	t.Run("Window", func(t *testing.T) { testCodec(t, windowSamples, DecodeWindow) })
+}
+
+// TestWindowCheck: a window whose shards a reader could not search is
+// refused when decoded.
+func TestWindowCheck(t *testing.T) {
+	for _, w := range []Window{
+		{RowBytes: 0},
+		{RowBytes: 8, Shards: []WindowShard{{First: -1, Rows: 1}}},
+		{RowBytes: 8, Shards: []WindowShard{{First: 0, Rows: 0}}},
+		{RowBytes: 8, Shards: []WindowShard{{First: 4, Rows: 2}, {First: 5, Rows: 1}}},
+		{RowBytes: 8, Shards: []WindowShard{{First: 1, Rows: math.MaxInt64}}},
+	} {
+		if _, err := DecodeWindow(encodeMsg(w)); !errors.Is(err, base.ErrProtocol) {
+			t.Errorf("%+v: err = %v, want ErrProtocol", w, err)
+		}
+	}
+	b := encodeMsg(Window{RowBytes: 8})
+	b = append(b[:len(b)-4], 0xff, 0xff, 0xff, 0x0f) // a count far beyond the bytes
+	if _, err := DecodeWindow(b); !errors.Is(err, base.ErrProtocol) {
+		t.Errorf("huge count: err = %v, want ErrProtocol", err)
+	}
 }
 
 // TestMessageBytes pins the byte layout of a few messages: it is the

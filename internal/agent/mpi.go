@@ -1,0 +1,120 @@
+package agent
+
+// The agent's side of the MPI transport (transport.MPI, build tag mpi): its
+// published shards are attached to its MPI window while other nodes may
+// read them, and it tells a reader where they lie (PeerWindow). Control
+// messages stay on TCP.
+
+import (
+	"context"
+	"maps"
+	"slices"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/transport"
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
+
+// Transports are the names --transport takes.
+const (
+	TransportTCP = "tcp"
+	TransportMPI = "mpi"
+)
+
+// startTransport picks how rows of other nodes are fetched: over the TCP
+// pool, or with MPI one-sided gets (the agent must then be an MPI rank,
+// one per node, all of one launch).
+func (a *Agent) startTransport() error {
+	a.fetcher = a.pool
+	switch a.cfg.Transport {
+	case "", TransportTCP:
+		return nil
+	case TransportMPI:
+		m, err := transport.NewMPI(transport.MPIOptions{Describe: a.describeWindow, Grace: a.cfg.Timeout, Logger: a.log})
+		if err != nil {
+			return err
+		}
+		a.mpi, a.fetcher = m, m
+		return nil
+	}
+	return base.Errorf(base.ErrArgument, "transport %q: want %s or %s", a.cfg.Transport, TransportTCP, TransportMPI)
+}
+
+// transportName is what info says.
+func (a *Agent) transportName() string {
+	if a.mpi != nil {
+		return TransportMPI
+	}
+	return TransportTCP
+}
+
+// describeWindow asks the agent at addr where its shards of a variable lie
+// in its MPI window.
+func (a *Agent) describeWindow(ctx context.Context, addr, name string, id int64) (wire.Window, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
+	defer cancel()
+	m := wire.Drop{Name: name, ID: id}
+	body, err := a.pool.Call(ctx, addr, wire.OpPeerWindow, m.Encode)
+	if err != nil {
+		return wire.Window{}, err
+	}
+	return wire.DecodeWindow(body)
+}
+
+// window answers PeerWindow: this node's exposed shards of a variable.
+func (a *Agent) window(name string, id int64) (wire.Window, error) {
+	if a.mpi == nil {
+		return wire.Window{}, base.Errorf(base.ErrArgument, "the agent of node %q runs the %s transport, not %s: start every agent of the job with the same --transport", a.cfg.Node, TransportTCP, TransportMPI)
+	}
+	v, err := a.served(name, id)
+	if err != nil {
+		return wire.Window{}, err
+	}
+	defer v.mu.RUnlock()
+	w := wire.Window{World: a.mpi.World(), Rank: int64(a.mpi.Rank()), RowBytes: v.lay.Bytes()}
+	for _, r := range slices.Sorted(maps.Keys(v.exposed)) {
+		e := v.exposed[r]
+		w.Shards = append(w.Shards, wire.WindowShard{First: v.lay.First(r), Rows: v.lay.ShardRows(r), Addr: e.Addr, Token: e.Token})
+	}
+	return w, nil
+}
+
+// expose attaches the local shards of a variable just published to the
+// MPI window; the caller holds v.mu. A shard that cannot be attached stays
+// readable locally; readers of other nodes are told it is not exposed.
+func (v *variable) expose(a *Agent) {
+	if a.mpi == nil {
+		return
+	}
+	v.mpi = a.mpi
+	for r, seg := range v.byRank {
+		if seg == nil || len(seg.Data) == 0 {
+			continue
+		}
+		e, err := a.mpi.Expose(seg.Data, v.table.ID)
+		if err != nil {
+			a.log.Error("cannot expose a shard in the MPI window; other nodes cannot read it", "variable", v.name, "rank", r, "err", err)
+			continue
+		}
+		if !e.Exposed() {
+			continue
+		}
+		if v.exposed == nil {
+			v.exposed = make(map[int]transport.Exposure)
+		}
+		v.exposed[r] = e
+	}
+}
+
+// release unmaps a local segment: at once, or, if it is in the MPI window,
+// once withdrawn from it (transport.MPI.Withdraw: after a grace period).
+// The caller holds v.mu.
+func (v *variable) release(r int, seg interface{ Close() error }) {
+	e, ok := v.exposed[r]
+	if !ok {
+		seg.Close()
+		return
+	}
+	delete(v.exposed, r)
+	v.mpi.Withdraw(e, func() { seg.Close() })
+}

@@ -1,0 +1,583 @@
+//go:build mpi && cgo
+
+package transport
+
+// The MPI transport: agents started as the ranks of one MPI world (one per
+// node, by mpirun or srun --mpi=pmix) read each other's rows with
+// passive-target one-sided gets. Each agent has one dynamic window
+// (MPI_Win_create_dynamic, locked for all targets once) and attaches each
+// shard when its variable is published; a reader learns where a node's
+// shards lie once per variable (Describe: the PeerWindow control op) and
+// then moves a whole batch with one cgo call: a get per row (adjacent rows
+// merged), one flush, then a get of the shards' tokens, which must still
+// hold the table id. The owner clears a token before it detaches its
+// shard, and unmaps it only a grace period later, so rows read while the
+// token held are rows of that variable, and a get in flight never meets
+// unmapped memory.
+//
+// Control traffic (join, publish, lookup, free, drop) stays on TCP.
+
+/*
+#cgo pkg-config: mpi-c
+#include <mpi.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+enum { DDST_STALE = -2 };
+
+static MPI_Win ddst_win;
+static int ddst_windowed;
+
+// ddst_init starts MPI with MPI_THREAD_MULTIPLE, or takes the MPI the
+// process already started (*ours = 0).
+static int ddst_init(int *provided, int *rank, int *size, int *ours) {
+	int inited = 0, finalized = 0;
+	MPI_Finalized(&finalized);
+	if (finalized) return MPI_ERR_OTHER;
+	MPI_Initialized(&inited);
+	*ours = !inited;
+	if (!inited) {
+		// Open MPI catches SIGSEGV, SIGBUS, SIGFPE and SIGABRT to print a
+		// backtrace; the Go runtime needs those signals itself. A user's
+		// own setting wins (overwrite = 0).
+		setenv("OMPI_MCA_opal_signal", "", 0);
+		int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, provided);
+		if (rc != MPI_SUCCESS) return rc;
+	} else {
+		MPI_Query_thread(provided);
+	}
+	MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+	MPI_Comm_rank(MPI_COMM_WORLD, rank);
+	MPI_Comm_size(MPI_COMM_WORLD, size);
+	return MPI_SUCCESS;
+}
+
+static int ddst_bcast_u64(uint64_t *v) {
+	return MPI_Bcast(v, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+}
+
+// ddst_win_create makes the dynamic window of this agent, collectively,
+// and opens one passive-target epoch to every rank for its lifetime.
+static int ddst_win_create(void) {
+	int rc = MPI_Win_create_dynamic(MPI_INFO_NULL, MPI_COMM_WORLD, &ddst_win);
+	if (rc != MPI_SUCCESS) return rc;
+	MPI_Win_set_errhandler(ddst_win, MPI_ERRORS_RETURN);
+	rc = MPI_Win_lock_all(MPI_MODE_NOCHECK, ddst_win);
+	if (rc != MPI_SUCCESS) {
+		MPI_Win_free(&ddst_win);
+		return rc;
+	}
+	ddst_windowed = 1;
+	return MPI_SUCCESS;
+}
+
+static int ddst_attach(void *p, MPI_Aint n, MPI_Aint *addr) {
+	int rc = MPI_Win_attach(ddst_win, p, n);
+	if (rc != MPI_SUCCESS) return rc;
+	return MPI_Get_address(p, addr);
+}
+
+static int ddst_detach(void *p) { return MPI_Win_detach(ddst_win, p); }
+
+// ddst_fetch moves one batch from target: n gets, one flush, then the
+// ntok token words into got, another flush. The caller compares got.
+static int ddst_fetch(int target, int n, uintptr_t *dst, MPI_Aint *src, int *len,
+		int ntok, MPI_Aint *tok, uint64_t *got) {
+	int rc = MPI_SUCCESS, i;
+	for (i = 0; i < n && rc == MPI_SUCCESS; i++)
+		rc = MPI_Get((void *)dst[i], len[i], MPI_BYTE, target, src[i], len[i], MPI_BYTE, ddst_win);
+	int frc = MPI_Win_flush(target, ddst_win);
+	if (rc != MPI_SUCCESS) return rc;
+	if (frc != MPI_SUCCESS) return frc;
+	for (i = 0; i < ntok && rc == MPI_SUCCESS; i++)
+		rc = MPI_Get(&got[i], 8, MPI_BYTE, target, tok[i], 8, MPI_BYTE, ddst_win);
+	frc = MPI_Win_flush(target, ddst_win);
+	if (rc != MPI_SUCCESS) return rc;
+	return frc;
+}
+
+// ddst_fetch_shards moves one batch from target with one get per shard:
+// shard s (base[s]) gives count[s] pieces, piece i being len[i] bytes from
+// base[s] + tdisp[i] to local address odisp[i], described by two hindexed
+// datatypes; then one flush, and the tokens as in ddst_fetch.
+static int ddst_fetch_shards(int target, int nshard, MPI_Aint *base, int *count,
+		MPI_Aint *odisp, MPI_Aint *tdisp, int *len, int ntok, MPI_Aint *tok, uint64_t *got) {
+	int rc = MPI_SUCCESS, s, i, off = 0;
+	for (s = 0; s < nshard && rc == MPI_SUCCESS; off += count[s], s++) {
+		if (count[s] == 1) {
+			rc = MPI_Get((void *)odisp[off], len[off], MPI_BYTE, target, base[s] + tdisp[off], len[off], MPI_BYTE, ddst_win);
+			continue;
+		}
+		MPI_Datatype ot, tt;
+		rc = MPI_Type_create_hindexed(count[s], len + off, odisp + off, MPI_BYTE, &ot);
+		if (rc != MPI_SUCCESS) break;
+		rc = MPI_Type_create_hindexed(count[s], len + off, tdisp + off, MPI_BYTE, &tt);
+		if (rc != MPI_SUCCESS) {
+			MPI_Type_free(&ot);
+			break;
+		}
+		MPI_Type_commit(&ot);
+		MPI_Type_commit(&tt);
+		rc = MPI_Get(MPI_BOTTOM, 1, ot, target, base[s], 1, tt, ddst_win);
+		// MPI keeps what the get needs until it completes.
+		MPI_Type_free(&ot);
+		MPI_Type_free(&tt);
+	}
+	int frc = MPI_Win_flush(target, ddst_win);
+	if (rc != MPI_SUCCESS) return rc;
+	if (frc != MPI_SUCCESS) return frc;
+	for (i = 0; i < ntok && rc == MPI_SUCCESS; i++)
+		rc = MPI_Get(&got[i], 8, MPI_BYTE, target, tok[i], 8, MPI_BYTE, ddst_win);
+	frc = MPI_Win_flush(target, ddst_win);
+	if (rc != MPI_SUCCESS) return rc;
+	return frc;
+}
+
+// ddst_progress lets MPI move requests of implementations whose passive
+// target needs the target to enter the library (no RDMA between nodes).
+static void ddst_progress(void) {
+	int flag;
+	MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE);
+}
+
+// ddst_finalize frees the window and, if this transport started MPI,
+// ends it. Both are collective: every agent of the world must get here.
+static int ddst_finalize(int ours) {
+	int rc = MPI_SUCCESS;
+	if (ddst_windowed) {
+		MPI_Win_unlock_all(ddst_win);
+		rc = MPI_Win_free(&ddst_win);
+		ddst_windowed = 0;
+	}
+	if (ours) {
+		int frc = MPI_Finalize();
+		if (rc == MPI_SUCCESS) rc = frc;
+	}
+	return rc;
+}
+
+static int ddst_is_range_error(int code) {
+	int class = 0;
+	MPI_Error_class(code, &class);
+	return class == MPI_ERR_RMA_RANGE;
+}
+
+static void ddst_error_string(int code, char *buf, int *len) {
+	if (MPI_Error_string(code, buf, len) != MPI_SUCCESS) *len = 0;
+}
+
+static int ddst_thread_multiple(void) { return MPI_THREAD_MULTIPLE; }
+static int ddst_aint_size(void) { return (int)sizeof(MPI_Aint); }
+*/
+import "C"
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
+
+// MPIBuilt says whether this binary has the MPI transport (build tag mpi).
+const MPIBuilt = true
+
+// tokenSlots is how many shards an agent can expose at once: each has a
+// word in one block of C memory attached to the window at start.
+const tokenSlots = 1 << 16
+
+// getPerRow makes a batch one MPI_Get per row (merged where adjacent)
+// instead of one per shard (DDSTORE_MPI_GET=row; to compare the two).
+var getPerRow = os.Getenv("DDSTORE_MPI_GET") == "row"
+
+// progressEvery is how often an idle agent enters MPI (ddst_progress).
+const progressEvery = time.Millisecond
+
+// started makes MPI once per process: MPI cannot be initialized again.
+var started atomic.Bool
+
+// MPI is the MPI transport of one agent: its rank in the world, its
+// window, and the windows of other agents it has read from.
+type MPI struct {
+	opts              MPIOptions
+	log               *slog.Logger
+	rank, size        int
+	world             uint64
+	windowed, ownsMPI bool
+
+	// getMu makes one batch of gets at a time: Open MPI's one-sided
+	// component spins on its locks when threads share a window, which on
+	// few cores costs more than taking turns (docs/benchmarks.md).
+	getMu sync.Mutex
+	cache windows
+	// life is read-locked around attaching and detaching and write-locked
+	// to end MPI: nothing calls MPI after MPI_Finalize.
+	life   sync.RWMutex
+	ended  bool        // MPI is finalized (life held)
+	closed atomic.Bool // Close has begun: no more fetches or exposures
+
+	slots struct {
+		sync.Mutex
+		mem  unsafe.Pointer // tokenSlots words, C memory, attached for the window's life
+		addr uint64         // its MPI address
+		free []int
+		next int
+	}
+	retired struct {
+		sync.Mutex
+		timed map[*time.Timer]func() // unmaps waiting for their grace period
+		held  []func()               // unmaps waiting for Close
+		done  bool
+	}
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+var _ Transport = (*MPI)(nil)
+
+// NewMPI joins the MPI world this process was started in (mpirun, srun
+// --mpi=pmix; a process started alone is a world of one) with
+// MPI_THREAD_MULTIPLE, and, when the world has other ranks, makes this
+// agent's window. It is collective: every agent of the world must call it.
+// One per process.
+func NewMPI(opts MPIOptions) (*MPI, error) {
+	if !started.CompareAndSwap(false, true) {
+		return nil, base.Errorf(base.ErrArgument, "transport mpi: MPI was already started in this process (one agent per MPI rank)")
+	}
+	opts = opts.withDefaults()
+	if int(C.ddst_aint_size()) != 8 {
+		return nil, base.Errorf(base.ErrArgument, "transport mpi: MPI_Aint of %d bytes, want 8", int(C.ddst_aint_size()))
+	}
+	m := &MPI{opts: opts, log: opts.Logger, stop: make(chan struct{})}
+	var provided, rank, size, ours C.int
+	if rc := C.ddst_init(&provided, &rank, &size, &ours); rc != C.MPI_SUCCESS {
+		return nil, mpiError(rc, "MPI_Init_thread")
+	}
+	m.rank, m.size, m.ownsMPI = int(rank), int(size), ours != 0
+	if provided != C.ddst_thread_multiple() {
+		C.ddst_finalize(ours)
+		return nil, base.Errorf(base.ErrArgument, "transport mpi: the MPI library gives thread level %d, not MPI_THREAD_MULTIPLE (%d), which the agent needs (its goroutines call MPI from any thread): use an MPI built with thread support",
+			int(provided), int(C.ddst_thread_multiple()))
+	}
+	var world [8]byte
+	crand.Read(world[:])
+	w := C.uint64_t(binary.LittleEndian.Uint64(world[:]) | 1) // never 0
+	if rc := C.ddst_bcast_u64(&w); rc != C.MPI_SUCCESS {
+		C.ddst_finalize(ours)
+		return nil, mpiError(rc, "MPI_Bcast")
+	}
+	m.world = uint64(w)
+	m.retired.timed = make(map[*time.Timer]func())
+	if m.size > 1 {
+		// Open MPI 4.1 fails to make a window of one rank (MPI_Win_create
+		// and MPI_Win_create_dynamic alike); a world of one has no other
+		// node to read from, so it makes none.
+		if rc := C.ddst_win_create(); rc != C.MPI_SUCCESS {
+			C.ddst_finalize(ours)
+			return nil, mpiError(rc, "MPI_Win_create_dynamic")
+		}
+		m.windowed = true
+		m.slots.mem = C.calloc(tokenSlots, 8)
+		var addr C.MPI_Aint
+		if rc := C.ddst_attach(m.slots.mem, tokenSlots*8, &addr); rc != C.MPI_SUCCESS {
+			C.ddst_finalize(ours)
+			return nil, mpiError(rc, "MPI_Win_attach")
+		}
+		m.slots.addr = uint64(addr)
+		m.wg.Add(1)
+		go m.progress()
+	}
+	m.log.Info("MPI transport", "rank", m.rank, "size", m.size, "window", m.windowed)
+	return m, nil
+}
+
+// Rank is this agent's rank in MPI_COMM_WORLD.
+func (m *MPI) Rank() int { return m.rank }
+
+// Size is the number of ranks (agents) in the world.
+func (m *MPI) Size() int { return m.size }
+
+// World identifies this MPI world (one launch), the same on every rank.
+func (m *MPI) World() uint64 { return m.world }
+
+func (m *MPI) progress() {
+	defer m.wg.Done()
+	t := time.NewTicker(progressEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+			C.ddst_progress()
+		}
+	}
+}
+
+// Expose attaches a shard's memory to the window, its token holding the
+// table id. mem must not be Go memory (a mapped segment): MPI keeps it.
+// In a world of one it exposes nothing (Exposure.Exposed is false).
+func (m *MPI) Expose(mem []byte, id int64) (Exposure, error) {
+	m.life.RLock()
+	defer m.life.RUnlock()
+	if !m.windowed || len(mem) == 0 || m.closed.Load() {
+		return Exposure{mem: mem, slot: -1}, nil
+	}
+	slot, err := m.takeSlot()
+	if err != nil {
+		return Exposure{}, err
+	}
+	var addr C.MPI_Aint
+	if rc := C.ddst_attach(unsafe.Pointer(unsafe.SliceData(mem)), C.MPI_Aint(len(mem)), &addr); rc != C.MPI_SUCCESS {
+		m.giveSlot(slot)
+		return Exposure{}, mpiError(rc, "MPI_Win_attach")
+	}
+	m.token(slot).Store(uint64(id))
+	return Exposure{Addr: uint64(addr), Token: m.slots.addr + uint64(slot)*8, mem: mem, slot: slot}, nil
+}
+
+// Withdraw takes a shard out of the window: its token cleared first (a
+// reader that gets it afterwards drops what it read), then detached (later
+// gets fail), then, a grace period later, unmap is called, so that a get
+// issued just before the detach still reads mapped memory. At Close,
+// pending unmaps run once every agent has freed its window.
+func (m *MPI) Withdraw(e Exposure, unmap func()) {
+	m.life.RLock()
+	defer m.life.RUnlock()
+	if e.slot < 0 || !e.Exposed() || m.ended {
+		// Not in the window, or the window is gone with MPI: nobody can
+		// read it any more.
+		unmap()
+		return
+	}
+	m.token(e.slot).Store(0)
+	if rc := C.ddst_detach(unsafe.Pointer(unsafe.SliceData(e.mem))); rc != C.MPI_SUCCESS {
+		m.log.Warn("MPI_Win_detach failed; keeping the shard mapped until the agent stops", "err", mpiError(rc, "MPI_Win_detach"))
+		m.retire(unmap, false)
+		return
+	}
+	m.giveSlot(e.slot)
+	m.retire(unmap, true)
+}
+
+func (m *MPI) retire(unmap func(), timed bool) {
+	m.retired.Lock()
+	defer m.retired.Unlock()
+	if m.retired.done {
+		unmap()
+		return
+	}
+	if !timed {
+		m.retired.held = append(m.retired.held, unmap)
+		return
+	}
+	var t *time.Timer
+	t = time.AfterFunc(m.opts.Grace, func() {
+		m.retired.Lock()
+		f, ok := m.retired.timed[t]
+		delete(m.retired.timed, t)
+		m.retired.Unlock()
+		if ok {
+			f()
+		}
+	})
+	m.retired.timed[t] = unmap
+}
+
+func (m *MPI) token(slot int) *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Add(m.slots.mem, slot*8))
+}
+
+func (m *MPI) takeSlot() (int, error) {
+	m.slots.Lock()
+	defer m.slots.Unlock()
+	if n := len(m.slots.free); n > 0 {
+		s := m.slots.free[n-1]
+		m.slots.free = m.slots.free[:n-1]
+		return s, nil
+	}
+	if m.slots.next == tokenSlots {
+		return 0, base.Errorf(base.ErrArgument, "transport mpi: %d shards exposed already, the most one agent can", tokenSlots)
+	}
+	m.slots.next++
+	return m.slots.next - 1, nil
+}
+
+func (m *MPI) giveSlot(s int) {
+	m.slots.Lock()
+	m.slots.free = append(m.slots.free, s)
+	m.slots.Unlock()
+}
+
+// Fetch reads rows of node addr's shards of a variable straight out of its
+// window. The gets cannot be interrupted once issued: MPI bounds them, not
+// ctx (a peer that dies ends the MPI job).
+func (m *MPI) Fetch(ctx context.Context, addr, name string, id int64, globals []int64, dst [][]byte) error {
+	if len(globals) == 0 {
+		return nil
+	}
+	if len(dst) != len(globals) {
+		return base.Errorf(base.ErrArgument, "%d rows into %d buffers", len(globals), len(dst))
+	}
+	if m.closed.Load() {
+		return base.Errorf(base.ErrClosed, "transport closed")
+	}
+	p := planPool.Get().(*getPlan)
+	defer planPool.Put(p)
+	for attempt := 0; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("%w: fetch from peer %s: %w", base.ErrTimeout, addr, err)
+		}
+		w, err := m.window(ctx, addr, name, id)
+		if err != nil {
+			return err
+		}
+		if err := p.plan(w, addr, globals, dst); err != nil {
+			return err
+		}
+		rc := m.get(w, p, id)
+		runtime.KeepAlive(dst)
+		if rc == C.MPI_SUCCESS {
+			return nil
+		}
+		if m.closed.Load() {
+			return base.Errorf(base.ErrClosed, "transport closed")
+		}
+		// The shard left the window (freed, or its agent is stopping):
+		// ask again once; the owner says why, or describes a new window.
+		m.cache.forget(addr, name)
+		stale := rc == C.DDST_STALE || C.ddst_is_range_error(rc) != 0
+		if !stale {
+			return fmt.Errorf("%w: rows of %q from peer %s (MPI rank %d): %w", base.ErrPeer, name, addr, w.Rank, mpiError(rc, "MPI_Get"))
+		}
+		if attempt > 0 {
+			return base.Errorf(base.ErrFreed, "variable %q was freed on peer %s while being read", name, addr)
+		}
+	}
+}
+
+// get runs a plan: C.MPI_SUCCESS, C.DDST_STALE when a token no longer
+// holds id, or an MPI error code.
+func (m *MPI) get(w *wire.Window, p *getPlan, id int64) C.int {
+	target := int(w.Rank)
+	if !getPerRow {
+		p.group(w)
+	}
+	var dst *C.uintptr_t
+	var src *C.MPI_Aint
+	var lens *C.int
+	if len(p.lens) > 0 {
+		dst = (*C.uintptr_t)(unsafe.Pointer(&p.dst[0]))
+		src = (*C.MPI_Aint)(unsafe.Pointer(&p.src[0]))
+		lens = (*C.int)(unsafe.Pointer(&p.lens[0]))
+	}
+	tok, got := (*C.MPI_Aint)(unsafe.Pointer(&p.tokens[0])), (*C.uint64_t)(unsafe.Pointer(&p.got[0]))
+	m.getMu.Lock()
+	if m.closed.Load() {
+		m.getMu.Unlock()
+		return C.MPI_ERR_OTHER
+	}
+	var rc C.int
+	if getPerRow || len(p.lens) == 0 {
+		rc = C.ddst_fetch(C.int(target), C.int(len(p.lens)), dst, src, lens, C.int(len(p.tokens)), tok, got)
+	} else {
+		rc = C.ddst_fetch_shards(C.int(target), C.int(len(p.count)), (*C.MPI_Aint)(unsafe.Pointer(&p.base[0])),
+			(*C.int)(unsafe.Pointer(&p.count[0])), (*C.MPI_Aint)(unsafe.Pointer(&p.odisp[0])),
+			(*C.MPI_Aint)(unsafe.Pointer(&p.tdisp[0])), (*C.int)(unsafe.Pointer(&p.glens[0])), C.int(len(p.tokens)), tok, got)
+	}
+	m.getMu.Unlock()
+	if rc != C.MPI_SUCCESS {
+		return rc
+	}
+	for _, g := range p.got {
+		if g != uint64(id) {
+			return C.DDST_STALE
+		}
+	}
+	return C.MPI_SUCCESS
+}
+
+// window is node addr's window of a variable, described once per table id.
+func (m *MPI) window(ctx context.Context, addr, name string, id int64) (*wire.Window, error) {
+	if w := m.cache.get(addr, name, id); w != nil {
+		return w, nil
+	}
+	if !m.windowed {
+		return nil, base.Errorf(base.ErrArgument, "transport mpi: this agent is the only rank of its MPI world, so it cannot read rows of peer %s: start one agent per node in one MPI launch", addr)
+	}
+	w, err := m.opts.Describe(ctx, addr, name, id)
+	if err != nil {
+		return nil, err
+	}
+	if w.World != m.world {
+		return nil, base.Errorf(base.ErrArgument, "transport mpi: peer %s is not in this agent's MPI world (started by another launch, or over tcp): start every agent of the job in one MPI launch", addr)
+	}
+	if w.Rank < 0 || w.Rank >= int64(m.size) || int(w.Rank) == m.rank {
+		return nil, base.Errorf(base.ErrProtocol, "transport mpi: peer %s says it is MPI rank %d (this agent is rank %d of %d)", addr, w.Rank, m.rank, m.size)
+	}
+	m.cache.put(addr, name, id, &w)
+	return &w, nil
+}
+
+// Close ends the transport: the window is freed and MPI finalized (both
+// collective: Close returns once every agent of the world has closed),
+// then the shards withdrawn meanwhile are unmapped.
+func (m *MPI) Close() error {
+	if !m.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	close(m.stop)
+	m.wg.Wait()
+	m.getMu.Lock() // no batch in flight
+	m.life.Lock()  // no attach or detach
+	rc := C.ddst_finalize(boolInt(m.ownsMPI))
+	m.ended = true
+	m.life.Unlock()
+	m.getMu.Unlock()
+	m.retired.Lock()
+	m.retired.done = true
+	timed, held := m.retired.timed, m.retired.held
+	m.retired.timed, m.retired.held = nil, nil
+	m.retired.Unlock()
+	for t, f := range timed {
+		// A timer that fired after the swap finds its entry gone and
+		// leaves the unmap to this loop.
+		t.Stop()
+		f()
+	}
+	for _, f := range held {
+		f()
+	}
+	if m.slots.mem != nil {
+		C.free(m.slots.mem)
+		m.slots.mem = nil
+	}
+	if rc != C.MPI_SUCCESS {
+		return mpiError(rc, "MPI_Finalize")
+	}
+	return nil
+}
+
+func boolInt(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// mpiError turns an MPI error code into an error naming the call.
+func mpiError(rc C.int, call string) error {
+	var buf [C.MPI_MAX_ERROR_STRING + 1]C.char
+	var n C.int
+	C.ddst_error_string(rc, &buf[0], &n)
+	return base.Errorf(base.ErrPeer, "%s: %s (MPI error %d)", call, C.GoStringN(&buf[0], n), int(rc))
+}

@@ -1,0 +1,233 @@
+package transport
+
+// The parts of the MPI transport that need no MPI: its options, what an
+// exposed shard is, the cache of other agents' windows and the planning of
+// a batch into gets. mpi.go (build tag mpi, cgo) moves the bytes; without
+// the tag, mpi_stub.go refuses to start.
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
+
+// MPIOptions configure the MPI transport.
+type MPIOptions struct {
+	// Describe asks the agent at addr where its shards of variable name
+	// (table id) lie in its MPI window: the PeerWindow op, over the TCP
+	// connections that carry the agents' control messages. Its errors are
+	// the Fetch's (ErrFreed for a stale id, ErrPeer for an agent gone).
+	Describe func(ctx context.Context, addr, name string, id int64) (wire.Window, error)
+	// Grace is how long a withdrawn shard stays mapped after it left the
+	// window, so that a get another agent issued just before cannot touch
+	// unmapped memory (Open MPI retries a failed shared-memory read
+	// forever). Zero: 30 s.
+	Grace  time.Duration
+	Logger *slog.Logger
+}
+
+func (o MPIOptions) withDefaults() MPIOptions {
+	if o.Grace <= 0 {
+		o.Grace = 30 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+// Exposure is a shard attached to this agent's MPI window (MPI.Expose).
+type Exposure struct {
+	Addr  uint64 // MPI address of the shard's first byte
+	Token uint64 // MPI address of the word holding the table id; 0: not exposed
+	mem   []byte
+	slot  int
+}
+
+// Exposed says whether the shard is in the window (a world of one rank has
+// none).
+func (e Exposure) Exposed() bool { return e.Token != 0 }
+
+// MaxMPIGet bounds one MPI get: counts are C ints, so a longer run of bytes
+// (a huge row, or adjacent rows merged) is cut into gets of at most this.
+const MaxMPIGet = 1 << 30
+
+// errNoMPI is what a build without the tag says.
+func errNoMPI() error {
+	return base.Errorf(base.ErrArgument, "transport mpi: this ddstore was built without MPI: rebuild with -tags mpi (make build-mpi)")
+}
+
+// windowKey names a cached window: a node's agent and a variable.
+type windowKey struct{ addr, name string }
+
+// windows caches the windows other agents described, one per node and
+// variable name (a new table id replaces the old one).
+type windows struct {
+	mu sync.Mutex
+	m  map[windowKey]*wire.Window
+	id map[windowKey]int64
+}
+
+// maxCachedWindows bounds the cache; past it, it starts again empty (a
+// described window costs one control round trip).
+const maxCachedWindows = 4096
+
+func (ws *windows) get(addr, name string, id int64) *wire.Window {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	k := windowKey{addr, name}
+	if w := ws.m[k]; w != nil && ws.id[k] == id {
+		return w
+	}
+	return nil
+}
+
+func (ws *windows) put(addr, name string, id int64, w *wire.Window) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if ws.m == nil || len(ws.m) >= maxCachedWindows {
+		ws.m, ws.id = make(map[windowKey]*wire.Window), make(map[windowKey]int64)
+	}
+	k := windowKey{addr, name}
+	ws.m[k], ws.id[k] = w, id
+}
+
+func (ws *windows) forget(addr, name string) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	delete(ws.m, windowKey{addr, name})
+	delete(ws.id, windowKey{addr, name})
+}
+
+// getPlan is a batch as the gets that move it: piece i is lens[i] bytes
+// from the owner's MPI address src[i] to local address dst[i]; then the
+// owner's words at tokens must still hold the table id.
+type getPlan struct {
+	dst    []uintptr
+	src    []int64 // MPI_Aint
+	lens   []int32
+	shard  []int32 // index in the window's shards of each get
+	tokens []int64
+	got    []uint64 // the tokens as read
+	seen   map[uint64]struct{}
+
+	// The gets grouped by shard (group): shard k's are entries
+	// [first, first+count) of odisp (local addresses), tdisp (offsets in
+	// the shard) and glens; it is read with one MPI_Get of an hindexed
+	// datatype from its base. MPI looks up a dynamic window's attachment on
+	// every MPI_Get (Open MPI's osc rdma: a blocking read of the target's
+	// region count, and of its region table under a lock when it changed,
+	// over the network on other nodes), so one get per shard and batch
+	// costs that once, not once a row.
+	base   []int64
+	count  []int32
+	odisp  []uintptr
+	tdisp  []int64
+	glens  []int32
+	bucket []int32 // scratch: gets per window shard
+}
+
+var planPool = sync.Pool{New: func() any { return &getPlan{seen: make(map[uint64]struct{})} }}
+
+func (p *getPlan) reset() {
+	p.dst, p.src, p.lens, p.shard, p.tokens = p.dst[:0], p.src[:0], p.lens[:0], p.shard[:0], p.tokens[:0]
+	clear(p.seen)
+}
+
+// plan turns rows of one node into gets: each global is found among the
+// window's shards; a row that continues the previous one at both ends
+// (consecutive rows into consecutive buffers, as a range Get asks) and in
+// the same shard extends its get rather than adding one. (Two shards may lie
+// next to each other in memory, but a get must stay within one attachment:
+// MPI fails one that spans two with MPI_ERR_RMA_RANGE.)
+func (p *getPlan) plan(w *wire.Window, node string, globals []int64, dst [][]byte) error {
+	p.reset()
+	rb := w.RowBytes
+	last := -1 // the shard of the last get: a get never spans two (each is its own attachment)
+	for i, g := range globals {
+		if int64(len(dst[i])) != rb {
+			return base.Errorf(base.ErrArgument, "row %d: a %d-byte destination for rows of %d bytes", g, len(dst[i]), rb)
+		}
+		k := sort.Search(len(w.Shards), func(k int) bool { return w.Shards[k].First+w.Shards[k].Rows > g })
+		if k == len(w.Shards) || g < w.Shards[k].First {
+			return base.Errorf(base.ErrArgument, "row %d is in no shard node %q exposes in its MPI window", g, node)
+		}
+		s := &w.Shards[k]
+		off := (g - s.First) * rb
+		src := int64(s.Addr) + off
+		if _, ok := p.seen[s.Token]; !ok {
+			p.seen[s.Token] = struct{}{}
+			p.tokens = append(p.tokens, int64(s.Token))
+		}
+		if rb == 0 {
+			continue
+		}
+		d := uintptr(unsafe.Pointer(unsafe.SliceData(dst[i])))
+		for left := rb; left > 0; {
+			var n int64
+			if j := len(p.lens) - 1; j >= 0 && last == k && p.lens[j] < MaxMPIGet && p.src[j]+int64(p.lens[j]) == src && p.dst[j]+uintptr(p.lens[j]) == d {
+				n = min(left, MaxMPIGet-int64(p.lens[j]))
+				p.lens[j] += int32(n)
+			} else {
+				n = min(left, MaxMPIGet)
+				p.dst, p.src, p.lens = append(p.dst, d), append(p.src, src), append(p.lens, int32(n))
+				p.shard = append(p.shard, int32(k))
+			}
+			src, d, left = src+n, d+uintptr(n), left-n
+			last = k
+		}
+	}
+	if cap(p.got) < len(p.tokens) {
+		p.got = make([]uint64, len(p.tokens))
+	}
+	p.got = p.got[:len(p.tokens)]
+	return nil
+}
+
+// group sorts the plan's gets by shard (stably: a shard's gets keep their
+// order) into base, count, odisp, tdisp and glens.
+func (p *getPlan) group(w *wire.Window) {
+	p.base, p.count = p.base[:0], p.count[:0]
+	p.odisp, p.tdisp, p.glens = p.odisp[:0], p.tdisp[:0], p.glens[:0]
+	if cap(p.bucket) < len(w.Shards) {
+		p.bucket = make([]int32, len(w.Shards))
+	}
+	p.bucket = p.bucket[:len(w.Shards)]
+	clear(p.bucket)
+	for _, k := range p.shard {
+		p.bucket[k]++
+	}
+	// bucket[k] becomes where shard k's gets start.
+	at := int32(0)
+	for k, n := range p.bucket {
+		if n > 0 {
+			p.base = append(p.base, int64(w.Shards[k].Addr))
+			p.count = append(p.count, n)
+		}
+		p.bucket[k] = at
+		at += n
+	}
+	n := len(p.lens)
+	p.odisp, p.tdisp, p.glens = slices.Grow(p.odisp, n)[:n], slices.Grow(p.tdisp, n)[:n], slices.Grow(p.glens, n)[:n]
+	for i, k := range p.shard {
+		j := p.bucket[k]
+		p.bucket[k]++
+		p.odisp[j], p.tdisp[j], p.glens[j] = p.dst[i], p.src[i]-int64(w.Shards[k].Addr), p.lens[i]
+	}
+}
+
+// bytes is what the plan moves.
+func (p *getPlan) bytes() int64 {
+	var n int64
+	for _, l := range p.lens {
+		n += int64(l)
+	}
+	return n
+}
