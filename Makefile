@@ -37,8 +37,9 @@ help: ## list the targets
 
 # The binary reads HDF5 files (ingest, backing files) when libhdf5-dev is
 # installed (make deps installs it); without it, a pure-Go build that says so
-# when asked for an HDF5 file.
-HDF5_TAGS := $(shell test -e /usr/include/hdf5/serial/hdf5.h && echo hdf5)
+# when asked for an HDF5 file. Expanded when a recipe runs (=, not :=), so a
+# `make test` that installs libhdf5-dev first builds with it.
+HDF5_TAGS = $(shell test -e /usr/include/hdf5/serial/hdf5.h && echo hdf5)
 
 build: ## build the ddstore binary into bin/ddstore (with HDF5 where libhdf5-dev is installed)
 	$(GO) build -tags '$(HDF5_TAGS)' -o $(BIN) ./cmd/ddstore

@@ -81,6 +81,10 @@ type tier struct {
 		fifo    []*stagedRow         // in the order staged, for eviction
 		free    [][]byte             // staging slots not in use
 		queue   []int64              // rows to prefetch, not yet started
+		// queued holds the rows of queue still wanted: a demand read of a
+		// queued row takes it out, so that the prefetcher does not read
+		// it a second time.
+		queued map[int64]struct{}
 		stopped bool
 	}
 	wake chan struct{}
@@ -108,6 +112,7 @@ func newTier(a *Agent, t *wire.Table, held int64) *tier {
 	tr := &tier{a: a, name: t.Name, spec: t.Backing, dtype: t.Dtype, rb: t.Disp * t.ItemSize,
 		held: held, total: t.Total, stagingLimit: limit, wake: make(chan struct{}, 1)}
 	tr.mu.staged = make(map[int64]*stagedRow)
+	tr.mu.queued = make(map[int64]struct{})
 	return tr
 }
 
@@ -142,6 +147,7 @@ func (t *tier) close() {
 	t.mu.Lock()
 	t.mu.stopped = true
 	t.mu.queue = nil
+	clear(t.mu.queued)
 	t.mu.Unlock()
 	t.poke()
 	t.rw.Lock()
@@ -176,6 +182,7 @@ func (t *tier) read(ctx context.Context, rows []int64, dst [][]byte) error {
 			hits = append(hits, e)
 		} else {
 			miss = append(miss, i)
+			delete(t.mu.queued, g) // read now: not again ahead
 		}
 	}
 	t.mu.Unlock()
@@ -359,14 +366,15 @@ func (t *tier) prefetch(rows []int64) error {
 	}
 	n := 0
 	for _, g := range rows {
-		if g < t.held || t.mu.staged[g] != nil {
+		if _, ok := t.mu.queued[g]; ok || g < t.held || t.mu.staged[g] != nil {
 			continue
 		}
-		if int64(len(t.mu.queue)) >= t.slots {
+		if int64(len(t.mu.queued)) >= t.slots {
 			t.a.stats.prefetchDropped.Add(1)
 			continue
 		}
 		t.mu.queue = append(t.mu.queue, g)
+		t.mu.queued[g] = struct{}{}
 		n++
 	}
 	t.mu.Unlock()
@@ -466,9 +474,10 @@ func (t *tier) takeQueued() []*stagedRow {
 	take := t.mu.queue[:min(1024, len(t.mu.queue))]
 	var batch []*stagedRow
 	for _, g := range take {
-		if t.mu.staged[g] != nil {
-			continue
+		if _, ok := t.mu.queued[g]; !ok || t.mu.staged[g] != nil {
+			continue // read on demand meanwhile, or already staged
 		}
+		delete(t.mu.queued, g)
 		buf := t.slotLocked()
 		if buf == nil {
 			t.a.stats.prefetchDropped.Add(1)
