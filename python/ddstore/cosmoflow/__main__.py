@@ -1,6 +1,8 @@
 """python -m ddstore.cosmoflow COMMAND ...
 
     generate   write the synthetic CosmoFlow-like dataset (see ddstore.cosmoflow.data)
+    train      the main job: the same DDP training with each loader, SOLAR's report and a comparison
+    io         the same reads without a model (SOLAR's I/O evaluation: 4 ranks, batch 16, 3 epochs)
 """
 
 import argparse
@@ -11,6 +13,7 @@ from . import data
 
 def _generate(a):
     data.generate(a.out, a.samples, size=a.size, channels=a.channels, seed=a.seed, fmt=a.format, verbose=True)
+    return 0
 
 
 def main(argv=None):
@@ -26,13 +29,19 @@ def main(argv=None):
     g.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     g.add_argument("--format", default="both", help="chunked | files | both (default both)")
     g.set_defaults(func=_generate)
+    from . import train
+    for mode, what in (("train", "the main job: DDP training with each loader, SOLAR's report, a comparison"),
+                       ("io", "the same reads without a model (SOLAR's I/O evaluation)")):
+        t = sub.add_parser(mode, help=what, description=train.__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        train.add_arguments(t, mode)
+        t.set_defaults(func=lambda a, mode=mode: train.run(a, mode))
     a = p.parse_args(argv)
     try:
-        a.func(a)
+        return a.func(a)
     except ValueError as e:
         print(f"{p.prog} {a.command}: error: {e}", file=sys.stderr)
         return 2
-    return 0
 
 
 if __name__ == "__main__":
