@@ -77,14 +77,14 @@ type tier struct {
 	slots int64 // staging slots; 0 until the first prefetch (t.mu)
 	mu    struct {
 		sync.Mutex
-		staged  map[int64]*stagedRow // by row
-		fifo    []*stagedRow         // in the order staged, for eviction
-		free    [][]byte             // staging slots not in use
-		queue   []int64              // rows to prefetch, not yet started
+		staged map[int64]*stagedRow // by row
+		fifo   []*stagedRow         // in the order staged, for eviction
+		free   [][]byte             // staging slots not in use
+		queue  []int64              // rows to prefetch, not yet started
 		// queued holds the rows of queue still wanted: a demand read of a
 		// queued row takes it out, so that the prefetcher does not read
 		// it a second time.
-		queued map[int64]struct{}
+		queued  map[int64]struct{}
 		stopped bool
 	}
 	wake chan struct{}
