@@ -171,6 +171,7 @@ type stats struct {
 	prefetchRows    atomic.Int64
 	prefetchDropped atomic.Int64
 	prefetchEvicted atomic.Int64
+	prefetchLate    atomic.Int64 // asked-for rows already read on demand
 	storageErrors   atomic.Int64
 	// peerFallbackRows counts rows read from the backing file because the
 	// node holding them could not be reached.
@@ -621,6 +622,7 @@ func (a *Agent) info() Info {
 		"storage_bytes": int(s.storageBytes.Load()), "storage_errors": int(s.storageErrors.Load()),
 		"staged_rows": int(s.stagedRows.Load()), "prefetch_rows": int(s.prefetchRows.Load()),
 		"prefetch_dropped": int(s.prefetchDropped.Load()), "prefetch_evicted": int(s.prefetchEvicted.Load()),
+		"prefetch_late":      int(s.prefetchLate.Load()),
 		"peer_fallback_rows": int(s.peerFallbackRows.Load()), "adopted_variables": int(s.adopted.Load()),
 		"addr_refreshes": int(s.addrRefreshes.Load()),
 	}

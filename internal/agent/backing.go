@@ -32,6 +32,9 @@ const (
 	// rather than evict rows about to be read (Belady: evict what is
 	// needed last).
 	staleAfter = 10 * time.Second
+	// lateWindow: a prefetch of a row read on demand less than this long
+	// ago came too late and is dropped (an epoch reads each row once).
+	lateWindow = time.Second
 	// maxRunBytes bounds one read, and so its scratch buffer.
 	maxRunBytes = 16 << 20
 	// tierReaders is how many reads of one request run at once.
@@ -84,8 +87,14 @@ type tier struct {
 		// queued holds the rows of queue still wanted: a demand read of a
 		// queued row takes it out, so that the prefetcher does not read
 		// it a second time.
-		queued  map[int64]struct{}
-		stopped bool
+		queued map[int64]struct{}
+		// recent holds the rows read on demand in the last lateWindow, in
+		// order: a prefetch of one of them arrived after its read (the
+		// loader ran ahead of the sampler's announcement) and is ignored,
+		// not read a second time.
+		recent     map[int64]time.Time
+		recentFIFO []int64
+		stopped    bool
 	}
 	wake chan struct{}
 }
@@ -113,6 +122,7 @@ func newTier(a *Agent, t *wire.Table, held int64) *tier {
 		held: held, total: t.Total, stagingLimit: limit, wake: make(chan struct{}, 1)}
 	tr.mu.staged = make(map[int64]*stagedRow)
 	tr.mu.queued = make(map[int64]struct{})
+	tr.mu.recent = make(map[int64]time.Time)
 	return tr
 }
 
@@ -173,6 +183,7 @@ func (t *tier) read(ctx context.Context, rows []int64, dst [][]byte) error {
 	var waits []int
 	var hits []*stagedRow
 	miss := make([]int, 0, len(rows))
+	now := time.Now()
 	t.mu.Lock()
 	for i, g := range rows {
 		if e := t.mu.staged[g]; e != nil {
@@ -184,6 +195,7 @@ func (t *tier) read(ctx context.Context, rows []int64, dst [][]byte) error {
 			miss = append(miss, i)
 			delete(t.mu.queued, g) // read now: not again ahead
 		}
+		t.noteReadLocked(g, now)
 	}
 	t.mu.Unlock()
 	var waitErr error
@@ -233,6 +245,21 @@ func (t *tier) readAny(ctx context.Context, rows []int64, dst [][]byte) error {
 		sr[k], sd[k] = rows[i], dst[i]
 	}
 	return t.readFile(ctx, sr, sd)
+}
+
+// noteReadLocked records that row g was read at now, and forgets the reads
+// older than lateWindow; the caller holds t.mu.
+func (t *tier) noteReadLocked(g int64, now time.Time) {
+	f := t.mu.recentFIFO
+	for len(f) > 0 && now.Sub(t.mu.recent[f[0]]) > lateWindow {
+		delete(t.mu.recent, f[0])
+		f = f[1:]
+	}
+	if _, ok := t.mu.recent[g]; !ok {
+		f = append(f, g)
+	}
+	t.mu.recent[g] = now
+	t.mu.recentFIFO = f
 }
 
 // release gives back the slot of a staged row a reader claimed, once the
@@ -365,8 +392,13 @@ func (t *tier) prefetch(rows []int64) error {
 		}
 	}
 	n := 0
+	now := time.Now()
 	for _, g := range rows {
 		if _, ok := t.mu.queued[g]; ok || g < t.held || t.mu.staged[g] != nil {
+			continue
+		}
+		if at, ok := t.mu.recent[g]; ok && now.Sub(at) <= lateWindow {
+			t.a.stats.prefetchLate.Add(1) // it was read already
 			continue
 		}
 		if int64(len(t.mu.queued)) >= t.slots {

@@ -72,6 +72,7 @@ func newMetrics(a *Agent) *metrics {
 		counter(opts("staged_rows_total", "Rows served from staging memory, read ahead of use."), s.stagedRows.Load),
 		counter(opts("prefetch_rows_total", "Rows read ahead of use into staging memory."), s.prefetchRows.Load),
 		counter(opts("prefetch_dropped_total", "Rows asked to be read ahead but not, for want of staging room."), s.prefetchDropped.Load),
+		counter(opts("prefetch_late_total", "Rows asked to be read ahead after a client had read them (ignored)."), s.prefetchLate.Load),
 		counter(opts("prefetch_evicted_total", "Rows read ahead and evicted from staging before any client read them."), s.prefetchEvicted.Load),
 		counter(opts("peer_fallback_rows_total", "Rows read from the backing file because the node holding them could not be reached."), s.peerFallbackRows.Load),
 		gauge(opts("staging_bytes", "Staging memory of the storage tiers."), a.stagingBytes.Load),
