@@ -18,6 +18,10 @@ _MAGIC = b"DDSTSHRD"
 _FIELDS = struct.Struct("<8sI4xqqqqI")  # magic, version, rank, rows, disp, itemsize, crc
 
 
+# Segments up to this size are mapped with MAP_POPULATE.
+_POPULATE_MAX = 4 << 30
+
+
 class Segment:
     """One mapped shard: `rows` is a (rows, row_bytes) uint8 view of it."""
 
@@ -43,7 +47,13 @@ class Segment:
                 raise ArgumentError(f"ddstore: bad argument: segment {path} has mode {st.st_mode & 0o777:o}: want 0600 "
                                     f"(other users may have read or written it)")
             prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-            self.mm = mmap.mmap(fd, st.st_size, mmap.MAP_SHARED, prot)
+            # Map the pages now (they exist: the agent made the segment) rather
+            # than fault them in one by one on first read, which costs more
+            # here than the copy of a row; up to a size where that is cheap.
+            flags = mmap.MAP_SHARED
+            if st.st_size <= _POPULATE_MAX:
+                flags |= getattr(mmap, "MAP_POPULATE", 0)
+            self.mm = mmap.mmap(fd, st.st_size, flags, prot)
         finally:
             os.close(fd)
         magic, version, self.rank, self.nrows, self.disp, self.itemsize, crc = _FIELDS.unpack_from(self.mm, 0)
