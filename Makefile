@@ -22,12 +22,14 @@ KILLS    ?= 1000
 .DEFAULT_GOAL := help
 # Debian packages the tests need (no PyPI on these machines): Python with
 # numpy, torch and mpi4py, pytest, venv for the install check, Open MPI,
-# gcc for the race detector, and matplotlib for `make report`.
+# gcc for the race detector, matplotlib for `make report`, and libfabric for
+# the fabric transport's tests.
 DEB_PACKAGES := gcc python3 python3-numpy python3-pytest python3-venv python3-setuptools python3-pip \
-	python3-torch python3-mpi4py openmpi-bin libopenmpi-dev libhdf5-dev python3-h5py python3-matplotlib
+	python3-torch python3-mpi4py openmpi-bin libopenmpi-dev libhdf5-dev python3-h5py python3-matplotlib \
+	libfabric-dev pkg-config
 PYTHON   := /usr/bin/python3
 
-.PHONY: help build build-mpi bench-mpi deps test gotest pytest python fuzz-short soak bench bench-quick cosmoflow cosmoflow-io micro report gobench clean
+.PHONY: help build build-mpi build-fabric bench-mpi deps test gotest pytest python fuzz-short soak bench bench-quick cosmoflow cosmoflow-io micro report gobench clean
 
 help: ## list the targets
 	@echo 'Usage: make TARGET'
@@ -54,6 +56,16 @@ MPI_TESTS := ^(TestMPIClusterOneSided|TestGetBatchEveryRank|TestReaderStore|Test
 
 build-mpi: ## build bin/mpi/ddstore with the MPI transport (tag mpi; needs libopenmpi-dev or libmpich-dev)
 	$(GO) build -tags '$(HDF5_TAGS) mpi' -o $(MPI_BIN) ./cmd/ddstore
+
+# The libfabric transport (docs/build_tags.md): bin/fabric/ddstore.
+FABRIC_BIN := bin/fabric/ddstore
+# FABRIC_TESTS are the cluster tests `make gotest` runs again over libfabric
+# (DDSTORE_TEST_TRANSPORT=fabric, fabriccluster_test.go; provider tcp on
+# loopback unless DDSTORE_FABRIC says otherwise).
+FABRIC_TESTS := $(subst TestMPIClusterOneSided,TestFabricClusterOneSided|TestFabricIdleTarget,$(MPI_TESTS))
+
+build-fabric: ## build bin/fabric/ddstore with the libfabric transport (tag fabric; needs libfabric-dev)
+	$(GO) build -tags '$(HDF5_TAGS) fabric' -o $(FABRIC_BIN) ./cmd/ddstore
 
 deps: ## install the Debian packages the tests need (apt-get, as root), if missing
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -89,6 +101,13 @@ gotest: ## gofmt check, go vet, pure-Go build, race tests, then fuzz-short
 		$(GO) test $(RACE) -tags mpi -count=1 ./internal/transport/ ./internal/bench/ || exit 1; \
 		DDSTORE_TEST_TRANSPORT=mpi $(GO) test $(RACE) -count=1 -run '$(MPI_TESTS)' . || exit 1; \
 	else echo '== MPI: no mpicc, skipped (apt-get install libopenmpi-dev)'; fi
+	@if pkg-config --exists libfabric 2>/dev/null; then \
+		echo '== libfabric (build tag fabric, cgo on libfabric): the transport on loopback, then the cluster tests over it'; \
+		set -x; \
+		$(GO) vet -tags fabric ./internal/transport/ ./internal/agent/ . || exit 1; \
+		$(GO) test $(RACE) -tags fabric -count=1 -run Fabric ./internal/transport/ || exit 1; \
+		DDSTORE_TEST_TRANSPORT=fabric $(GO) test $(RACE) -tags fabric -count=1 -run '$(FABRIC_TESTS)' . || exit 1; \
+	else echo '== libfabric: not installed, skipped (apt-get install libfabric-dev)'; fi
 	@$(MAKE) --no-print-directory fuzz-short
 
 pytest: build ## the Python client's tests against agents built from this tree

@@ -74,6 +74,9 @@ func startCluster(t testing.TB, ranksPerNode []int, mode meetMode, opts ...any) 
 			Rendezvous: rdv, HandshakeDir: hs, Timeout: 5 * time.Second, JoinTimeout: 10 * time.Second,
 			PeerListen: "127.0.0.1:0",
 		}
+		if clusterTransport == "fabric" {
+			cfg.Transport = "fabric" // in this process (fabriccluster_test.go)
+		}
 		for _, o := range opts {
 			if o, ok := o.(func(*ddstore.AgentConfig)); ok {
 				o(&cfg)

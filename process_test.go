@@ -28,8 +28,8 @@ func TestMain(m *testing.M) {
 	// The MPI transport's agents need a binary built with it
 	// (mpicluster_test.go).
 	tags := ""
-	if clusterTransport == "mpi" {
-		tags = "mpi"
+	if clusterTransport == "mpi" || clusterTransport == "fabric" {
+		tags = clusterTransport
 	}
 	out, err := exec.Command("go", "build", "-race", "-tags", tags, "-o", ddstoreBin, "./cmd/ddstore").CombinedOutput()
 	if err != nil {

@@ -71,7 +71,9 @@ type Config struct {
 	// Transport moves rows between nodes: "tcp" (the default) or "mpi":
 	// one-sided MPI gets, for agents started as the ranks of one MPI
 	// launch, one per node (needs a build with the tag mpi; control
-	// messages stay on TCP). See internal/transport.
+	// messages stay on TCP), or "fabric": libfabric RMA reads of the
+	// owners' registered shards (build tag fabric; provider from
+	// DDSTORE_FABRIC). See internal/transport.
 	Transport string
 	// MetricsAddr is a TCP HOST:PORT where the agent serves its counters
 	// at /metrics in the Prometheus text format; empty: not served.
@@ -101,7 +103,8 @@ type Agent struct {
 
 	// fetcher reads rows of other nodes: the pool, or mpi.
 	fetcher transport.Transport
-	mpi     *transport.MPI // nil unless Transport is mpi
+	mpi     *transport.MPI    // nil unless Transport is mpi
+	fab     *transport.Fabric // nil unless Transport is fabric
 	// serving is set once start succeeded: only then is MPI ended at
 	// shutdown (collectively; an agent that failed to start exits and its
 	// launcher ends the job).
@@ -196,9 +199,9 @@ func Start(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	switch cfg.Transport {
-	case "", TransportTCP, TransportMPI:
+	case "", TransportTCP, TransportMPI, TransportFabric:
 	default:
-		return nil, base.Errorf(base.ErrArgument, "transport %q: want %s or %s", cfg.Transport, TransportTCP, TransportMPI)
+		return nil, base.Errorf(base.ErrArgument, "transport %q: want %s, %s or %s", cfg.Transport, TransportTCP, TransportMPI, TransportFabric)
 	}
 	if cfg.StagingBytes < 0 {
 		return nil, base.Errorf(base.ErrArgument, "staging of %d bytes: want > 0, or 0 for the default", cfg.StagingBytes)
@@ -413,6 +416,9 @@ func (a *Agent) shutdown() {
 				a.log.Warn("ending MPI", "err", err)
 			}
 		}
+		if a.fab != nil {
+			a.fab.Close() // after the shards were withdrawn above
+		}
 		if !a.cfg.Persist && a.lock >= 0 {
 			a.removeManifest()
 		}
@@ -570,7 +576,8 @@ type Info struct {
 	Nodes        []string       `json:"nodes,omitempty"`
 	// Auth says where the keys come from (never the keys): see authSource.
 	Auth string `json:"auth"`
-	// Transport is how this agent reads rows of other nodes: tcp or mpi.
+	// Transport is how this agent reads rows of other nodes: tcp, mpi or
+	// fabric.
 	Transport string `json:"transport"`
 }
 

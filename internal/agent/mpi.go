@@ -19,6 +19,8 @@ import (
 const (
 	TransportTCP = "tcp"
 	TransportMPI = "mpi"
+	// TransportFabric: libfabric RMA reads (fabric.go).
+	TransportFabric = "fabric"
 )
 
 // startTransport picks how rows of other nodes are fetched: over the TCP
@@ -36,14 +38,19 @@ func (a *Agent) startTransport() error {
 		}
 		a.mpi, a.fetcher = m, m
 		return nil
+	case TransportFabric:
+		return a.startFabric()
 	}
-	return base.Errorf(base.ErrArgument, "transport %q: want %s or %s", a.cfg.Transport, TransportTCP, TransportMPI)
+	return base.Errorf(base.ErrArgument, "transport %q: want %s, %s or %s", a.cfg.Transport, TransportTCP, TransportMPI, TransportFabric)
 }
 
 // transportName is what info says.
 func (a *Agent) transportName() string {
 	if a.mpi != nil {
 		return TransportMPI
+	}
+	if a.fab != nil {
+		return TransportFabric
 	}
 	return TransportTCP
 }
@@ -83,15 +90,16 @@ func (a *Agent) window(name string, id int64) (wire.Window, error) {
 // MPI window; the caller holds v.mu. A shard that cannot be attached stays
 // readable locally; readers of other nodes are told it is not exposed.
 func (v *variable) expose(a *Agent) {
-	if a.mpi == nil {
+	x := a.exposer()
+	if x == nil {
 		return
 	}
-	v.mpi = a.mpi
+	v.mpi = x
 	for r, seg := range v.byRank {
 		if seg == nil || len(seg.Data) == 0 {
 			continue
 		}
-		e, err := a.mpi.Expose(seg.Data, v.table.ID)
+		e, err := x.Expose(seg.Data, v.table.ID)
 		if err != nil {
 			a.log.Error("cannot expose a shard in the MPI window; other nodes cannot read it", "variable", v.name, "rank", r, "err", err)
 			continue

@@ -429,6 +429,9 @@ func (h *peerHandler) Control(ctx context.Context, op wire.Op, body []byte) (fun
 		if err != nil {
 			return nil, err
 		}
+		if a.fab != nil {
+			return a.fabricWindow(m.Name, m.ID)
+		}
 		w, err := a.window(m.Name, m.ID)
 		if err != nil {
 			return nil, err

@@ -41,10 +41,11 @@ type variable struct {
 	// tier reads the rows only the backing file holds; nil without one.
 	tier *tier
 	// exposed are the local shards in this agent's MPI window (transport
-	// mpi), by rank; mpi is that transport. Set with the table, withdrawn
-	// before the segments are unmapped (release).
+	// mpi) or registered with libfabric (fabric), by rank; mpi is that
+	// transport. Set with the table, withdrawn before the segments are
+	// unmapped (release).
 	exposed map[int]transport.Exposure
-	mpi     *transport.MPI
+	mpi     exposer
 }
 
 func newVariable(name string) *variable {

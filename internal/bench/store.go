@@ -135,7 +135,7 @@ func runTransport(opts Options, rep *Report, tr string, first bool, src []byte, 
 	if tr == "mpi" {
 		j, err = startMPIJob()
 	} else {
-		j, err = startJob(opts.InProcess)
+		j, err = startJob(opts.InProcess, tr)
 	}
 	if err != nil {
 		return fmt.Errorf("bench: transport %s: %w", tr, err)
@@ -165,7 +165,7 @@ type job struct {
 	mpi    *mpiLaunch // the agents' mpirun (transport mpi)
 }
 
-func startJob(inProcess bool) (*job, error) {
+func startJob(inProcess bool, tr string) (*job, error) {
 	j := &job{}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -173,7 +173,7 @@ func startJob(inProcess bool) (*job, error) {
 	}
 	rdv := l.Addr().String()
 	l.Close()
-	ns := fmt.Sprintf("bench-%d-tcp", os.Getpid())
+	ns := fmt.Sprintf("bench-%d-%s", os.Getpid(), tr)
 	// Agents that meet through a rendezvous address prove a shared secret
 	// to each other; without one from the user, the job makes its own,
 	// which the agents it starts inherit.
@@ -189,10 +189,10 @@ func startJob(inProcess bool) (*job, error) {
 	}
 	for rank, node := range []string{"bench-a", "bench-b"} {
 		cfg := ddstore.Config{Namespace: ns, Rank: rank, Size: 2, LocalRank: 0, LocalSize: 1, Node: node,
-			RunDir: runDir, AgentArgs: []string{"--rendezvous", rdv}}
+			RunDir: runDir, AgentArgs: []string{"--rendezvous", rdv, "--transport", tr}}
 		if inProcess {
 			a, err := ddstore.StartAgent(ddstore.AgentConfig{Namespace: ns, Node: node, Rendezvous: rdv,
-				Socket: ddstore.SocketPath(runDir, ns, node)})
+				Socket: ddstore.SocketPath(runDir, ns, node), Transport: tr})
 			if err != nil {
 				j.close()
 				return nil, err

@@ -102,8 +102,13 @@ func checkTransport(tr string) error {
 			return fmt.Errorf("bench: transport mpi needs mpirun (openmpi-bin): %w", err)
 		}
 		return nil
+	case "fabric":
+		if !transport.FabricBuilt {
+			return fmt.Errorf("bench: transport fabric: this ddstore was built without libfabric: rebuild with -tags fabric (make build-fabric)")
+		}
+		return nil
 	}
-	return fmt.Errorf("bench: transport %q: want tcp or mpi", tr)
+	return fmt.Errorf("bench: transport %q: want tcp, mpi or fabric", tr)
 }
 
 // mpiLaunch is the mpirun that runs a job's two agents.

@@ -53,7 +53,7 @@ func runAgent(args []string, stdout, stderr io.Writer) error {
 	timeout := fs.Duration("timeout", 30*time.Second, "bound on a read from another node")
 	joinTimeout := fs.Duration("join-timeout", 5*time.Minute, "bound on waiting for the coordinator and the other ranks")
 	idle := fs.Duration("idle-exit", 0, "stop after this long without a client (0: never)")
-	transportName := fs.String("transport", envOr("DDSTORE_TRANSPORT", "tcp"), "how rows of other nodes are read: tcp, or mpi (one-sided gets; the agents are the ranks of one MPI launch, one per node; needs a build with -tags mpi) (DDSTORE_TRANSPORT)")
+	transportName := fs.String("transport", envOr("DDSTORE_TRANSPORT", "tcp"), "how rows of other nodes are read: tcp, mpi (one-sided gets; the agents are the ranks of one MPI launch, one per node; needs a build with -tags mpi), or fabric (libfabric RMA reads; provider from DDSTORE_FABRIC; needs a build with -tags fabric) (DDSTORE_TRANSPORT)")
 	persist := fs.Bool("persist", false, "keep the shards when stopping: the next agent of this namespace on this node re-adopts them (split mode, restarts)")
 	conns := fs.Int("conns-per-peer", 4, "TCP connections kept to each other agent")
 	memory := fs.String("memory", envOr("DDSTORE_MEMORY", ""), "cap on the shards and receive regions the agent holds, e.g. 64G, 512M, 1048576 (DDSTORE_MEMORY; default or 0: none)")

@@ -1,0 +1,828 @@
+//go:build fabric && cgo
+
+package transport
+
+// The libfabric transport: each agent opens its own reliable-datagram
+// endpoint (FI_EP_RDM; agents are not MPI ranks) and registers each shard
+// (FI_REMOTE_READ) when its variable is published; a reader learns the
+// owner's endpoint name, the shards' remote addresses and keys once per
+// variable (the PeerWindow control op, over TCP) and then moves a whole
+// batch with one cgo call: reads of the shards' token words, an fi_read
+// per row (adjacent rows merged), the token words again, each wave waited
+// for on the completion queue; the tokens must hold the table id. The
+// owner clears a token at once when it withdraws a shard, and closes its
+// memory region and unmaps it only a grace period later (a read of a
+// closed region makes tcp;ofi_rxm shut the connection).
+//
+// Progress. Providers with manual progress (tcp;ofi_rxm) serve a read
+// only while the target calls into libfabric: DDStore's fi_read path
+// deadlocks on loopback because its target only polls when it reads
+// itself. Here every agent runs its own progress loop, asleep in
+// fi_cq_sread until a peer's request wakes it, so an agent whose clients
+// are idle still serves reads (TestFabricIdleTarget,
+// TestFabricProgressNeeded).
+
+/*
+#cgo pkg-config: libfabric
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { DDSF_STALE = -100000, DDSF_TIMEOUT = -100001 };
+
+typedef struct {
+	struct fi_info *info;
+	struct fid_fabric *fabric;
+	struct fid_domain *domain;
+	struct fid_av *av;
+	struct fid_cq *cq;
+	struct fid_ep *ep;
+} ddsf;
+
+// ddsf_batch is the context of every read of one batch: whoever polls the
+// completion queue (the reader, or the progress loop) counts it down.
+typedef struct {
+	int64_t left;
+	int err;
+	int64_t deadline; // CLOCK_MONOTONIC ns
+	fi_addr_t peer;
+} ddsf_batch;
+
+static int64_t ddsf_now(void) {
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static void ddsf_free(ddsf *f) {
+	if (f->ep) fi_close(&f->ep->fid);
+	if (f->av) fi_close(&f->av->fid);
+	if (f->cq) fi_close(&f->cq->fid);
+	if (f->domain) fi_close(&f->domain->fid);
+	if (f->fabric) fi_close(&f->fabric->fid);
+	if (f->info) fi_freeinfo(f->info);
+	free(f);
+}
+
+// ddsf_open opens an RDM endpoint of provider prov (NULL: any) that can
+// serve and issue RMA reads, with the memory-registration modes this
+// transport handles (no FI_MR_LOCAL: reads land in unregistered memory).
+static int ddsf_open(const char *prov, ddsf **out, const char **step) {
+	struct fi_info *hints = fi_allocinfo();
+	if (!hints) return -FI_ENOMEM;
+	hints->caps = FI_RMA | FI_READ | FI_REMOTE_READ;
+	hints->ep_attr->type = FI_EP_RDM;
+	hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+	hints->domain_attr->threading = FI_THREAD_SAFE;
+	if (prov && *prov) hints->fabric_attr->prov_name = strdup(prov);
+	ddsf *f = calloc(1, sizeof *f);
+	*step = "fi_getinfo";
+	int rc = fi_getinfo(FI_VERSION(1, 9), NULL, NULL, 0, hints, &f->info);
+	fi_freeinfo(hints);
+	if (rc) { free(f); return rc; }
+	*step = "fi_fabric";
+	if ((rc = fi_fabric(f->info->fabric_attr, &f->fabric, NULL))) goto fail;
+	*step = "fi_domain";
+	if ((rc = fi_domain(f->fabric, f->info, &f->domain, NULL))) goto fail;
+	struct fi_cq_attr cq = {0};
+	cq.format = FI_CQ_FORMAT_CONTEXT;
+	cq.wait_obj = FI_WAIT_UNSPEC; // the progress loop sleeps in fi_cq_sread
+	cq.wait_cond = FI_CQ_COND_NONE;
+	cq.size = 4096;
+	*step = "fi_cq_open";
+	if ((rc = fi_cq_open(f->domain, &cq, &f->cq, NULL))) goto fail;
+	struct fi_av_attr av = {0};
+	av.type = FI_AV_TABLE;
+	*step = "fi_av_open";
+	if ((rc = fi_av_open(f->domain, &av, &f->av, NULL))) goto fail;
+	*step = "fi_endpoint";
+	if ((rc = fi_endpoint(f->domain, f->info, &f->ep, NULL))) goto fail;
+	*step = "fi_ep_bind";
+	if ((rc = fi_ep_bind(f->ep, &f->av->fid, 0))) goto fail;
+	if ((rc = fi_ep_bind(f->ep, &f->cq->fid, FI_TRANSMIT | FI_RECV))) goto fail;
+	*step = "fi_enable";
+	if ((rc = fi_enable(f->ep))) goto fail;
+	*out = f;
+	return 0;
+fail:
+	ddsf_free(f);
+	return rc;
+}
+
+static const char *ddsf_prov(ddsf *f) { return f->info->fabric_attr->prov_name; }
+static int ddsf_virt(ddsf *f) { return (f->info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0; }
+static int ddsf_provkey(ddsf *f) { return (f->info->domain_attr->mr_mode & FI_MR_PROV_KEY) != 0; }
+static int ddsf_manual(ddsf *f) { return f->info->domain_attr->data_progress == FI_PROGRESS_MANUAL; }
+
+static int ddsf_name(ddsf *f, void *buf, size_t *len) { return fi_getname(&f->ep->fid, buf, len); }
+
+static int ddsf_insert(ddsf *f, void *name, fi_addr_t *addr) {
+	int n = fi_av_insert(f->av, name, 1, addr, 0, NULL);
+	return n == 1 ? 0 : (n < 0 ? n : -FI_EINVAL);
+}
+
+static int ddsf_reg(ddsf *f, void *p, size_t n, uint64_t key, struct fid_mr **mr, uint64_t *gotkey) {
+	int rc = fi_mr_reg(f->domain, p, n, FI_REMOTE_READ, 0, key, 0, mr, NULL);
+	if (rc) return rc;
+	*gotkey = fi_mr_key(*mr);
+	return 0;
+}
+
+static int ddsf_unreg(struct fid_mr *mr) { return fi_close(&mr->fid); }
+
+// ddsf_count counts down the batches of n completions.
+static void ddsf_count(struct fi_cq_entry *e, ssize_t n) {
+	for (ssize_t i = 0; i < n; i++) {
+		ddsf_batch *b = e[i].op_context;
+		if (b) __atomic_sub_fetch(&b->left, 1, __ATOMIC_SEQ_CST);
+	}
+}
+
+// ddsf_poll reads what the completion queue holds (which also makes a
+// provider with manual progress serve the reads other agents asked for):
+// how many completions it read, 0 if none, or an error.
+static int ddsf_poll(ddsf *f) {
+	struct fi_cq_entry e[32];
+	ssize_t n = fi_cq_read(f->cq, e, 32);
+	if (n > 0) {
+		for (ssize_t i = 0; i < n; i++) {
+			ddsf_batch *b = e[i].op_context;
+			if (b) __atomic_sub_fetch(&b->left, 1, __ATOMIC_SEQ_CST);
+		}
+		return (int)n;
+	}
+	if (n == -FI_EAVAIL) {
+		struct fi_cq_err_entry ee;
+		memset(&ee, 0, sizeof ee);
+		if (fi_cq_readerr(f->cq, &ee, 0) <= 0) return 0;
+		ddsf_batch *b = ee.op_context;
+		if (b) {
+			__atomic_store_n(&b->err, ee.err ? ee.err : FI_EIO, __ATOMIC_SEQ_CST);
+			__atomic_sub_fetch(&b->left, 1, __ATOMIC_SEQ_CST);
+		}
+		return 1;
+	}
+	return n == -FI_EAGAIN ? 0 : (int)n;
+}
+
+// ddsf_progress polls for about usec microseconds (the progress loop: one
+// cgo call per period, not per poll).
+static void ddsf_progress(ddsf *f, int usec) {
+	struct timespec t0, t;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		// Sleep in the provider's wait object (its sockets, for tcp):
+		// woken by a peer's request, which the call then serves.
+		struct fi_cq_entry e[32];
+		ssize_t n = fi_cq_sread(f->cq, e, 32, NULL, 1);
+		if (n > 0) {
+			ddsf_count(e, n);
+		} else if (n == -FI_EAVAIL) {
+			ddsf_poll(f);
+		} else if (n != -FI_EAGAIN && n != -FI_ETIMEDOUT) {
+			struct timespec nap = {0, 20000};
+			ddsf_poll(f);
+			nanosleep(&nap, NULL);
+		}
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		if ((t.tv_sec - t0.tv_sec) * 1000000 + (t.tv_nsec - t0.tv_nsec) / 1000 >= usec) return;
+	}
+}
+
+// ddsf_late says whether b should give up: past its deadline (a peer
+// gone: tcp;ofi_rxm retries a lost connection without end, and taking the
+// peer out of the address vector with reads queued crashes it). The batch
+// then returns DDSF_TIMEOUT and b is left allocated: its queued reads may
+// still complete and count it down.
+static int ddsf_late(ddsf *f, ddsf_batch *b) {
+	(void)f;
+	return ddsf_now() >= b->deadline;
+}
+
+// ddsf_issue reads n pieces into b's count, retrying while the provider's
+// queues are full; every issued read completes on the CQ (b->left).
+static int ddsf_issue(ddsf *f, fi_addr_t peer, ddsf_batch *b, int n, uintptr_t *dst, uint64_t *src, uint64_t *len, uint64_t *key) {
+	for (int i = 0; i < n; i++) {
+		__atomic_add_fetch(&b->left, 1, __ATOMIC_SEQ_CST);
+		for (;;) {
+			ssize_t rc = fi_read(f->ep, (void *)dst[i], len[i], NULL, peer, src[i], key[i], b);
+			if (rc == 0) break;
+			if (rc != -FI_EAGAIN) {
+				__atomic_sub_fetch(&b->left, 1, __ATOMIC_SEQ_CST);
+				return (int)rc;
+			}
+			ddsf_poll(f);
+			if (ddsf_late(f, b)) {
+				__atomic_sub_fetch(&b->left, 1, __ATOMIC_SEQ_CST);
+				return DDSF_TIMEOUT;
+			}
+		}
+	}
+	return 0;
+}
+
+// ddsf_wait waits until every read of b completed, or b is late.
+static int ddsf_wait(ddsf *f, ddsf_batch *b) {
+	int spins = 0;
+	while (__atomic_load_n(&b->left, __ATOMIC_SEQ_CST) > 0) {
+		int rc = ddsf_poll(f);
+		if (rc < 0) return rc;
+		if (rc > 0 || ++spins < 256) continue;
+		spins = 0;
+		if (ddsf_late(f, b)) return DDSF_TIMEOUT;
+	}
+	int err = __atomic_load_n(&b->err, __ATOMIC_SEQ_CST);
+	return err ? -err : 0;
+}
+
+// ddsf_tokens reads the ntok token words into got and checks that each
+// still holds id.
+static int ddsf_tokens(ddsf *f, fi_addr_t peer, ddsf_batch *b, int ntok, uint64_t *tok, uint64_t tokkey, uint64_t *got, uint64_t id) {
+	int rc = 0;
+	for (int i = 0; i < ntok && rc == 0; i++) {
+		got[i] = 0;
+		__atomic_add_fetch(&b->left, 1, __ATOMIC_SEQ_CST);
+		for (;;) {
+			ssize_t r = fi_read(f->ep, &got[i], 8, NULL, peer, tok[i], tokkey, b);
+			if (r == 0) break;
+			if (r != -FI_EAGAIN) {
+				__atomic_sub_fetch(&b->left, 1, __ATOMIC_SEQ_CST);
+				rc = (int)r;
+				break;
+			}
+			ddsf_poll(f);
+			if (ddsf_late(f, b)) {
+				__atomic_sub_fetch(&b->left, 1, __ATOMIC_SEQ_CST);
+				rc = DDSF_TIMEOUT;
+				break;
+			}
+		}
+	}
+	int wrc = ddsf_wait(f, b);
+	if (wrc == DDSF_TIMEOUT || rc == DDSF_TIMEOUT) return DDSF_TIMEOUT;
+	if (rc) return rc;
+	if (wrc) return wrc;
+	for (int i = 0; i < ntok; i++)
+		if (got[i] != id) return DDSF_STALE;
+	return 0;
+}
+
+// ddsf_fetch moves one batch from peer: the tokens (a shard withdrawn
+// already is not read: its region closes a grace period later, and a read
+// of a closed region breaks the connection on some providers), n reads of
+// rows, then the tokens again, which must still hold id.
+static int ddsf_fetch1(ddsf *f, ddsf_batch *b, int n, uintptr_t *dst, uint64_t *src, uint64_t *len, uint64_t *key,
+		int ntok, uint64_t *tok, uint64_t tokkey, uint64_t *got, uint64_t id) {
+	int rc = ddsf_tokens(f, b->peer, b, ntok, tok, tokkey, got, id);
+	if (rc) return rc;
+	rc = ddsf_issue(f, b->peer, b, n, dst, src, len, key);
+	int wrc = ddsf_wait(f, b);
+	if (wrc == DDSF_TIMEOUT || rc == DDSF_TIMEOUT) return DDSF_TIMEOUT;
+	if (rc) return rc;
+	if (wrc) return wrc;
+	return ddsf_tokens(f, b->peer, b, ntok, tok, tokkey, got, id);
+}
+
+// ddsf_fetch runs ddsf_fetch1 with a batch that outlives a timeout; got
+// must be C memory (a late token read lands there).
+static int ddsf_fetch(ddsf *f, fi_addr_t peer, int64_t timeout_ns, int n, uintptr_t *dst, uint64_t *src, uint64_t *len, uint64_t *key,
+		int ntok, uint64_t *tok, uint64_t tokkey, uint64_t *got, uint64_t id) {
+	ddsf_batch *b = calloc(1, sizeof *b);
+	if (!b) return -FI_ENOMEM;
+	b->peer = peer;
+	b->deadline = ddsf_now() + timeout_ns;
+	int rc = ddsf_fetch1(f, b, n, dst, src, len, key, ntok, tok, tokkey, got, id);
+	if (rc != DDSF_TIMEOUT) free(b);
+	return rc;
+}
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+)
+
+// FabricBuilt says whether this binary has the libfabric transport (build
+// tag fabric).
+const FabricBuilt = true
+
+// progressPoll is how long each call of the progress loop serves the
+// endpoint (sleeping in fi_cq_sread between requests) before it lets
+// Close in.
+const progressPoll = 500 // µs
+
+// fabricSlots is how many shards an agent can expose at once: each has a
+// token word in one registered block of C memory.
+const fabricSlots = 1 << 16
+
+// tokenKeyRequested is the key the token words are registered under where
+// the provider lets the application choose keys; shard s gets s+1.
+const tokenKeyRequested = 1 << 40
+
+// Fabric is the libfabric transport of one agent: its endpoint, its
+// registered shards and token words, and the endpoints of other agents it
+// has read from.
+type Fabric struct {
+	opts     FabricOptions
+	log      *slog.Logger
+	f        *C.ddsf
+	provider string
+	name     []byte
+	virt     bool // remote addresses are virtual addresses, not offsets
+
+	wins  fabricWindows
+	peers struct {
+		sync.Mutex
+		m map[string]C.fi_addr_t
+	}
+	// life is read-locked by every call into libfabric but Close, which
+	// write-locks it to close the endpoint.
+	life   sync.RWMutex
+	ended  bool
+	closed atomic.Bool
+
+	slots struct {
+		sync.Mutex
+		mem  unsafe.Pointer // fabricSlots+1 words, C memory, registered for the endpoint's life
+		mr   *C.struct_fid_mr
+		key  uint64
+		mrs  map[int]*C.struct_fid_mr
+		keys map[int]uint64
+		free []int
+		next int
+	}
+	retired struct {
+		sync.Mutex
+		timed map[*time.Timer]func()
+		done  bool
+	}
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+var _ Transport = (*Fabric)(nil)
+
+// fabricWindows caches described windows like windows does.
+type fabricWindows struct {
+	mu sync.Mutex
+	m  map[windowKey]*FabricWindow
+	id map[windowKey]int64
+}
+
+func (ws *fabricWindows) get(addr, name string, id int64) *FabricWindow {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	k := windowKey{addr, name}
+	if w := ws.m[k]; w != nil && ws.id[k] == id {
+		return w
+	}
+	return nil
+}
+
+func (ws *fabricWindows) put(addr, name string, id int64, w *FabricWindow) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if ws.m == nil || len(ws.m) >= maxCachedWindows {
+		ws.m, ws.id = make(map[windowKey]*FabricWindow), make(map[windowKey]int64)
+	}
+	k := windowKey{addr, name}
+	ws.m[k], ws.id[k] = w, id
+}
+
+func (ws *fabricWindows) forget(addr, name string) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	delete(ws.m, windowKey{addr, name})
+	delete(ws.id, windowKey{addr, name})
+}
+
+// NewFabric opens this agent's endpoint and starts its progress loop.
+func NewFabric(opts FabricOptions) (*Fabric, error) {
+	opts = opts.withDefaults()
+	prov := opts.Provider
+	if prov == "" {
+		prov = os.Getenv("DDSTORE_FABRIC")
+	}
+	var cprov *C.char
+	if prov != "" {
+		cprov = C.CString(prov)
+		defer C.free(unsafe.Pointer(cprov))
+	}
+	fb := &Fabric{opts: opts, log: opts.Logger, stop: make(chan struct{})}
+	var step *C.char
+	if rc := C.ddsf_open(cprov, &fb.f, &step); rc != 0 {
+		what := "any provider"
+		if prov != "" {
+			what = fmt.Sprintf("provider %q", prov)
+		}
+		return nil, base.Errorf(base.ErrArgument, "transport fabric: %s: no RDM endpoint with RMA reads from %s: %s (fi_info -p NAME lists a provider's endpoints; DDSTORE_FABRIC names one)",
+			C.GoString(step), what, fabricStrerror(rc))
+	}
+	fb.provider = C.GoString(C.ddsf_prov(fb.f))
+	fb.virt = C.ddsf_virt(fb.f) != 0
+	var buf [256]byte
+	n := C.size_t(len(buf))
+	if rc := C.ddsf_name(fb.f, unsafe.Pointer(&buf[0]), &n); rc != 0 {
+		C.ddsf_free(fb.f)
+		return nil, fabricError(rc, "fi_getname")
+	}
+	fb.name = append([]byte(nil), buf[:n]...)
+	fb.peers.m = make(map[string]C.fi_addr_t)
+	fb.retired.timed = make(map[*time.Timer]func())
+	fb.slots.mrs, fb.slots.keys = make(map[int]*C.struct_fid_mr), make(map[int]uint64)
+	fb.slots.mem = C.calloc(fabricSlots+1, 8)
+	var key C.uint64_t
+	if rc := C.ddsf_reg(fb.f, fb.slots.mem, (fabricSlots+1)*8, tokenKeyRequested, &fb.slots.mr, &key); rc != 0 {
+		C.free(fb.slots.mem)
+		C.ddsf_free(fb.f)
+		return nil, fabricError(rc, "fi_mr_reg")
+	}
+	fb.slots.key = uint64(key)
+	if !opts.NoProgress {
+		fb.wg.Add(1)
+		go fb.progress()
+	}
+	fb.log.Info("libfabric transport", "provider", fb.provider, "manual_progress", C.ddsf_manual(fb.f) != 0, "virtual_addresses", fb.virt)
+	return fb, nil
+}
+
+// Provider is the provider the endpoint is of (e.g. "tcp;ofi_rxm").
+func (fb *Fabric) Provider() string { return fb.provider }
+
+// Name is this agent's endpoint name, for readers' address vectors.
+func (fb *Fabric) Name() []byte { return fb.name }
+
+// TokenKey is the key of this agent's token words.
+func (fb *Fabric) TokenKey() uint64 { return fb.slots.key }
+
+// Key is the key of an exposed shard's memory region.
+func (fb *Fabric) Key(e Exposure) uint64 {
+	fb.slots.Lock()
+	defer fb.slots.Unlock()
+	return fb.slots.keys[e.slot]
+}
+
+// progress polls the completion queue for as long as the transport is
+// open: on a provider with manual progress it is what serves other agents'
+// reads of this one's shards, whatever this agent's clients do.
+func (fb *Fabric) progress() {
+	defer fb.wg.Done()
+	for {
+		select {
+		case <-fb.stop:
+			return
+		default:
+		}
+		fb.life.RLock()
+		if !fb.ended {
+			C.ddsf_progress(fb.f, progressPoll)
+		}
+		fb.life.RUnlock()
+	}
+}
+
+// Expose registers a shard's memory for remote reads, its token holding
+// the table id. mem must not be Go memory (a mapped segment).
+func (fb *Fabric) Expose(mem []byte, id int64) (Exposure, error) {
+	fb.life.RLock()
+	defer fb.life.RUnlock()
+	if len(mem) == 0 || fb.closed.Load() {
+		return Exposure{mem: mem, slot: -1}, nil
+	}
+	slot, err := fb.takeSlot()
+	if err != nil {
+		return Exposure{}, err
+	}
+	var mr *C.struct_fid_mr
+	var key C.uint64_t
+	if rc := C.ddsf_reg(fb.f, unsafe.Pointer(unsafe.SliceData(mem)), C.size_t(len(mem)), C.uint64_t(slot+1), &mr, &key); rc != 0 {
+		fb.giveSlot(slot)
+		return Exposure{}, fabricError(rc, "fi_mr_reg")
+	}
+	fb.slots.Lock()
+	fb.slots.mrs[slot], fb.slots.keys[slot] = mr, uint64(key)
+	fb.slots.Unlock()
+	fb.token(slot).Store(uint64(id))
+	e := Exposure{Token: uint64(slot+1) * 8, mem: mem, slot: slot}
+	if fb.virt {
+		e.Addr = uint64(uintptr(unsafe.Pointer(unsafe.SliceData(mem))))
+		e.Token += uint64(uintptr(fb.slots.mem))
+	}
+	return e, nil
+}
+
+// Withdraw takes a shard out of reach: its token cleared at once (a
+// reader checks it before and after its reads, and drops what it read),
+// then, a grace period later, its memory region closed and unmap called.
+// The region stays open meanwhile because tcp;ofi_rxm shuts the connection
+// on a read of a closed region, failing every later read of that peer.
+func (fb *Fabric) Withdraw(e Exposure, unmap func()) {
+	fb.life.RLock()
+	defer fb.life.RUnlock()
+	if e.slot < 0 || !e.Exposed() || fb.ended {
+		unmap()
+		return
+	}
+	fb.token(e.slot).Store(0)
+	fb.retire(func() {
+		fb.unregister(e.slot)
+		unmap()
+	})
+}
+
+// unregister closes a withdrawn shard's memory region and frees its slot.
+func (fb *Fabric) unregister(slot int) {
+	fb.slots.Lock()
+	mr := fb.slots.mrs[slot]
+	delete(fb.slots.mrs, slot)
+	delete(fb.slots.keys, slot)
+	fb.slots.Unlock()
+	fb.life.RLock()
+	if mr != nil && !fb.ended {
+		if rc := C.ddsf_unreg(mr); rc != 0 {
+			fb.log.Warn("closing a shard's memory region", "err", fabricError(rc, "fi_close"))
+		}
+	}
+	fb.life.RUnlock()
+	fb.giveSlot(slot)
+}
+
+func (fb *Fabric) retire(unmap func()) {
+	fb.retired.Lock()
+	defer fb.retired.Unlock()
+	if fb.retired.done {
+		unmap()
+		return
+	}
+	var t *time.Timer
+	t = time.AfterFunc(fb.opts.Grace, func() {
+		fb.retired.Lock()
+		f, ok := fb.retired.timed[t]
+		delete(fb.retired.timed, t)
+		fb.retired.Unlock()
+		if ok {
+			f()
+		}
+	})
+	fb.retired.timed[t] = unmap
+}
+
+func (fb *Fabric) token(slot int) *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Add(fb.slots.mem, (slot+1)*8))
+}
+
+func (fb *Fabric) takeSlot() (int, error) {
+	fb.slots.Lock()
+	defer fb.slots.Unlock()
+	if n := len(fb.slots.free); n > 0 {
+		s := fb.slots.free[n-1]
+		fb.slots.free = fb.slots.free[:n-1]
+		return s, nil
+	}
+	if fb.slots.next == fabricSlots {
+		return 0, base.Errorf(base.ErrArgument, "transport fabric: %d shards exposed already, the most one agent can", fabricSlots)
+	}
+	fb.slots.next++
+	return fb.slots.next - 1, nil
+}
+
+func (fb *Fabric) giveSlot(s int) {
+	fb.slots.Lock()
+	fb.slots.free = append(fb.slots.free, s)
+	fb.slots.Unlock()
+}
+
+// fabricPlan is a getPlan plus each piece's key and remote address as
+// unsigned words.
+type fabricPlan struct {
+	getPlan
+	keys []uint64
+	src  []uint64
+	lens []uint64
+	tok  []uint64
+}
+
+var fabricPlans = sync.Pool{New: func() any { return &fabricPlan{getPlan: getPlan{seen: make(map[uint64]struct{})}} }}
+
+// Fetch reads rows of node addr's shards of a variable straight out of its
+// registered memory. Issued reads are not interrupted by ctx: the provider
+// completes or fails each (a lost peer fails its connection).
+func (fb *Fabric) Fetch(ctx context.Context, addr, name string, id int64, globals []int64, dst [][]byte) error {
+	if len(globals) == 0 {
+		return nil
+	}
+	if len(dst) != len(globals) {
+		return base.Errorf(base.ErrArgument, "%d rows into %d buffers", len(globals), len(dst))
+	}
+	if fb.closed.Load() {
+		return base.Errorf(base.ErrClosed, "transport closed")
+	}
+	p := fabricPlans.Get().(*fabricPlan)
+	defer fabricPlans.Put(p)
+	for attempt := 0; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("%w: fetch from peer %s: %w", base.ErrTimeout, addr, err)
+		}
+		w, err := fb.window(ctx, addr, name, id)
+		if err != nil {
+			return err
+		}
+		peer, err := fb.peer(w.Name)
+		if err != nil {
+			return err
+		}
+		if err := p.plan(&w.Window, addr, globals, dst); err != nil {
+			return err
+		}
+		p.keys, p.src, p.lens = p.keys[:0], p.src[:0], p.lens[:0]
+		for i := range p.getPlan.lens {
+			p.keys = append(p.keys, w.Keys[p.shard[i]])
+			p.src = append(p.src, uint64(p.getPlan.src[i]))
+			p.lens = append(p.lens, uint64(p.getPlan.lens[i]))
+		}
+		p.tok = p.tok[:0]
+		for _, t := range p.tokens {
+			p.tok = append(p.tok, uint64(t))
+		}
+		// A read of a node whose agent is gone never completes
+		// (tcp;ofi_rxm retries the connection): it gets half the time
+		// left, so that the caller has the other half to read the rows
+		// elsewhere (a backing file).
+		timeout := fb.opts.Grace
+		if d, ok := ctx.Deadline(); ok {
+			timeout = max(time.Until(d)/2, time.Millisecond)
+		}
+		rc := fb.read(peer, p, w.TokenKey, id, timeout)
+		runtime.KeepAlive(dst)
+		if rc == 0 {
+			return nil
+		}
+		if fb.closed.Load() {
+			return base.Errorf(base.ErrClosed, "transport closed")
+		}
+		if rc == C.DDSF_TIMEOUT {
+			// Reads still queued may complete later: into dst, which is
+			// the client's shared memory, not Go's heap, and the tokens'
+			// C memory, left allocated.
+			fb.wins.forget(addr, name)
+			// ErrPeer, not ErrTimeout: the caller then reads the rows
+			// elsewhere where it can.
+			return fmt.Errorf("%w: rows of %q from peer %s: no completion within %v (its agent is gone, or unreachable over libfabric)", base.ErrPeer, name, addr, timeout.Round(time.Millisecond))
+		}
+		// The shard was withdrawn (freed, or its agent is stopping): ask
+		// again once; the owner says why, or describes it anew.
+		fb.wins.forget(addr, name)
+		if !fabricStale(rc) {
+			return fmt.Errorf("%w: rows of %q from peer %s: %w", base.ErrPeer, name, addr, fabricError(rc, "fi_read"))
+		}
+		if attempt > 0 {
+			return base.Errorf(base.ErrFreed, "variable %q was freed on peer %s while being read", name, addr)
+		}
+	}
+}
+
+// read runs a plan: 0, C.DDSF_STALE when a token no longer holds id, or a
+// negative libfabric error.
+func (fb *Fabric) read(peer C.fi_addr_t, p *fabricPlan, tokKey uint64, id int64, timeout time.Duration) C.int {
+	var dst *C.uintptr_t
+	var src, lens, keys *C.uint64_t
+	if len(p.lens) > 0 {
+		dst = (*C.uintptr_t)(unsafe.Pointer(&p.dst[0]))
+		src = (*C.uint64_t)(unsafe.Pointer(&p.src[0]))
+		lens = (*C.uint64_t)(unsafe.Pointer(&p.lens[0]))
+		keys = (*C.uint64_t)(unsafe.Pointer(&p.keys[0]))
+	}
+	fb.life.RLock()
+	if fb.ended {
+		fb.life.RUnlock()
+		return -C.FI_ESHUTDOWN
+	}
+	// The token words land in C memory: after a timeout a late read may
+	// still write them.
+	got := C.calloc(C.size_t(len(p.tok)), 8)
+	rc := C.ddsf_fetch(fb.f, peer, C.int64_t(timeout), C.int(len(p.lens)), dst, src, lens, keys, C.int(len(p.tok)),
+		(*C.uint64_t)(unsafe.Pointer(&p.tok[0])), C.uint64_t(tokKey), (*C.uint64_t)(got), C.uint64_t(id))
+	fb.life.RUnlock()
+	if rc != C.DDSF_TIMEOUT {
+		C.free(got)
+	}
+	return rc
+}
+
+// peer is the address-vector entry of an endpoint name, inserted once.
+func (fb *Fabric) peer(name []byte) (C.fi_addr_t, error) {
+	fb.peers.Lock()
+	defer fb.peers.Unlock()
+	if a, ok := fb.peers.m[string(name)]; ok {
+		return a, nil
+	}
+	fb.life.RLock()
+	defer fb.life.RUnlock()
+	if fb.ended {
+		return 0, base.Errorf(base.ErrClosed, "transport closed")
+	}
+	c := C.CBytes(name)
+	defer C.free(c)
+	var a C.fi_addr_t
+	if rc := C.ddsf_insert(fb.f, c, &a); rc != 0 {
+		return 0, fabricError(rc, "fi_av_insert")
+	}
+	fb.peers.m[string(name)] = a
+	return a, nil
+}
+
+// window is node addr's window of a variable, described once per table id.
+func (fb *Fabric) window(ctx context.Context, addr, name string, id int64) (*FabricWindow, error) {
+	if w := fb.wins.get(addr, name, id); w != nil {
+		return w, nil
+	}
+	w, err := fb.opts.Describe(ctx, addr, name, id)
+	if err != nil {
+		return nil, err
+	}
+	if w.Provider != fb.provider {
+		return nil, base.Errorf(base.ErrArgument, "transport fabric: peer %s uses provider %q, this agent %q: start every agent of the job with the same DDSTORE_FABRIC", addr, w.Provider, fb.provider)
+	}
+	fb.wins.put(addr, name, id, &w)
+	return &w, nil
+}
+
+// Close stops the progress loop, closes the endpoint and every memory
+// region, then unmaps the shards withdrawn meanwhile. Not collective: other
+// agents reading from this one get errors, as from a lost peer.
+func (fb *Fabric) Close() error {
+	if !fb.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	close(fb.stop)
+	fb.wg.Wait()
+	fb.life.Lock()
+	fb.slots.Lock()
+	for s, mr := range fb.slots.mrs {
+		C.ddsf_unreg(mr)
+		delete(fb.slots.mrs, s)
+	}
+	C.ddsf_unreg(fb.slots.mr)
+	fb.slots.Unlock()
+	C.ddsf_free(fb.f)
+	fb.ended = true
+	fb.life.Unlock()
+	fb.retired.Lock()
+	fb.retired.done = true
+	timed := fb.retired.timed
+	fb.retired.timed = nil
+	fb.retired.Unlock()
+	for t, f := range timed {
+		t.Stop()
+		f()
+	}
+	fb.slots.Lock()
+	C.free(fb.slots.mem)
+	fb.slots.mem = nil
+	fb.slots.Unlock()
+	return nil
+}
+
+// fabricStale says whether a failed batch may have met a withdrawn shard:
+// a token no longer holding the id, or a read of a closed memory region,
+// which providers fail as canceled (tcp;ofi_rxm), a bad key or no access.
+func fabricStale(rc C.int) bool {
+	switch rc {
+	case C.DDSF_STALE, -C.FI_ECANCELED, -C.FI_EACCES, -C.FI_EINVAL, -C.FI_ENOKEY:
+		return true
+	}
+	return false
+}
+
+func fabricStrerror(rc C.int) string {
+	if rc < 0 {
+		rc = -rc
+	}
+	return C.GoString(C.fi_strerror(rc))
+}
+
+// fabricError turns a negative libfabric return into an error naming the
+// call.
+func fabricError(rc C.int, call string) error {
+	if rc == C.DDSF_STALE {
+		return base.Errorf(base.ErrFreed, "%s: the shard was withdrawn", call)
+	}
+	return base.Errorf(base.ErrPeer, "%s: %s (libfabric error %d)", call, fabricStrerror(rc), int(-rc))
+}
