@@ -101,7 +101,7 @@ func (v *variable) expose(a *Agent) {
 		}
 		e, err := x.Expose(seg.Data, v.table.ID)
 		if err != nil {
-			a.log.Error("cannot expose a shard in the MPI window; other nodes cannot read it", "variable", v.name, "rank", r, "err", err)
+			a.log.Error("cannot expose a shard for one-sided reads (mpi or fabric); other nodes cannot read it", "variable", v.name, "rank", r, "err", err)
 			continue
 		}
 		if !e.Exposed() {
