@@ -291,15 +291,38 @@ static int ddsf_fetch1(ddsf *f, ddsf_batch *b, int n, uintptr_t *dst, uint64_t *
 }
 
 // ddsf_fetch runs ddsf_fetch1 with a batch that outlives a timeout; got
-// must be C memory (a late token read lands there).
+// must be C memory (a late token read lands there). The rows land in a
+// bounce buffer of C memory first and are copied to dst only when every
+// read completed and the tokens still hold id: after a timeout, reads still
+// queued in the provider may complete later, and they must never write
+// into dst (the client's receive region, reused for other rows or unmapped
+// by then). On a timeout the batch, the bounce buffer and its address list
+// are left allocated for those late completions.
 static int ddsf_fetch(ddsf *f, fi_addr_t peer, int64_t timeout_ns, int n, uintptr_t *dst, uint64_t *src, uint64_t *len, uint64_t *key,
 		int ntok, uint64_t *tok, uint64_t tokkey, uint64_t *got, uint64_t id) {
 	ddsf_batch *b = calloc(1, sizeof *b);
 	if (!b) return -FI_ENOMEM;
+	size_t total = 0;
+	for (int i = 0; i < n; i++) total += len[i];
+	char *bounce = malloc(total ? total : 1);
+	uintptr_t *bdst = malloc((n ? n : 1) * sizeof *bdst);
+	if (!bounce || !bdst) {
+		free(b); free(bounce); free(bdst);
+		return -FI_ENOMEM;
+	}
+	size_t off = 0;
+	for (int i = 0; i < n; i++) {
+		bdst[i] = (uintptr_t)(bounce + off);
+		off += len[i];
+	}
 	b->peer = peer;
 	b->deadline = ddsf_now() + timeout_ns;
-	int rc = ddsf_fetch1(f, b, n, dst, src, len, key, ntok, tok, tokkey, got, id);
-	if (rc != DDSF_TIMEOUT) free(b);
+	int rc = ddsf_fetch1(f, b, n, bdst, src, len, key, ntok, tok, tokkey, got, id);
+	if (rc == 0)
+		for (int i = 0; i < n; i++) memcpy((void *)dst[i], (void *)bdst[i], len[i]);
+	if (rc != DDSF_TIMEOUT) {
+		free(b); free(bounce); free(bdst);
+	}
 	return rc;
 }
 */
@@ -678,9 +701,9 @@ func (fb *Fabric) Fetch(ctx context.Context, addr, name string, id int64, global
 			return base.Errorf(base.ErrClosed, "transport closed")
 		}
 		if rc == C.DDSF_TIMEOUT {
-			// Reads still queued may complete later: into dst, which is
-			// the client's shared memory, not Go's heap, and the tokens'
-			// C memory, left allocated.
+			// Reads still queued may complete later: into the batch's
+			// bounce buffer and the tokens' C memory, left allocated;
+			// never into dst.
 			fb.wins.forget(addr, name)
 			// ErrPeer, not ErrTimeout: the caller then reads the rows
 			// elsewhere where it can.
