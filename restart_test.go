@@ -194,18 +194,16 @@ func TestAgentRestartReadopts(t *testing.T) {
 	}
 }
 
-// TestNodeAgentRestartAcrossNodes: the agent of the second node is killed
-// and started again on a new port; it re-adopts its shard, tells the
-// coordinator, and the first node's reads of its rows find it there.
-func TestNodeAgentRestartAcrossNodes(t *testing.T) {
-	dir := t.TempDir()
-	ns := fmt.Sprintf("restart2n%d", os.Getpid())
-	runDir := filepath.Join(dir, "run")
-	rdv := freeAddr(t)
-	common := []string{"--namespace", ns, "--run-dir", runDir, "--rendezvous", rdv, "--peer-listen", "127.0.0.1:0", "--timeout", "5s"}
+// startTwoNodeProcs starts two agent processes, nodes n0 and n1 meeting at
+// a loopback rendezvous (agent timeout as given), and a rank's Store on
+// each; it returns the job and n1's agent, for the test to kill.
+func startTwoNodeProcs(t *testing.T, prefix, timeout string) (*cluster, *restartableAgent) {
+	ns := fmt.Sprintf("%s%d", prefix, os.Getpid())
+	runDir := filepath.Join(t.TempDir(), "run")
+	common := []string{"--namespace", ns, "--run-dir", runDir, "--rendezvous", freeAddr(t), "--peer-listen", "127.0.0.1:0", "--timeout", timeout}
 	startRestartableAgent(t, append([]string{"--node", "n0"}, common...)...)
 	p1 := startRestartableAgent(t, append([]string{"--node", "n1"}, common...)...)
-	var stores []*ddstore.Store
+	c := &cluster{ns: ns}
 	for r, node := range []string{"n0", "n1"} {
 		s, err := ddstore.Open(ddstore.Config{Namespace: ns, Rank: r, Size: 2, LocalRank: 0, LocalSize: 1, Node: node,
 			RunDir: runDir, NoSpawn: true, AgentWait: 20 * time.Second, Timeout: 10 * time.Second, PublishTimeout: 20 * time.Second})
@@ -213,9 +211,17 @@ func TestNodeAgentRestartAcrossNodes(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { s.Close() })
-		stores = append(stores, s)
+		c.stores = append(c.stores, s)
 	}
-	c := &cluster{ns: ns, stores: stores}
+	return c, p1
+}
+
+// TestNodeAgentRestartAcrossNodes: the agent of the second node is killed
+// and started again on a new port; it re-adopts its shard, tells the
+// coordinator, and the first node's reads of its rows find it there.
+func TestNodeAgentRestartAcrossNodes(t *testing.T) {
+	c, p1 := startTwoNodeProcs(t, "restart2n", "5s")
+	stores := c.stores
 	c.addPattern(t, "v", []int64{10, 10}, 16, 4)
 	idx := []int64{15, 3, 19, 10}
 	dst := make([]byte, len(idx)*64)
@@ -247,24 +253,8 @@ func TestNodeAgentRestartAcrossNodes(t *testing.T) {
 // the node, within the timeout — no hang, no wrong row — and once the
 // agent is back, reads succeed again.
 func TestPeerKilledMidBatches(t *testing.T) {
-	dir := t.TempDir()
-	ns := fmt.Sprintf("peerkill%d", os.Getpid())
-	runDir := filepath.Join(dir, "run")
-	rdv := freeAddr(t)
-	common := []string{"--namespace", ns, "--run-dir", runDir, "--rendezvous", rdv, "--peer-listen", "127.0.0.1:0", "--timeout", "3s"}
-	startRestartableAgent(t, append([]string{"--node", "n0"}, common...)...)
-	p1 := startRestartableAgent(t, append([]string{"--node", "n1"}, common...)...)
-	var stores []*ddstore.Store
-	for r, node := range []string{"n0", "n1"} {
-		s, err := ddstore.Open(ddstore.Config{Namespace: ns, Rank: r, Size: 2, LocalRank: 0, LocalSize: 1, Node: node,
-			RunDir: runDir, NoSpawn: true, AgentWait: 20 * time.Second, Timeout: 10 * time.Second, PublishTimeout: 20 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		stores = append(stores, s)
-	}
-	c := &cluster{ns: ns, stores: stores}
+	c, p1 := startTwoNodeProcs(t, "peerkill", "3s")
+	stores := c.stores
 	const n, rb = 400, 1024
 	c.addPattern(t, "v", []int64{n / 2, n / 2}, rb/8, 8)
 	s := stores[0]
