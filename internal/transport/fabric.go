@@ -383,13 +383,12 @@ type Fabric struct {
 
 	slots struct {
 		sync.Mutex
-		mem  unsafe.Pointer // fabricSlots+1 words, C memory, registered for the endpoint's life
-		mr   *C.struct_fid_mr
-		key  uint64
-		mrs  map[int]*C.struct_fid_mr
-		keys map[int]uint64
-		free []int
-		next int
+		mem   unsafe.Pointer // fabricSlots+1 words, C memory, registered for the endpoint's life
+		mr    *C.struct_fid_mr
+		key   uint64
+		mrs   map[int]*C.struct_fid_mr
+		keys  map[int]uint64
+		alloc slotAlloc
 	}
 	retired struct {
 		sync.Mutex
@@ -614,21 +613,12 @@ func (fb *Fabric) token(slot int) *atomic.Uint64 {
 func (fb *Fabric) takeSlot() (int, error) {
 	fb.slots.Lock()
 	defer fb.slots.Unlock()
-	if n := len(fb.slots.free); n > 0 {
-		s := fb.slots.free[n-1]
-		fb.slots.free = fb.slots.free[:n-1]
-		return s, nil
-	}
-	if fb.slots.next == fabricSlots {
-		return 0, base.Errorf(base.ErrArgument, "transport fabric: %d shards exposed already, the most one agent can", fabricSlots)
-	}
-	fb.slots.next++
-	return fb.slots.next - 1, nil
+	return fb.slots.alloc.take(fabricSlots, "fabric")
 }
 
 func (fb *Fabric) giveSlot(s int) {
 	fb.slots.Lock()
-	fb.slots.free = append(fb.slots.free, s)
+	fb.slots.alloc.give(s)
 	fb.slots.Unlock()
 }
 

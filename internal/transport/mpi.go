@@ -227,10 +227,9 @@ type MPI struct {
 
 	slots struct {
 		sync.Mutex
-		mem  unsafe.Pointer // tokenSlots words, C memory, attached for the window's life
-		addr uint64         // its MPI address
-		free []int
-		next int
+		mem   unsafe.Pointer // tokenSlots words, C memory, attached for the window's life
+		addr  uint64         // its MPI address
+		alloc slotAlloc
 	}
 	retired struct {
 		sync.Mutex
@@ -400,21 +399,12 @@ func (m *MPI) token(slot int) *atomic.Uint64 {
 func (m *MPI) takeSlot() (int, error) {
 	m.slots.Lock()
 	defer m.slots.Unlock()
-	if n := len(m.slots.free); n > 0 {
-		s := m.slots.free[n-1]
-		m.slots.free = m.slots.free[:n-1]
-		return s, nil
-	}
-	if m.slots.next == tokenSlots {
-		return 0, base.Errorf(base.ErrArgument, "transport mpi: %d shards exposed already, the most one agent can", tokenSlots)
-	}
-	m.slots.next++
-	return m.slots.next - 1, nil
+	return m.slots.alloc.take(tokenSlots, "mpi")
 }
 
 func (m *MPI) giveSlot(s int) {
 	m.slots.Lock()
-	m.slots.free = append(m.slots.free, s)
+	m.slots.alloc.give(s)
 	m.slots.Unlock()
 }
 

@@ -231,3 +231,28 @@ func (p *getPlan) bytes() int64 {
 	}
 	return n
 }
+
+// slotAlloc hands out the token slots of a one-sided transport (mpi,
+// fabric): indices below a bound, returned ones first. Its owner locks it.
+type slotAlloc struct {
+	free []int
+	next int
+}
+
+// take returns a free slot, or an error naming the transport when all max
+// are in use.
+func (a *slotAlloc) take(max int, transport string) (int, error) {
+	if n := len(a.free); n > 0 {
+		s := a.free[n-1]
+		a.free = a.free[:n-1]
+		return s, nil
+	}
+	if a.next == max {
+		return 0, base.Errorf(base.ErrArgument, "transport %s: %d shards exposed already, the most one agent can", transport, max)
+	}
+	a.next++
+	return a.next - 1, nil
+}
+
+// give returns slot s.
+func (a *slotAlloc) give(s int) { a.free = append(a.free, s) }

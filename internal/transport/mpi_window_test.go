@@ -3,6 +3,7 @@ package transport
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -183,5 +184,21 @@ func TestWindowCache(t *testing.T) {
 	}
 	if len(ws.m) > maxCachedWindows {
 		t.Fatalf("cache holds %d windows, bound %d", len(ws.m), maxCachedWindows)
+	}
+}
+
+func TestSlotAlloc(t *testing.T) {
+	var a slotAlloc
+	for want := range 3 {
+		if s, err := a.take(3, "mpi"); err != nil || s != want {
+			t.Fatalf("take %d: %d, %v", want, s, err)
+		}
+	}
+	if _, err := a.take(3, "mpi"); !errors.Is(err, base.ErrArgument) || !strings.Contains(err.Error(), "transport mpi: 3 shards exposed already") {
+		t.Fatalf("a fourth of 3: %v", err)
+	}
+	a.give(1)
+	if s, err := a.take(3, "mpi"); err != nil || s != 1 {
+		t.Fatalf("after give(1): %d, %v", s, err)
 	}
 }
