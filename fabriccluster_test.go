@@ -11,7 +11,6 @@ package ddstore_test
 // (make gotest runs the set in FABRIC_TESTS when libfabric is installed.)
 
 import (
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,7 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ddstore-go/ddstore"
 	"github.com/ddstore-go/ddstore/internal/transport"
 )
 
@@ -39,71 +37,12 @@ func skipUnlessFabric(t *testing.T) {
 	}
 }
 
-// fabricCounters sums read_rows and served_rows over the cluster's agents.
-func fabricCounters(t *testing.T, c *cluster) (read, served int) {
-	t.Helper()
-	for i, a := range c.agents {
-		in, err := ddstore.QueryAgent(a.Socket(), c.ns, fmt.Sprintf("node%d", i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if in.Transport != "fabric" {
-			t.Fatalf("agent of node%d runs the %q transport, want fabric", i, in.Transport)
-		}
-		read += in.Counters["read_rows"]
-		served += in.Counters["served_rows"]
-	}
-	return read, served
-}
-
 // TestFabricClusterOneSided: over libfabric, from 1 to 4 nodes, every rank
 // reads every row, and the rows of other nodes come by RMA reads: the
 // owners' agents serve none of them over TCP (served_rows stays 0).
 func TestFabricClusterOneSided(t *testing.T) {
 	skipUnlessFabric(t)
-	for nodes := 1; nodes <= 4; nodes++ {
-		t.Run(fmt.Sprintf("%d nodes", nodes), func(t *testing.T) {
-			per := make([]int, nodes)
-			rows := make([]int64, 0, 2*nodes)
-			for i := range per {
-				per[i] = 1 + i%2
-				for range per[i] {
-					rows = append(rows, int64(50+len(rows)*7))
-				}
-			}
-			c := startCluster(t, per, viaRendezvous)
-			const rb = 4096
-			c.addPattern(t, "x", rows, rb/8, 8)
-			var total int64
-			for _, n := range rows {
-				total += n
-			}
-			c.mustEach(t, func(r int, s *ddstore.Store) error {
-				all := make([]byte, total*rb)
-				if err := s.Get("x", all, 0); err != nil {
-					return err
-				}
-				idx := make([]int64, 256)
-				for i := range idx {
-					idx[i] = (int64(i)*7919 + int64(r)) % total
-				}
-				dst := make([]byte, len(idx)*rb)
-				if err := s.GetBatch("x", dst, idx); err != nil {
-					return err
-				}
-				for g := range total {
-					if err := rowsOK(all[g*rb:(g+1)*rb], []int64{g}, rb); err != nil {
-						return err
-					}
-				}
-				return rowsOK(dst, idx, rb)
-			})
-			read, served := fabricCounters(t, c)
-			if nodes > 1 && read == 0 || served != 0 {
-				t.Errorf("agents read %d rows of other nodes and served %d to peers; want some and none", read, served)
-			}
-		})
-	}
+	testOneSided(t, false)
 }
 
 // TestFabricIdleTarget is DDStore's libfabric deadlock on loopback: a read
@@ -145,7 +84,7 @@ func TestFabricIdleTarget(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("reads of an idle node's rows did not complete within 30 s (the target made no progress)")
 	}
-	if read, served := fabricCounters(t, c); read == 0 || served != 0 {
+	if read, served := agentRowCounters(t, c); read == 0 || served != 0 {
 		t.Errorf("agents read %d rows of other nodes and served %d over TCP; want some and none", read, served)
 	}
 }
