@@ -653,12 +653,12 @@ class Store:
         else:
             remote = []
             for r in np.unique(owner).tolist():
-                mask = owner == r
+                pos = np.flatnonzero(owner == r)
                 src = v.local[r]
                 if src is None:
-                    remote.append(np.flatnonzero(mask))
+                    remote.append(pos)
                 else:
-                    dst[mask] = src[idx[mask] - v.bounds[r]]
+                    _copy_rows(dst, src, idx[pos] - v.bounds[r], pos)
         nremote = 0
         if remote:
             pos = np.concatenate(remote) if len(remote) > 1 else remote[0]
@@ -912,24 +912,37 @@ class Store:
             pass
 
 
-def _copy_rows(dst, src, loc):
-    """dst[i] = src[loc[i]], as fast as numpy goes: rows under 1 KiB are
-    taken as single items of a row-sized void dtype (numpy copies an item
-    with one memcpy, not byte by byte); fancy indexing through a temporary
-    beats take(out=) while the temporary stays small (hot in cache and
-    allocator); past 32 KiB a row is large enough for a loop of copies."""
+def _copy_rows(dst, src, loc, pos=None):
+    """dst[i] = src[loc[i]] (dst[pos[i]] = src[loc[i]] when pos is given),
+    as fast as numpy goes: rows under 1 KiB are taken as single items of a
+    row-sized void dtype (numpy copies an item with one memcpy, not byte by
+    byte); fancy indexing through a temporary beats take(out=) while the
+    temporary stays small (hot in cache and allocator); past 32 KiB a row is
+    large enough for a loop of copies, each row copied once, straight into
+    its place."""
     rb = src.shape[1]
     if rb < 1024:
         row = np.dtype((np.void, rb))
-        src.view(row).reshape(-1).take(loc, out=dst.view(row).reshape(-1))
+        s, d = src.view(row).reshape(-1), dst.view(row).reshape(-1)
+        if pos is None:
+            s.take(loc, out=d[:loc.shape[0]])
+        else:
+            d[pos] = s.take(loc)
         return
     if rb >= (32 << 10):
-        for i, j in enumerate(loc.tolist()):
-            dst[i] = src[j]
+        if pos is None:
+            for i, j in enumerate(loc.tolist()):
+                dst[i] = src[j]
+        else:
+            for i, j in zip(pos.tolist(), loc.tolist()):
+                dst[i] = src[j]
         return
     step = max(1, (1 << 20) // rb)
     for a in range(0, loc.shape[0], step):
-        dst[a:a + step] = src[loc[a:a + step]]
+        if pos is None:
+            dst[a:a + step] = src[loc[a:a + step]]
+        else:
+            dst[pos[a:a + step]] = src[loc[a:a + step]]
 
 
 def _count(v, rows, remote, wait):

@@ -758,9 +758,11 @@ class ThreadDataLoader:
     a time into per-field arrays that become the batch tensors directly.
 
     reuse_buffers: batches are read into preallocated arrays that are reused
-    (num_workers * prefetch_factor + 1 sets of them) instead of fresh ones
-    per batch. The contract: a yielded batch is valid until the next one is
-    requested; keep it longer only as a copy. Only datasets of this module
+    (num_workers * prefetch_factor + 1 sets of them, kept from one
+    iteration to the next) instead of fresh ones per batch. The contract: a
+    yielded batch is valid until the next one is requested (the last one of
+    an iteration, until the next iteration starts); keep it longer only as a
+    copy. Only datasets of this module
     support it; others are read as without it.
     collate_copies: each sample (or, on the fast path, the batch) is copied
     before it is collated or yielded, so that nothing yielded shares memory
@@ -800,6 +802,10 @@ class ThreadDataLoader:
         self.num_workers, self.prefetch_factor, self.timeout = num_workers, prefetch_factor, timeout
         self.worker_init_fn, self.collate_fn = worker_init_fn, collate_fn
         self.reuse_buffers, self.collate_copies = reuse_buffers, collate_copies
+        # Buffer sets (see reuse_buffers) an ended iteration handed back, for
+        # the next one: an epoch starts on buffers already touched, not on
+        # fresh pages, each of which costs a fault on first write.
+        self._spare_slots = []
 
     @property
     def _auto_collation(self):
@@ -872,9 +878,10 @@ class _Shared:
         self.stopped = False
 
     def stop(self):
+        """Stops and joins the threads: True when none runs any more."""
         with self.cond:
             if self.stopped:
-                return
+                return False
             self.stopped = True
             self.results.clear()
         for _ in self.threads:
@@ -885,6 +892,32 @@ class _Shared:
             # worker ends on its own after its current task.
             if t is not me:
                 t.join()
+        return me not in self.threads
+
+
+class _Slots:
+    """The buffer sets of one iteration (see reuse_buffers): the free ones,
+    those of batches in flight (by sequence number) and the one whose batch
+    the consumer holds. They come from and go back to the loader's spares."""
+
+    def __init__(self, spare, n):
+        self.spare = spare
+        self.free = [spare.pop() if spare else {} for _ in range(n)]
+        self.busy = {}
+        self.held = None
+
+    def give_back(self):
+        sets = self.free + list(self.busy.values()) + ([self.held] if self.held is not None else [])
+        self.free, self.busy, self.held = [], {}, None
+        self.spare.extend(s for s in sets if s)
+
+
+def _end(shared, slots):
+    """Ends an iteration: its threads stopped and joined, then its buffer
+    sets handed back for the loader's next iteration; not when a thread is
+    ending it from inside (it may still write into its set)."""
+    if shared.stop():
+        slots.give_back()
 
 
 def _worker(shared, fetch, wid, init_fn):
@@ -929,9 +962,7 @@ class _LoaderIter:
         self._limit = loader.num_workers * loader.prefetch_factor
         # One buffer set per batch that may be alive at once: those in flight
         # plus the one the consumer holds.
-        self._free_slots = [{} for _ in range(max(self._limit, 1) + 1)]
-        self._held = None
-        self._slot_of = {}
+        self._slots = _Slots(loader._spare_slots, max(self._limit, 1) + 1)
         self._sent = self._received = 0
         self._exhausted = False
         self._shared = _Shared()
@@ -942,9 +973,10 @@ class _LoaderIter:
                                      name=f"ddstore-loader-{wid}", daemon=True)
                 t.start()
                 self._shared.threads.append(t)
-            # Runs when the iterator is collected (or at exit) without keeping
-            # it alive: the workers reference only `_shared`.
-            self._finalizer = weakref.finalize(self, self._shared.stop)
+        # Runs on close(), or when the iterator is collected (or at exit)
+        # without keeping it alive: the workers reference only `_shared`.
+        self._finalizer = weakref.finalize(self, _end, self._shared, self._slots)
+        if self._workers:
             self._submit_or_close()
         elif loader.worker_init_fn is not None:
             loader.worker_init_fn(0)
@@ -962,7 +994,7 @@ class _LoaderIter:
             except StopIteration:
                 self._exhausted = True
                 return
-            slot = self._slot_of[self._sent] = self._free_slots.pop()
+            slot = self._slots.busy[self._sent] = self._slots.free.pop()
             self._shared.tasks.put((self._sent, indices, slot))
             self._sent += 1
 
@@ -976,22 +1008,23 @@ class _LoaderIter:
     def __next__(self):
         if self._closed:
             raise StopIteration
-        if self._held is not None:  # the consumer is done with the last batch
-            self._free_slots.append(self._held)
-            self._held = None
+        slots = self._slots
+        if slots.held is not None:  # the consumer is done with the last batch
+            slots.free.append(slots.held)
+            slots.held = None
         if not self._workers:
             try:
                 indices = next(self._sampler_iter)
             except StopIteration:
                 self.close()
                 raise
-            slot = self._free_slots.pop()
+            slot = slots.free.pop()
             try:
                 batch = self._fetch(indices, slot)
             except BaseException:
                 self.close()
                 raise
-            self._held = slot
+            slots.held = slot
             return batch
         self._submit_or_close()
         if self._received == self._sent:
@@ -1012,15 +1045,17 @@ class _LoaderIter:
             self.close()
             raise value
         # The batch keeps its slot's buffers until the next call.
-        self._held = self._slot_of.pop(seq)
+        slots.held = slots.busy.pop(seq)
         self._submit_or_close()
         return value
 
     def close(self):
-        """Stop and join the worker threads; further next() stops."""
+        """Stop and join the worker threads; further next() stops. The
+        buffer sets go back to the loader for its next iteration: once the
+        threads are joined, none is written any more, and the batch the
+        consumer held last is, by reuse_buffers' contract, done with."""
         self._closed = True
-        if self._workers:
-            self._finalizer()
+        self._finalizer()
 
     def __enter__(self):
         return self

@@ -194,25 +194,29 @@ s = ddstore.Store()
 r, n = s.rank, s.size
 counts = [int(x) for x in sys.argv[1].split(",")]
 first = sum(counts[:r])
-rows = (np.arange(first, first + counts[r], dtype=np.int64)[:, None] * 10 + np.arange(3)).astype(np.int64)
-s.add("v", rows)
 total = sum(counts)
-want = np.arange(total, dtype=np.int64)[:, None] * 10 + np.arange(3)
-out = np.empty((total, 3), np.int64)
-s.get("v", out, 0)
-assert np.array_equal(out, want), (r, out)
-rng = np.random.default_rng(r)
-for k in range(20):
-    idx = rng.integers(0, total, 97)
-    o = np.empty((97, 3), np.int64)
-    s.get_batch("v", o, idx)
-    assert np.array_equal(o, want[idx]), (r, k)
-recv = s.alloc_recv((97, 3), np.int64)
-s.get_batch("v", recv, idx)
-assert np.array_equal(recv, want[idx])
-p = s.get_profile("v")
+# Rows of 24 B, 2,400 B and 40,000 B: the client copies each size its own way.
+for cols in (3, 300, 5000):
+    name = f"v{cols}"
+    rows = (np.arange(first, first + counts[r], dtype=np.int64)[:, None] * 10 + np.arange(cols)).astype(np.int64)
+    s.add(name, rows)
+    want = np.arange(total, dtype=np.int64)[:, None] * 10 + np.arange(cols)
+    out = np.empty((total, cols), np.int64)
+    s.get(name, out, 0)
+    assert np.array_equal(out, want), (r, cols, out)
+    rng = np.random.default_rng(r)
+    for k in range(20):
+        idx = rng.integers(0, total, 97)
+        o = np.empty((97, cols), np.int64)
+        s.get_batch(name, o, idx)
+        assert np.array_equal(o, want[idx]), (r, cols, k)
+    recv = s.alloc_recv((97, cols), np.int64)
+    s.get_batch(name, recv, idx)
+    assert np.array_equal(recv, want[idx])
+p = s.get_profile("v3")
 print("rank", r, "remote", p["remote_rows"], "local", p["local_rows"])
-s.free("v")
+for cols in (3, 300, 5000):
+    s.free(f"v{cols}")
 s.close()
 """
 

@@ -324,6 +324,19 @@ def test_thread_loader_buffers_and_custom_collate(store, num_workers):
     for x, y in ThreadDataLoader(ds, batch_size=2, drop_last=True, num_workers=num_workers, reuse_buffers=True):
         ptrs.add(x.data_ptr())
     assert len(ptrs) <= num_workers * 2 + 1, ptrs
+    # ... kept from one epoch to the next (no fresh pages per epoch), also
+    # after an epoch left early; two iterations at once never share one.
+    loader = ThreadDataLoader(ds, batch_size=2, drop_last=True, num_workers=num_workers, reuse_buffers=True)
+    first = {x.data_ptr() for x, _ in loader}
+    for x, _ in loader:
+        break
+    again = {x.data_ptr() for x, _ in loader}
+    assert again <= first, (first, again)
+    a, b = iter(loader), iter(loader)
+    xa, xb = next(a)[0], next(b)[0]
+    assert xa.data_ptr() != xb.data_ptr()
+    assert_same(xa, xb)
+    a.close(), b.close()
     ptrs = {x.data_ptr() for x, _ in ThreadDataLoader(ds, batch_size=2, num_workers=num_workers,
                                                       collate_copies=True, reuse_buffers=True)}
     assert len(ptrs) > num_workers * 2 + 1  # copies: every batch its own memory
