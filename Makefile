@@ -21,15 +21,16 @@ KILLS    ?= 1000
 
 .DEFAULT_GOAL := help
 # Debian packages the tests need (no PyPI on these machines): Python with
-# numpy, torch and mpi4py, pytest, venv for the install check, Open MPI,
-# gcc for the race detector, matplotlib for `make report`, and libfabric for
-# the fabric transport's tests.
+# numpy, torch and mpi4py, pytest, venv for the install check, Open MPI
+# and MPICH (the MPI transport is tested with each), gcc for the race
+# detector, matplotlib for `make report`, and libfabric for the fabric
+# transport's tests.
 DEB_PACKAGES := gcc python3 python3-numpy python3-pytest python3-venv python3-setuptools python3-pip \
 	python3-torch python3-mpi4py openmpi-bin libopenmpi-dev libhdf5-dev python3-h5py python3-matplotlib \
-	libfabric-dev pkg-config
+	libfabric-dev pkg-config mpich libmpich-dev
 PYTHON   := /usr/bin/python3
 
-.PHONY: help build build-mpi build-fabric bench-mpi deps test gotest pytest python fuzz-short soak bench bench-quick cosmoflow cosmoflow-io micro report gobench clean
+.PHONY: help build build-mpi build-mpich build-fabric bench-mpi deps test gotest pytest python fuzz-short soak bench bench-quick cosmoflow cosmoflow-io micro report gobench clean
 
 help: ## list the targets
 	@echo 'Usage: make TARGET'
@@ -54,8 +55,16 @@ MPI_BIN  := bin/mpi/ddstore
 # transport (DDSTORE_TEST_TRANSPORT=mpi, mpicluster_test.go).
 MPI_TESTS := ^(TestMPIClusterOneSided|TestGetBatchEveryRank|TestReaderStore|TestReaderWaitsForPublication|TestShard|TestTyped|TestReplicaGroups|TestManyGoroutinesRead|TestErrPeerDown|TestErrCloseDuringReads|TestErrExists|TestErrFreeAllThenAddAgain|TestErrFreedAndClosed|TestErrGeometryInvalidOnOneRank|TestErrGeometryMismatch|TestErrPublishTimeout|TestErrRetryAfterFailedCollective|TestErrUnknownVariable|TestBadBuffer|TestBadGeometryArgs|TestBadIndex|TestBadUpdate|TestTierReadsEverySample|TestTierErrors|TestTierStagingUnderPressure|TestPeerLossFallsBackToTheFile)$$
 
-build-mpi: ## build bin/mpi/ddstore with the MPI transport (tag mpi; needs libopenmpi-dev or libmpich-dev)
+build-mpi: ## build bin/mpi/ddstore with the MPI transport (tag mpi; links the MPI named mpi-c: libopenmpi-dev, or libmpich-dev alone)
 	$(GO) build -tags '$(HDF5_TAGS) mpi' -o $(MPI_BIN) ./cmd/ddstore
+
+# The MPI transport linked with MPICH where Open MPI is installed too (tags
+# mpi mpich): bin/mpich/ddstore, launched with mpiexec.mpich
+# (DDSTORE_MPIRUN=mpiexec.mpich for ddstore's own launches: bench, tests).
+MPICH_BIN := bin/mpich/ddstore
+
+build-mpich: ## build bin/mpich/ddstore with the MPI transport on MPICH (tags mpi mpich; needs libmpich-dev)
+	$(GO) build -tags '$(HDF5_TAGS) mpi mpich' -o $(MPICH_BIN) ./cmd/ddstore
 
 # The libfabric transport (docs/build_tags.md): bin/fabric/ddstore.
 FABRIC_BIN := bin/fabric/ddstore
@@ -101,6 +110,13 @@ gotest: ## gofmt check, go vet, pure-Go build, race tests, then fuzz-short
 		$(GO) test $(RACE) -tags mpi -count=1 ./internal/transport/ ./internal/bench/ || exit 1; \
 		DDSTORE_TEST_TRANSPORT=mpi $(GO) test $(RACE) -count=1 -run '$(MPI_TESTS)' . || exit 1; \
 	else echo '== MPI: no mpicc, skipped (apt-get install libopenmpi-dev)'; fi
+	@if pkg-config --exists mpich 2>/dev/null && command -v mpiexec.mpich >/dev/null 2>&1; then \
+		echo '== MPICH (build tags mpi mpich, launched by mpiexec.mpich): the same MPI tests on the other MPI'; \
+		set -x; \
+		$(GO) vet -tags 'mpi mpich' ./internal/transport/ ./internal/bench/ || exit 1; \
+		DDSTORE_MPIRUN=mpiexec.mpich $(GO) test $(RACE) -tags 'mpi mpich' -count=1 ./internal/transport/ ./internal/bench/ || exit 1; \
+		DDSTORE_MPIRUN=mpiexec.mpich DDSTORE_TEST_TRANSPORT=mpi $(GO) test $(RACE) -count=1 -run '$(MPI_TESTS)' . || exit 1; \
+	else echo '== MPICH: not installed, skipped (apt-get install mpich libmpich-dev)'; fi
 	@if pkg-config --exists libfabric 2>/dev/null; then \
 		echo '== libfabric (build tag fabric, cgo on libfabric): the transport on loopback, then the cluster tests over it'; \
 		set -x; \

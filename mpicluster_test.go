@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/ddstore-go/ddstore"
+	"github.com/ddstore-go/ddstore/internal/mpirun"
 	"github.com/ddstore-go/ddstore/internal/shm"
 )
 
@@ -70,14 +71,11 @@ func (a *mpiAgent) Close() error {
 // and waits until every agent serves.
 func startMPIAgents(t testing.TB, cfgs []ddstore.AgentConfig) []testAgent {
 	t.Helper()
-	mpirun, err := exec.LookPath("mpirun")
+	launcher, err := mpirun.Find()
 	if err != nil {
-		t.Skip("DDSTORE_TEST_TRANSPORT=mpi needs mpirun (openmpi-bin)")
+		t.Skipf("DDSTORE_TEST_TRANSPORT=mpi: %v", err)
 	}
-	args := []string{"--oversubscribe"}
-	if os.Geteuid() == 0 {
-		args = append(args, "--allow-run-as-root")
-	}
+	args := launcher.Args(0)
 	for i, cfg := range cfgs {
 		if i > 0 {
 			args = append(args, ":")
@@ -85,7 +83,7 @@ func startMPIAgents(t testing.TB, cfgs []ddstore.AgentConfig) []testAgent {
 		args = append(args, "-np", "1", testAgentBin())
 		args = append(args, mpiAgentArgs(cfg)...)
 	}
-	cmd := exec.Command(mpirun, args...)
+	cmd := exec.Command(launcher.Path, args...)
 	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0")
 	if cfgs[0].Secret != "" {
 		cmd.Env = append(cmd.Env, "DDSTORE_SECRET="+cfgs[0].Secret)
@@ -190,6 +188,24 @@ func TestMPIClusterOneSided(t *testing.T) {
 	if clusterTransport != "mpi" {
 		t.Skip("DDSTORE_TEST_TRANSPORT=mpi runs it")
 	}
+	// The agents link the MPI whose launcher starts them: Open MPI under
+	// mpirun, MPICH under Hydra (DDSTORE_MPIRUN=mpiexec.mpich).
+	launcher, err := mpirun.Find()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(testAgentBin(), "version").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "MPI: MPICH"
+	if launcher.OpenMPI {
+		want = "MPI: Open MPI"
+	}
+	if !strings.Contains(string(out), want) {
+		t.Fatalf("the agents' binary says %q, want %q (launcher %s)", out, want, launcher.Path)
+	}
+	t.Log(strings.TrimSpace(string(out)))
 	testOneSided(t, true)
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ddstore-go/ddstore"
+	"github.com/ddstore-go/ddstore/internal/mpirun"
 )
 
 // ddstoreBin is the real binary, built once for the tests that run agents
@@ -30,6 +31,11 @@ func TestMain(m *testing.M) {
 	tags := ""
 	if clusterTransport == "mpi" || clusterTransport == "fabric" {
 		tags = clusterTransport
+	}
+	// Agents launched by MPICH's Hydra (DDSTORE_MPIRUN=mpiexec.mpich) must
+	// link MPICH, not the mpi-c that Open MPI provides.
+	if l, err := mpirun.Find(); clusterTransport == "mpi" && err == nil && !l.OpenMPI {
+		tags += " mpich"
 	}
 	out, err := exec.Command("go", "build", "-race", "-tags", tags, "-o", ddstoreBin, "./cmd/ddstore").CombinedOutput()
 	if err != nil {

@@ -13,7 +13,7 @@ package bench
 // agent does.
 
 /*
-#cgo pkg-config: mpi-c
+// (the MPI to link: mpi_flags*.go)
 #include <mpi.h>
 #include <stdint.h>
 #include <stdlib.h>

@@ -21,6 +21,7 @@ import (
 
 	"github.com/ddstore-go/ddstore"
 	"github.com/ddstore-go/ddstore/internal/auth"
+	"github.com/ddstore-go/ddstore/internal/mpirun"
 	"github.com/ddstore-go/ddstore/internal/transport"
 )
 
@@ -57,7 +58,7 @@ func runMPIProbe(opts Options) ([]MPIProbeResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	mpirun, err := exec.LookPath("mpirun")
+	launcher, err := mpirun.Find()
 	if err != nil {
 		return nil, err
 	}
@@ -66,11 +67,7 @@ func runMPIProbe(opts Options) ([]MPIProbeResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"--oversubscribe", "-np", "2"}
-	if os.Geteuid() == 0 {
-		args = append(args, "--allow-run-as-root")
-	}
-	cmd := exec.Command(mpirun, append(args, exe, "bench")...)
+	cmd := exec.Command(launcher.Path, append(launcher.Args(2), exe, "bench")...)
 	cmd.Env = append(os.Environ(), probeEnv+"="+string(arg))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -98,8 +95,8 @@ func checkTransport(tr string) error {
 		if !transport.MPIBuilt {
 			return fmt.Errorf("bench: transport mpi: this ddstore was built without MPI: rebuild with -tags mpi (make build-mpi)")
 		}
-		if _, err := exec.LookPath("mpirun"); err != nil {
-			return fmt.Errorf("bench: transport mpi needs mpirun (openmpi-bin): %w", err)
+		if _, err := mpirun.Find(); err != nil {
+			return fmt.Errorf("bench: transport mpi: %w", err)
 		}
 		return nil
 	case "fabric":
@@ -164,7 +161,7 @@ func startMPIJob() (*job, error) {
 	if err != nil {
 		return nil, err
 	}
-	mpirun, err := exec.LookPath("mpirun")
+	launcher, err := mpirun.Find()
 	if err != nil {
 		return nil, err
 	}
@@ -184,10 +181,7 @@ func startMPIJob() (*job, error) {
 	runDir := filepath.Join(j.dir, "run")
 	ns := fmt.Sprintf("bench-%d-mpi", os.Getpid())
 	nodes := []string{"bench-a", "bench-b"}
-	args := []string{"--oversubscribe"}
-	if os.Geteuid() == 0 {
-		args = append(args, "--allow-run-as-root")
-	}
+	args := launcher.Args(0)
 	for i, node := range nodes {
 		if i > 0 {
 			args = append(args, ":")
@@ -195,7 +189,7 @@ func startMPIJob() (*job, error) {
 		args = append(args, "-np", "1", exe, "agent", "--transport", "mpi", "--namespace", ns, "--node", node,
 			"--run-dir", runDir, "--rendezvous", rdv, "--peer-listen", "127.0.0.1:0")
 	}
-	m := &mpiLaunch{cmd: exec.Command(mpirun, args...), exited: make(chan error, 1), log: &lockedBuffer{}}
+	m := &mpiLaunch{cmd: exec.Command(launcher.Path, args...), exited: make(chan error, 1), log: &lockedBuffer{}}
 	m.cmd.Stdout, m.cmd.Stderr = m.log, m.log
 	if err := m.cmd.Start(); err != nil {
 		os.RemoveAll(j.dir)

@@ -5,9 +5,11 @@ import (
 	"io"
 	"runtime"
 	"runtime/debug"
+	"strings"
 
 	"github.com/ddstore-go/ddstore"
 	"github.com/ddstore-go/ddstore/internal/source"
+	"github.com/ddstore-go/ddstore/internal/transport"
 )
 
 func runVersion(args []string, stdout, stderr io.Writer) error {
@@ -30,6 +32,13 @@ func runVersion(args []string, stdout, stderr io.Writer) error {
 	if source.HDF5 {
 		hdf5 = "with HDF5"
 	}
-	fmt.Fprintf(stdout, "ddstore %s (commit %s%s, %s, %s/%s, %s)\n", ddstore.Version, commit, dirty, runtime.Version(), runtime.GOOS, runtime.GOARCH, hdf5)
+	libs := []string{hdf5}
+	if l := transport.MPILibrary(); l != "" {
+		libs = append(libs, "MPI: "+l)
+	}
+	if l := transport.FabricLibrary(); l != "" {
+		libs = append(libs, l)
+	}
+	fmt.Fprintf(stdout, "ddstore %s (commit %s%s, %s, %s/%s, %s)\n", ddstore.Version, commit, dirty, runtime.Version(), runtime.GOOS, runtime.GOARCH, strings.Join(libs, ", "))
 	return nil
 }

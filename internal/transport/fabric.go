@@ -55,6 +55,12 @@ typedef struct {
 	fi_addr_t peer;
 } ddsf_batch;
 
+// The libfabric this process runs with: major << 16 | minor.
+static uint32_t ddsf_version(void) {
+	uint32_t v = fi_version();
+	return FI_MAJOR(v) << 16 | FI_MINOR(v);
+}
+
 static int64_t ddsf_now(void) {
 	struct timespec t;
 	clock_gettime(CLOCK_MONOTONIC, &t);
@@ -345,6 +351,13 @@ import (
 // FabricBuilt says whether this binary has the libfabric transport (build
 // tag fabric).
 const FabricBuilt = true
+
+// FabricLibrary names the libfabric this binary runs with ("libfabric
+// 1.17"); "" without the tag.
+func FabricLibrary() string {
+	v := uint32(C.ddsf_version())
+	return fmt.Sprintf("libfabric %d.%d", v>>16, v&0xffff)
+}
 
 // progressPoll is how long each call of the progress loop serves the
 // endpoint (sleeping in fi_cq_sread between requests) before it lets
@@ -649,20 +662,17 @@ func (fb *Fabric) Fetch(ctx context.Context, addr, name string, id int64, global
 	}
 	p := fabricPlans.Get().(*fabricPlan)
 	defer fabricPlans.Put(p)
-	for attempt := 0; ; attempt++ {
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("%w: fetch from peer %s: %w", base.ErrTimeout, addr, err)
-		}
+	return fetchOneSided(ctx, addr, name, &fb.closed, func() (bool, error) {
 		w, err := fb.window(ctx, addr, name, id)
 		if err != nil {
-			return err
+			return false, err
 		}
 		peer, err := fb.peer(w.Name)
 		if err != nil {
-			return err
+			return false, err
 		}
 		if err := p.plan(&w.Window, addr, globals, dst); err != nil {
-			return err
+			return false, err
 		}
 		p.keys, p.src, p.lens = p.keys[:0], p.src[:0], p.lens[:0]
 		for i := range p.getPlan.lens {
@@ -685,30 +695,21 @@ func (fb *Fabric) Fetch(ctx context.Context, addr, name string, id int64, global
 		rc := fb.read(peer, p, w.TokenKey, id, timeout)
 		runtime.KeepAlive(dst)
 		if rc == 0 {
-			return nil
+			return false, nil
 		}
-		if fb.closed.Load() {
-			return base.Errorf(base.ErrClosed, "transport closed")
-		}
-		if rc == C.DDSF_TIMEOUT {
+		fb.wins.forget(addr, name)
+		switch {
+		case rc == C.DDSF_TIMEOUT:
 			// Reads still queued may complete later: into the batch's
 			// bounce buffer and the tokens' C memory, left allocated;
-			// never into dst.
-			fb.wins.forget(addr, name)
-			// ErrPeer, not ErrTimeout: the caller then reads the rows
-			// elsewhere where it can.
-			return fmt.Errorf("%w: rows of %q from peer %s: no completion within %v (its agent is gone, or unreachable over libfabric)", base.ErrPeer, name, addr, timeout.Round(time.Millisecond))
+			// never into dst. ErrPeer, not ErrTimeout: the caller then
+			// reads the rows elsewhere where it can.
+			return false, fmt.Errorf("%w: rows of %q from peer %s: no completion within %v (its agent is gone, or unreachable over libfabric)", base.ErrPeer, name, addr, timeout.Round(time.Millisecond))
+		case fabricStale(rc):
+			return true, nil
 		}
-		// The shard was withdrawn (freed, or its agent is stopping): ask
-		// again once; the owner says why, or describes it anew.
-		fb.wins.forget(addr, name)
-		if !fabricStale(rc) {
-			return fmt.Errorf("%w: rows of %q from peer %s: %w", base.ErrPeer, name, addr, fabricError(rc, "fi_read"))
-		}
-		if attempt > 0 {
-			return base.Errorf(base.ErrFreed, "variable %q was freed on peer %s while being read", name, addr)
-		}
-	}
+		return false, fmt.Errorf("%w: rows of %q from peer %s: %w", base.ErrPeer, name, addr, fabricError(rc, "fi_read"))
+	})
 }
 
 // read runs a plan: 0, C.DDSF_STALE when a token no longer holds id, or a

@@ -8,6 +8,10 @@ import "context"
 // tag fabric).
 const FabricBuilt = false
 
+// FabricLibrary names the libfabric a build with the tag fabric runs with;
+// "" here.
+func FabricLibrary() string { return "" }
+
 // Fabric is the libfabric transport; this build has none (no tag fabric):
 // NewFabric fails and says how to get one.
 type Fabric struct{}

@@ -7,6 +7,9 @@ import "context"
 // MPIBuilt says whether this binary has the MPI transport (build tag mpi).
 const MPIBuilt = false
 
+// MPILibrary names the MPI library a build with the tag mpi links; "" here.
+func MPILibrary() string { return "" }
+
 // MPI is the MPI transport; this build has none (no tag mpi): NewMPI fails
 // and says how to get one.
 type MPI struct{}

@@ -18,7 +18,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -27,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/mpirun"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
@@ -37,11 +37,11 @@ const (
 	mpiRowsB   = 50                     // rows of shard B (global rows [300, 350))
 )
 
-func mpirun(t *testing.T, np int, timeout time.Duration) {
+func launchRanks(t *testing.T, np int, timeout time.Duration) {
 	t.Helper()
-	mpirunPath, err := exec.LookPath("mpirun")
+	launcher, err := mpirun.Find()
 	if err != nil {
-		t.Skip("mpirun not installed (openmpi-bin)")
+		t.Skip(err)
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -50,12 +50,8 @@ func mpirun(t *testing.T, np int, timeout time.Duration) {
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	args := []string{"--oversubscribe", "-np", strconv.Itoa(np)}
-	if os.Geteuid() == 0 {
-		args = append([]string{"--allow-run-as-root"}, args...)
-	}
-	args = append(args, exe, "-test.run", "^TestMPIRank$", "-test.v", "-test.count=1")
-	cmd := exec.CommandContext(ctx, mpirunPath, args...)
+	args := append(launcher.Args(np), exe, "-test.run", "^TestMPIRank$", "-test.v", "-test.count=1")
+	cmd := exec.CommandContext(ctx, launcher.Path, args...)
 	cmd.Env = append(os.Environ(), mpiRankEnv+"="+dir, "GORACE=atexit_sleep_ms=0")
 	out, err := cmd.CombinedOutput()
 	if err != nil || !bytes.Contains(out, []byte("--- PASS: TestMPIRank")) || bytes.Contains(out, []byte("FAIL")) {
@@ -69,8 +65,8 @@ func TestMPI(t *testing.T) {
 	if os.Getenv(mpiRankEnv) != "" {
 		t.Skip("a rank of TestMPI")
 	}
-	t.Run("two ranks", func(t *testing.T) { mpirun(t, 2, 2*time.Minute) })
-	t.Run("one rank", func(t *testing.T) { mpirun(t, 1, time.Minute) })
+	t.Run("two ranks", func(t *testing.T) { launchRanks(t, 2, 2*time.Minute) })
+	t.Run("one rank", func(t *testing.T) { launchRanks(t, 1, time.Minute) })
 }
 
 // meeting is the directory the ranks meet in.

@@ -7,10 +7,12 @@ package transport
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -256,3 +258,32 @@ func (a *slotAlloc) take(max int, transport string) (int, error) {
 
 // give returns slot s.
 func (a *slotAlloc) give(s int) { a.free = append(a.free, s) }
+
+// fetchOneSided runs the retry protocol of both one-sided transports (mpi,
+// fabric) around read, one try at reading a batch out of the window its
+// owner described: nil when every row came and every token still held the
+// table id; stale when a token no longer did or a read fell outside the
+// window, so the shard left it (freed, or its agent stopping) — read forgot
+// the window, and the batch is read once more against the owner's new
+// description; a second stale try means the variable was freed while being
+// read. Any error of a transport closed meanwhile becomes ErrClosed.
+func fetchOneSided(ctx context.Context, addr, name string, closed *atomic.Bool, read func() (stale bool, err error)) error {
+	for attempt := 0; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("%w: fetch from peer %s: %w", base.ErrTimeout, addr, err)
+		}
+		stale, err := read()
+		if !stale && err == nil {
+			return nil
+		}
+		if closed.Load() {
+			return base.Errorf(base.ErrClosed, "transport closed")
+		}
+		if !stale {
+			return err
+		}
+		if attempt > 0 {
+			return base.Errorf(base.ErrFreed, "variable %q was freed on peer %s while being read", name, addr)
+		}
+	}
+}

@@ -1,9 +1,11 @@
 package transport
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"unsafe"
 
@@ -200,5 +202,52 @@ func TestSlotAlloc(t *testing.T) {
 	a.give(1)
 	if s, err := a.take(3, "mpi"); err != nil || s != 1 {
 		t.Fatalf("after give(1): %d, %v", s, err)
+	}
+}
+
+// TestFetchOneSided: the retry protocol both one-sided transports share.
+func TestFetchOneSided(t *testing.T) {
+	errRead := base.Errorf(base.ErrPeer, "rows from peer n1: broken")
+	type try struct {
+		stale bool
+		err   error
+	}
+	for _, c := range []struct {
+		name   string
+		tries  []try
+		closed bool
+		cancel bool
+		want   error // nil, or the sentinel the error wraps
+		calls  int
+	}{
+		{"first try", []try{{}}, false, false, nil, 1},
+		{"stale, then a new window", []try{{stale: true}, {}}, false, false, nil, 2},
+		{"stale twice: freed while read", []try{{stale: true}, {stale: true}}, false, false, base.ErrFreed, 2},
+		{"an error is not retried", []try{{err: errRead}}, false, false, base.ErrPeer, 1},
+		{"closed meanwhile", []try{{err: errRead}}, true, false, base.ErrClosed, 1},
+		{"closed, stale", []try{{stale: true}}, true, false, base.ErrClosed, 1},
+		{"context ended", nil, false, true, base.ErrTimeout, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if c.cancel {
+				cancel()
+			}
+			var closed atomic.Bool
+			closed.Store(c.closed)
+			calls := 0
+			err := fetchOneSided(ctx, "n1", "x", &closed, func() (bool, error) {
+				tr := c.tries[calls]
+				calls++
+				return tr.stale, tr.err
+			})
+			if calls != c.calls {
+				t.Errorf("%d tries, want %d", calls, c.calls)
+			}
+			if c.want == nil && err != nil || c.want != nil && !errors.Is(err, c.want) {
+				t.Errorf("got %v, want %v", err, c.want)
+			}
+		})
 	}
 }
