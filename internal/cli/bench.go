@@ -35,7 +35,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	shard := fs.String("shard", "", "bytes per rank, e.g. 256M (default 64M quick, 256M full)")
 	dur := fs.Duration("duration", 0, "time per throughput figure")
 	inProc := fs.Bool("in-process", false, "run the agents inside this process")
-	transports := fs.String("transports", "tcp", "transports to measure cross-node reads over, each in a job of its own: tcp, mpi, fabric or a list such as tcp,mpi,fabric (mpi: the agents are the ranks of an mpirun launch of this binary, built with -tags mpi; fabric: a build with -tags fabric, provider from DDSTORE_FABRIC)")
+	transports := fs.String("transports", "tcp", "transports to measure cross-node reads over, each in a job of its own: tcp, mpi, fabric or a list such as tcp,mpi,fabric (mpi: the agents are the ranks of an mpirun launch of this binary, built with -tags mpi; DDSTORE_MPIRUN names another launcher, e.g. mpiexec.mpich for a build with -tags 'mpi mpich'; fabric: a build with -tags fabric, provider from DDSTORE_FABRIC)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}

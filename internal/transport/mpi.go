@@ -27,12 +27,12 @@ package transport
 enum { DDST_STALE = -2 };
 
 static MPI_Win ddst_win;
+static int ddst_windowed;
 
-// The MPI library's version (callable before MPI_Init).
+// ddst_library gives the MPI library's version (callable before MPI_Init).
 static void ddst_library(char *buf, int *len) {
 	MPI_Get_library_version(buf, len);
 }
-static int ddst_windowed;
 
 // ddst_init starts MPI with MPI_THREAD_MULTIPLE, or takes the MPI the
 // process already started (*ours = 0).

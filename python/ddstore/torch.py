@@ -762,8 +762,8 @@ class ThreadDataLoader:
     iteration to the next) instead of fresh ones per batch. The contract: a
     yielded batch is valid until the next one is requested (the last one of
     an iteration, until the next iteration starts); keep it longer only as a
-    copy. Only datasets of this module
-    support it; others are read as without it.
+    copy. Only datasets of this module support it; others are read as
+    without it.
     collate_copies: each sample (or, on the fast path, the batch) is copied
     before it is collated or yielded, so that nothing yielded shares memory
     with a reused buffer.
