@@ -30,7 +30,7 @@ DEB_PACKAGES := gcc python3 python3-numpy python3-pytest python3-venv python3-se
 	libfabric-dev pkg-config mpich libmpich-dev
 PYTHON   := /usr/bin/python3
 
-.PHONY: help build build-mpi build-mpich build-fabric bench-mpi deps test gotest pytest python fuzz-short soak bench bench-quick cosmoflow cosmoflow-io micro report gobench clean
+.PHONY: help build build-mpi build-mpich build-fabric bench-mpi deps test gotest pytest python fuzz-short soak bench bench-quick cosmoflow cosmoflow-io micro micro-mpi report gobench clean
 
 help: ## list the targets
 	@echo 'Usage: make TARGET'
@@ -164,6 +164,9 @@ cosmoflow-io: deps ## SOLAR's I/O evaluation (4 ranks, batch 16, 3 epochs, no mo
 
 micro: build ## DDStore's microbenchmark from Python: µs per row of get() and get_batch(128), 3 KiB and 1 MiB rows
 	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore.microbench
+
+micro-mpi: build ## the same cross-node, 2 ranks of mpirun: through the agents and by MPI gets from the rank (Store(method="mpi"))
+	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore.microbench --mpi
 
 # REPORT_ARGS: e.g. --replot (plot the saved JSON again) or --quick.
 report: build ## measure, then plot docs/figures/*.png (loading time, hit rate, throughput); needs python3-matplotlib

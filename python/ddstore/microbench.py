@@ -20,6 +20,11 @@ the row at the TCP rate. The whole measurement runs three times (one with
 within each round, because this machine's limits move from minute to minute.
 
     python -m ddstore.microbench [--quick] [--rounds R] [--json]
+
+With --mpi, the cross-node figures of two ranks launched by mpirun (each
+its own simulated node), read through the agents and by MPI one-sided gets
+from the rank itself (Store(comm, method="mpi"), DDStore's method 0), one
+launch after the other.
 """
 
 import argparse
@@ -359,12 +364,137 @@ def _median_rows(per_round):
     return out
 
 
+# -- --mpi: cross-node reads of ranks launched by mpirun, by each method -----
+
+def _mpi_rank(method, row_sizes, batch, shard_bytes, dur):
+    """One rank of `mpirun -np 2`, each rank a simulated node of its own:
+    rank 0 reads rows of rank 1's shard with Store(comm, method=method) and
+    prints its figures as JSON; rank 1 waits without spinning (the reads
+    are one-sided: it takes no part)."""
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    os.environ["DDSTORE_NODE_ID"] = f"micro-{'ab'[rank]}"
+
+    def idle_barrier():
+        req = comm.Ibarrier()
+        while not req.Test():
+            time.sleep(0.001)
+
+    s = Store(comm, method=method, agent_wait=60)
+    out = []
+    try:
+        for rb in row_sizes:
+            n = max(shard_bytes // rb, batch)
+            name = f"m{rb}"
+            s.add(name, _rows(n, rb, rank * n))
+            if rank == 0:
+                rng = np.random.default_rng(rb)
+                dst = s.alloc_recv((batch, rb), np.uint8) if method == "agent" else np.empty((batch, rb), np.uint8)
+                dst[...] = 1  # touched before timing
+                idxs = [rng.integers(n, 2 * n, batch) for _ in range(64)]
+                gl = rng.integers(n, 2 * n, 4096)
+                one = dst[:1]
+                res = {"method": method, "row_bytes": rb, "batch": batch}
+                res["get_us_p50"], res["get_us_p99"] = _latency_for(dur, lambda i: s.get(name, one, gl[i % 4096]))
+                s.get(name, one, gl[7])
+                assert _first(one)[0] == gl[7], "wrong row read"
+                k = [0]
+
+                def op():
+                    k[0] = (k[0] + 1) % 64
+                    s.get_batch(name, dst, idxs[k[0]])
+                gbps = _rate(dur, batch * rb, op)
+                assert (_first(dst) == idxs[k[0]]).all(), "wrong rows read"
+                res["batch_us_per_row"] = rb / gbps / 1e3
+                p = s.get_profile(name)
+                res["onesided_rows"], res["remote_rows"] = p["onesided_rows"], p["remote_rows"]
+                out.append(res)
+                if method == "agent":
+                    s.free_recv(dst)
+            idle_barrier()
+            s.free(name)
+            idle_barrier()
+    finally:
+        s.close()
+    if rank == 0:
+        print(json.dumps(out), flush=True)
+
+
+def measure_mpi(quick=False, launcher="mpirun"):
+    """Cross-node get() and get_batch by method "agent" and "mpi", each in
+    an mpirun launch of two ranks of its own, one after the other."""
+    row_sizes, batch = ROW_SIZES, BATCH
+    shard, dur = (64 << 20, 0.3) if quick else (256 << 20, 1.0)
+    if not os.environ.get("DDSTORE_SECRET"):
+        os.environ["DDSTORE_SECRET"] = secrets.token_hex(32)
+    rows = []
+    for method in ("agent", "mpi"):
+        ns = f"pymicro-mpi-{os.getpid()}-{method}"
+        env = {**os.environ, "DDSTORE_NAMESPACE": ns, "DDSTORE_RENDEZVOUS": f"127.0.0.1:{_free_port()}",
+               "DDSTORE_PEER_LISTEN": "127.0.0.1:0"}
+        cmd = [launcher, "--oversubscribe", "-np", "2"]
+        if os.geteuid() == 0:
+            cmd.insert(1, "--allow-run-as-root")
+        for k in ("DDSTORE_NAMESPACE", "DDSTORE_RENDEZVOUS", "DDSTORE_PEER_LISTEN", "DDSTORE_SECRET",
+                  "DDSTORE_BIN", "DDSTORE_RUN_DIR", "PYTHONPATH"):
+            if k in env:
+                cmd += ["-x", k]
+        cmd += [sys.executable, "-m", "ddstore.microbench", "--mpi-rank", method, "--shard", str(shard),
+                "--duration", str(dur)]
+        try:
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        finally:
+            for pid in agent_pids(ns):
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        if r.returncode != 0:
+            raise RuntimeError(f"microbench --mpi: {' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}{r.stderr}")
+        rows += json.loads(r.stdout.strip().splitlines()[-1])
+    return {"shard_bytes": shard, "batch": batch, "rows": rows}
+
+
+def table_mpi(res):
+    by = {(r["method"], r["row_bytes"]): r for r in res["rows"]}
+    lines = ["| row | op | agent µs/row | mpi µs/row | agent / mpi | DDStore published µs/row | DDStore / mpi |",
+             "|---|---|---|---|---|---|---|"]
+    for rb in sorted({r["row_bytes"] for r in res["rows"]}):
+        a, m = by[("agent", rb)], by[("mpi", rb)]
+        for op, key in (("get()", "get_us_p50"), (f"get_batch({res['batch']})", "batch_us_per_row")):
+            pub = DDSTORE_PUBLISHED.get((rb, "get" if op == "get()" else "batch"))
+            size = "3 KiB" if rb == 3072 else f"{rb >> 20} MiB" if rb >= 1 << 20 else f"{rb} B"
+            lines.append(f"| {size} | {op} | {a[key]:.2f} | {m[key]:.2f} | {a[key] / m[key]:.2f}× | "
+                         + (f"{_rng(pub)} | {_rng((pub[0] / m[key], pub[1] / m[key]))}× |" if pub else "– | – |"))
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m ddstore.microbench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="64 MiB per rank, 0.3 s per figure (about 20 s)")
     ap.add_argument("--rounds", type=int, help="repeat the whole measurement (default 3; 1 with --quick)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--mpi", action="store_true",
+                    help="cross-node reads of two ranks launched by mpirun, through the agents and by MPI one-sided "
+                         "gets from the rank itself (Store(comm, method='mpi')), side by side")
+    ap.add_argument("--mpi-rank", choices=("agent", "mpi"), help=argparse.SUPPRESS)
+    ap.add_argument("--shard", type=int, default=256 << 20, help=argparse.SUPPRESS)
+    ap.add_argument("--duration", type=float, default=1.0, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.mpi_rank:
+        _mpi_rank(a.mpi_rank, ROW_SIZES, BATCH, a.shard, a.duration)
+        return
+    if a.mpi:
+        res = measure_mpi(a.quick)
+        if a.json:
+            print(json.dumps(res))
+            return
+        print(f"ddstore microbenchmark, cross-node, 2 ranks of mpirun on 2 simulated nodes, "
+              f"{res['shard_bytes'] >> 20} MiB per rank, Python {sys.version.split()[0]}\n")
+        print(table_mpi(res))
+        print("\n(ratios of µs: above 1, the second is faster)")
+        return
     res = measure(a.quick, rounds=a.rounds)
     if a.json:
         print(json.dumps(res))

@@ -134,7 +134,8 @@ class _Var:
     """A variable as this rank sees it."""
 
     __slots__ = ("name", "id", "disp", "itemsize", "rb", "dtype", "npdtype", "total", "held", "backing", "prefix",
-                 "bounds", "shard_rows", "nodes", "local", "typed", "own", "segs", "single", "single_first", "profile")
+                 "bounds", "shard_rows", "nodes", "local", "typed", "own", "segs", "single", "single_first", "profile",
+                 "win")
 
     def __init__(self, t, own_rank):
         self.name, self.id, self.disp, self.itemsize, self.dtype = t.name, t.id, t.disp, t.itemsize, t.dtype
@@ -179,7 +180,9 @@ class _Var:
         self.local.append(None)
         self.typed.append(None)
         self.profile = {"calls": 0, "rows": 0, "bytes": 0, "local_rows": 0, "remote_rows": 0, "storage_rows": 0,
-                        "remote_calls": 0, "wait_s": 0.0}
+                        "remote_calls": 0, "wait_s": 0.0, "onesided_rows": 0}
+        # The MPI window over the job's shards (Store(method="mpi")), or None.
+        self.win = None
 
     def unmap(self):
         self.local = [None] * len(self.local)
@@ -200,12 +203,25 @@ class Store:
     themselves, apart from the other groups'. width=w does the same without
     a communicator: ranks [k*w, (k+1)*w) form group k (the last may be
     smaller); rank and size are then the group's.
+
+    method: how rows of other nodes are read. "agent" (the default): through
+    this node's agent, which fetches them from the owners' agents. "mpi"
+    (DDStore's method 0), with an mpi4py communicator: every variable this
+    store creates is also exposed as an MPI window of the ranks' shards, and
+    this process reads other nodes' rows itself with passive-target
+    one-sided gets (a get per row, one flush per batch), the owners taking
+    no part. add, init, free and close are then collective over comm
+    (MPI_Win_create, MPI_Win_free; with width, over all its groups at once),
+    as in DDStore. Rows of a backing file, and reads from a
+    forked child (a DataLoader worker), still go through the agent. Needs an
+    MPI whose windows reach other processes' memory by themselves: Open MPI
+    over shared memory with single-copy (CMA) or RDMA between nodes.
     """
 
     def __init__(self, comm=None, namespace=None, *, rank=None, size=None, local_rank=None, local_size=None,
                  node=None, socket_path=None, run_dir=None, spawn=True, agent_args=(), binary=None,
                  timeout=120.0, publish_timeout=300.0, agent_wait=60.0, max_lanes=16, reader=False, width=None,
-                 wait_published=None):
+                 wait_published=None, method=None):
         from .comm import identity, world_of
         ident = identity(comm, rank, size, local_rank, local_size, node)
         self.rank, self.size, self.local_rank, self.local_size, self.node = (
@@ -230,6 +246,20 @@ class Store:
         # A reader (split mode: a job reading data another job published)
         # holds no shard: it says rank -1 to the agent and cannot add.
         self.reader = bool(reader)
+        self.method, self._mpi = _check_method(method, comm, self.reader), None
+        self._mpi_lock = threading.Lock()
+        self._mpi_pid = os.getpid()  # windows are this process's: not a forked child's
+        # Windows span the communicator given, so rank r of the store is
+        # rank _mpi_base + r there: the group's first rank when width splits
+        # it into replica groups. (Not one communicator per group: Open MPI
+        # 4.1 names a window's shared-memory state by its communicator's
+        # context id, which sibling groups share, so two groups with ranks
+        # on one host and windows at once collide.)
+        self._mpi_base = 0
+        if self.method == "mpi":
+            self._mpi = comm
+            if width is not None and self.group is not None:
+                self._mpi_base = self.group
         # How long a first read of a variable not published yet waits for it
         # (split mode: the reading job may start first); by default, for a
         # reader, DDStore's DDSTORE_HANDSHAKE_TIMEOUT_S, else none.
@@ -496,7 +526,45 @@ class Store:
         t = _wire.Table.decode(body)
         with self._lock:
             self._freed.discard(name)
-        self._install(t, name)
+        v = self._install(t, name)
+        if self._mpi is not None:
+            self._open_window(name, v)
+
+    def _open_window(self, name, v):
+        """Collective over the communicator: expose this rank's shard of v in
+        an MPI window, locked for every target at once. None when no group
+        has rows on more than one node. A window that some rank could not
+        make is made by none: an error on every rank, the variable freed."""
+        from mpi4py import MPI
+        comm = self._mpi
+        if not comm.allreduce(int(len(set(v.nodes)) > 1), op=MPI.MAX):
+            return
+        mem = v.own if v.own is not None and v.own.nbytes else MPI.BOTTOM
+        win, err = None, None
+        try:
+            win = MPI.Win.Create(mem, 1, comm=comm)
+        except MPI.Exception as e:
+            err = e
+        if comm.allreduce(int(win is not None), op=MPI.MIN):
+            win.Lock_all(MPI.MODE_NOCHECK)
+            v.win = win
+            return
+        if win is not None:
+            win.Free()
+        self.free(name)
+        why = f" ({err})" if err is not None else " (on another rank)"
+        raise ArgumentError(f"ddstore: bad argument: variable {name!r}: method 'mpi': MPI could not make a window of "
+                            f"the shards{why}: it needs single-copy access between the processes of a node (Open "
+                            f"MPI: CMA, so not OMPI_MCA_btl_vader_single_copy_mechanism=none) or RDMA between nodes; "
+                            f"use method='agent'") from None
+
+    def _close_window(self, v):
+        """Collective: free v's window (before its shards are unmapped)."""
+        win, v.win = v.win, None
+        if win is not None and self._mpi_pid == os.getpid():
+            with self._mpi_lock:
+                win.Unlock_all()
+                win.Free()
 
     def _install(self, t, name):
         v = _Var(t, -1 if self.reader else self.rank)
@@ -569,20 +637,33 @@ class Store:
             self._check_fork()
         v = self._vars.get(name)
         # Fast path: a numpy destination of the variable's type, rows all in
-        # one shard of this node (about a microsecond).
+        # one shard of this node (about a microsecond), or, with
+        # method="mpi", in one shard of another node.
         if (v is not None and type(arr) is np.ndarray and arr.dtype == v.npdtype and arr.flags.c_contiguous
                 and arr.flags.writeable):
             n = arr.shape[0] if arr.ndim else 1
             b = v.bounds
             r = bisect_right(b, start) - 1
-            if 0 <= r < len(v.typed) and start >= 0 and start + n <= b[r + 1] and n > 0 and arr.size == n * v.disp \
-                    and v.typed[r] is not None:
+            if 0 <= r < len(v.typed) and start >= 0 and start + n <= b[r + 1] and n > 0 and arr.size == n * v.disp:
                 lo = start - b[r]
-                arr.reshape(n, v.disp)[...] = v.typed[r][lo:lo + n]
                 p = v.profile
+                if v.typed[r] is not None:
+                    arr.reshape(n, v.disp)[...] = v.typed[r][lo:lo + n]
+                    p["local_rows"] += n
+                elif v.win is not None and r < len(v.shard_rows) and self._mpi_pid == os.getpid():
+                    # Rows of one shard of another node: one MPI get.
+                    from mpi4py import MPI
+                    with self._mpi_lock:
+                        t = r + self._mpi_base
+                        v.win.Get([arr, MPI.BYTE], t, (lo * v.rb, n * v.rb, MPI.BYTE))
+                        v.win.Flush(t)
+                    p["remote_rows"] += n
+                    p["onesided_rows"] += n
+                    p["remote_calls"] += 1
+                else:
+                    return self._get(name, arr, start)
                 p["calls"] += 1
                 p["rows"] += n
-                p["local_rows"] += n
                 p["bytes"] += n * v.rb
                 return arr
         return self._get(name, arr, start)
@@ -663,11 +744,48 @@ class Store:
         if remote:
             pos = np.concatenate(remote) if len(remote) > 1 else remote[0]
             nremote = pos.shape[0]
-            for lo in range(0, nremote, _MAX_ROWS_PER_READ):
-                self._fetch(v, dst, idx, pos[lo:lo + _MAX_ROWS_PER_READ])
             if v.total > v.held:
                 v.profile["storage_rows"] += int(np.count_nonzero(idx[pos] >= v.held))
+            if v.win is not None and self._mpi_pid == os.getpid():
+                pos = self._get_onesided(v, dst, idx, pos, owner)
+            for lo in range(0, pos.shape[0], _MAX_ROWS_PER_READ):
+                self._fetch(v, dst, idx, pos[lo:lo + _MAX_ROWS_PER_READ])
         _count(v, n, nremote, time.perf_counter() - t0 if nremote else 0.0)
+
+    def _get_onesided(self, v, dst, idx, pos, owner):
+        """Rows idx[pos] of other nodes' shards into dst[pos] by MPI gets from
+        this process: a get per row, one flush. Returns the positions left
+        for the agent (rows only the backing file holds)."""
+        from mpi4py import MPI
+        own = owner[pos]
+        mem = own < len(v.shard_rows)
+        p, o = pos[mem], own[mem]
+        k = p.shape[0]
+        if k:
+            rb, win, byte = v.rb, v.win, MPI.BYTE
+            offs = (idx[p] - v.prefix[o]) * rb
+            o = o + self._mpi_base  # ranks in the window's communicator
+            with self._mpi_lock:
+                if k < _MPI_TYPED_ROWS:
+                    get = win.Get
+                    for i, r, off in zip(p.tolist(), o.tolist(), offs.tolist()):
+                        get([dst[i], byte], r, (off, rb, byte))
+                else:
+                    # One get per owner: rows gathered at both ends by
+                    # indexed datatypes (far fewer calls into MPI).
+                    base = dst.reshape(-1)
+                    for r in np.unique(o).tolist():
+                        sel = o == r
+                        here = MPI.BYTE.Create_hindexed_block(rb, (p[sel] * rb).tolist()).Commit()
+                        there = MPI.BYTE.Create_hindexed_block(rb, offs[sel].tolist()).Commit()
+                        try:
+                            win.Get([base, 1, here], r, (0, 1, there))
+                        finally:
+                            here.Free()
+                            there.Free()
+                win.Flush_all()
+            v.profile["onesided_rows"] += k
+        return pos[~mem]
 
     def _fetch(self, v, dst, idx, pos):
         """Rows idx[pos] from other nodes into dst[pos]: one request to the
@@ -868,6 +986,7 @@ class Store:
                     self._freed.add(n)
             if v is None:
                 continue
+            self._close_window(v)
             v.unmap()
             if self.reader:
                 continue  # a reader holds no share of the variable to give back
@@ -875,6 +994,11 @@ class Store:
                           timeout=3 * self._timeout)
 
     def close(self):
+        """Release everything this store holds (collective with
+        method="mpi": the windows are freed)."""
+        self._close(collective=True)
+
+    def _close(self, collective):
         q, t = self._pf_queue, self._pf_thread
         if q is not None and self._pid == os.getpid():
             q.put(None)  # the prefetcher sends what was queued, then ends
@@ -889,6 +1013,13 @@ class Store:
             recv, self._recv = self._recv, []
             self._lane_free.notify_all()
         for v in vars_.values():
+            if v.win is not None and not collective:
+                # Not collective (a store collected as garbage): the window
+                # and the mapping it exposes stay until the process ends, as
+                # other ranks may still read them.
+                _KEPT_WINDOWS.append(v)
+                continue
+            self._close_window(v)
             v.unmap()
         own = self._pid == os.getpid()
         for lane in lanes + ([ctl] if ctl else []):
@@ -907,7 +1038,7 @@ class Store:
 
     def __del__(self):
         try:
-            self.close()
+            self._close(collective=False)
         except Exception:
             pass
 
@@ -957,9 +1088,32 @@ def _count(v, rows, remote, wait):
         p["wait_s"] += wait
 
 
+# From this many rows a one-sided read moves each owner's rows with one get
+# of indexed datatypes rather than a get per row (Store(method="mpi")).
+_MPI_TYPED_ROWS = 8
+
 # Every open Store, reset in a forked child before any thread of the child
 # can touch it.
 _STORES = weakref.WeakSet()
+
+# Variables whose MPI window a store closed without its ranks together
+# (garbage collection) left open: kept, mapped, until the process ends.
+_KEPT_WINDOWS = []
+
+
+def _check_method(method, comm, reader):
+    """The read method Store(method=) names: "agent" or "mpi"."""
+    if method is None or method == "agent":
+        return "agent"
+    if method != "mpi":
+        raise ArgumentError(f"ddstore: bad argument: method {method!r}: want 'agent' or 'mpi'")
+    if reader:
+        raise ArgumentError("ddstore: bad argument: method 'mpi' with reader=True: a reader is not in the publishing "
+                            "job's communicator; it reads through the agent")
+    if not hasattr(comm, "Split_type"):
+        raise ArgumentError(f"ddstore: bad argument: method 'mpi' needs an mpi4py communicator as comm, not "
+                            f"{type(comm).__name__}")
+    return "mpi"
 
 
 def _after_fork_in_child():

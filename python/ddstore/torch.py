@@ -384,10 +384,12 @@ class DistDataset(_StoredDataset):
     ddstore_width: replica groups, as DDStore's: ranks [k*w, (k+1)*w) form
     group k, which holds a whole copy of the dataset (rank r reads its group's
     copy only, node-local rows first); a communicator split from the job's
-    does the same. Accepted for DDStore code: method (ddstore picks its
-    transport in the agent; the value is ignored), handshake_dir (ignored: to
-    meet through a directory, pass comm=ddstore.FileComm(handshake_dir, rank,
-    size)).
+    does the same. method="mpi", with an mpi4py comm: the store reads rows of
+    other nodes with MPI one-sided gets from this process (ddstore.Store's
+    method; DDStore's method 0). Accepted for DDStore code: method as an int
+    (ignored: rows of other nodes come through the agents), handshake_dir
+    (ignored: to meet through a directory, pass
+    comm=ddstore.FileComm(handshake_dir, rank, size)).
 
     capacity, backing: for a dataset larger than the memory the job gives
     it, keep only samples [0, capacity) in memory (rank r its share of them)
@@ -424,7 +426,8 @@ class DistDataset(_StoredDataset):
                              f"needs backing files for the others (backing=...)")
         owns = store is None
         if owns:
-            store = Store(comm, width=ddstore_width if ddstore_width and ddstore_width > 0 else None)
+            store = Store(comm, width=ddstore_width if ddstore_width and ddstore_width > 0 else None,
+                          method="mpi" if method == "mpi" else None)
         try:
             whole = store.group is None
             if not owns and ddstore_width is not None and ddstore_width > 0 and (

@@ -21,9 +21,12 @@ How DDStore's choices map onto ddstore
 DDStore                        here
 =============================  ================================================
 method 0 (MPI RMA windows)     the agents: rows of other nodes travel between
-method 1 (libfabric fi_read)   agents over TCP. MPI and libfabric transports
-                               are a later issue; the method is recorded
-                               (`.method`) and changes nothing else.
+method 1 (libfabric fi_read)   agents (over TCP, or MPI or libfabric between
+                               agents started with --transport); the method
+                               is recorded (`.method`) and changes nothing
+                               else. DDStore's method 0 itself, MPI windows
+                               read by the trainer processes, is
+                               ddstore.Store(comm, method="mpi").
 method 2 + handshake_dir,      file handshake: agents meet through records
 core member (a comm)           in handshake_dir (one set per namespace), which
                                also lets readers of another job find them

@@ -63,3 +63,125 @@ def test_mpirun(job, np_, how, tmp_path):
     r = subprocess.run(cmd + [sys.executable, str(script), how], env=env, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(line for line in r.stdout.splitlines() if line.startswith("ok")) == [f"ok {i}" for i in range(np_)]
+
+
+ONESIDED = r"""
+import os, sys
+import numpy as np
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+how = sys.argv[1]
+# Two simulated nodes: ranks in halves, or alternating (so that each replica
+# group of two spans both nodes).
+node = rank % 2 if how == "width" else rank * 2 // size
+os.environ["DDSTORE_NODE_ID"] = "n%d" % node
+import ddstore
+s = ddstore.Store(comm, agent_wait=30, method="mpi", width=2 if how == "width" else None)
+assert s.method == "mpi"
+R, C = s.size, 700  # rows of 5,600 bytes
+counts = [10 + 3 * r for r in range(R)]
+first, total = sum(counts[:s.rank]), sum(counts)
+want = np.arange(total, dtype=np.float64)[:, None] * 1000 + np.arange(C)
+for round_ in range(2):  # the second after free: a new window
+    s.add("v", want[first:first + counts[s.rank]])
+    out = np.empty((total, C))
+    s.get("v", out, 0)
+    assert (out == want).all(), "get of every row"
+    rng = np.random.default_rng(rank + 10 * round_)
+    for k in range(5):
+        idx = rng.integers(0, total, 97)
+        o = np.empty((97, C))
+        s.get_batch("v", o, idx)
+        assert (o == want[idx]).all(), ("batch", k)
+    for i in rng.integers(0, total, 20).tolist():
+        one = np.empty((1, C))
+        s.get("v", one, i)
+        assert (one[0] == want[i]).all(), ("row", i)
+    p = s.get_profile("v")
+    assert p["remote_rows"] > 0 and p["onesided_rows"] == p["remote_rows"], p
+    if round_ == 0:
+        # A forked child (a DataLoader worker) reads through the agent.
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            ok = 0
+            try:
+                idx = np.arange(total)[::-1].copy()
+                o = np.empty((total, C))
+                s.get_batch("v", o, idx)
+                ok = int((o == want[idx]).all() and s.get_profile("v")["onesided_rows"] == p["onesided_rows"])
+            finally:
+                os.write(w, bytes([ok]))
+                os._exit(0)
+        os.close(w)
+        assert os.read(r, 1) == b"\x01", "forked child"
+        os.waitpid(pid, 0)
+    comm.Barrier()
+    s.free("v")
+    comm.Barrier()  # every rank freed it: the name is free again
+s.close()
+if how == "plain":
+    # DistDataset(method="mpi") opens its store so.
+    from ddstore.torch import DistDataset
+    src = [np.full(6, i, np.float32) for i in range(40)]
+    ds = DistDataset(src, "dd", comm=comm, method="mpi")
+    assert ds.store.method == "mpi"
+    assert all((ds[i] == i).all() for i in range(40))  # numpy in, numpy out
+    p = ds.store.get_profile("dd/0")
+    assert p["onesided_rows"] == p["remote_rows"] > 0, p
+    comm.Barrier()
+    ds.close()
+sys.stdout.write(f"ok {rank}\n"); sys.stdout.flush()
+"""
+
+
+NO_WINDOW = r"""
+import os, sys
+import numpy as np
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+rank = comm.Get_rank()
+os.environ["DDSTORE_NODE_ID"] = "n%d" % rank
+import ddstore
+s = ddstore.Store(comm, agent_wait=30, method="mpi")
+try:
+    s.add("v", np.ones((10, 4)))
+    raise SystemExit("add made a window without single-copy")
+except ddstore.ArgumentError as e:
+    assert "method 'mpi': MPI could not make a window" in str(e) and "method='agent'" in str(e), e
+try:
+    s.get_batch("v", np.empty((2, 4)), [0, 1])  # nothing half-made is left
+    raise SystemExit("the variable is still there")
+except ddstore.FreedVariable:
+    pass
+comm.Barrier()
+s.close()
+sys.stdout.write(f"ok {rank}\n"); sys.stdout.flush()
+"""
+
+
+@pytest.mark.parametrize("np_,how", [(2, "plain"), (4, "plain"), (4, "width"), (2, "no-window")])
+def test_mpirun_onesided(job, np_, how, tmp_path):
+    """Store(method="mpi"): every rank reads every row of the other node with
+    MPI gets from its own process (none through the agents), over a
+    communicator and over the replica groups width=2 splits it into; where
+    MPI cannot make the window, add fails clearly and leaves nothing."""
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    script = tmp_path / "rank.py"
+    script.write_text(NO_WINDOW if how == "no-window" else ONESIDED)
+    env = {**os.environ, **job, "DDSTORE_RENDEZVOUS": f"127.0.0.1:{port}", "DDSTORE_PEER_LISTEN": "127.0.0.1:0",
+           "DDSTORE_SECRET": SECRET, "PYTHONPATH": os.path.join(ROOT, "python")}
+    if how == "no-window":
+        # Without single-copy between its processes, Open MPI cannot make a
+        # window of existing memory on one machine: a clear error.
+        env["OMPI_MCA_btl_vader_single_copy_mechanism"] = "none"
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_)]
+    for k in ("DDSTORE_RENDEZVOUS", "DDSTORE_PEER_LISTEN", "DDSTORE_SECRET", "PYTHONPATH", "DDSTORE_BIN",
+              "DDSTORE_RUN_DIR", "DDSTORE_NAMESPACE"):
+        cmd += ["-x", k]
+    r = subprocess.run(cmd + [sys.executable, str(script), how], env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(line for line in r.stdout.splitlines() if line.startswith("ok")) == [f"ok {i}" for i in range(np_)]

@@ -64,6 +64,16 @@ def test_nd_rows_and_init_update(store):
     assert z[3:5].tolist() == [[9] * 4] * 2 and not z[:3].any() and not z[5:].any()
 
 
+@pytest.mark.parametrize("kw,match", [
+    ({"method": "rdma"}, r"method 'rdma': want 'agent' or 'mpi'"),
+    ({"method": "mpi"}, "method 'mpi' needs an mpi4py communicator as comm, not NoneType"),
+    ({"method": "mpi", "reader": True}, "method 'mpi' with reader=True"),
+])
+def test_bad_method(job, kw, match):
+    with pytest.raises(ddstore.ArgumentError, match=match):
+        ddstore.Store(rank=0, size=1, **kw)
+
+
 def test_errors_and_the_store_keeps_working(store):
     data = rows_of("int32", 10, 2)
     store.add("e", data)
