@@ -46,23 +46,31 @@ sys.stdout.write(f"ok {rank}\n"); sys.stdout.flush()
 """
 
 
-@pytest.mark.parametrize("np_,how", [(2, "comm"), (4, "comm"), (4, "env")])
-def test_mpirun(job, np_, how, tmp_path):
+def launch(job, tmp_path, script, np_, how, cma=False):
+    """Run script as np_ ranks of mpirun (argument: how) with agents meeting
+    at a rendezvous port; every rank must print "ok RANK". Open MPI's
+    single-copy (CMA) between the ranks only with cma."""
     with socket.socket() as sk:
         sk.bind(("127.0.0.1", 0))
         port = sk.getsockname()[1]
-    script = tmp_path / "rank.py"
-    script.write_text(SCRIPT)
+    path = tmp_path / "rank.py"
+    path.write_text(script)
     env = {**os.environ, **job, "DDSTORE_RENDEZVOUS": f"127.0.0.1:{port}", "DDSTORE_PEER_LISTEN": "127.0.0.1:0",
-           "DDSTORE_SECRET": SECRET, "PYTHONPATH": os.path.join(ROOT, "python"),
-           "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
+           "DDSTORE_SECRET": SECRET, "PYTHONPATH": os.path.join(ROOT, "python")}
+    if not cma:
+        env["OMPI_MCA_btl_vader_single_copy_mechanism"] = "none"
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_)]
     for k in ("DDSTORE_RENDEZVOUS", "DDSTORE_PEER_LISTEN", "DDSTORE_SECRET", "PYTHONPATH", "DDSTORE_BIN",
               "DDSTORE_RUN_DIR", "DDSTORE_NAMESPACE"):
         cmd += ["-x", k]
-    r = subprocess.run(cmd + [sys.executable, str(script), how], env=env, capture_output=True, text=True, timeout=180)
+    r = subprocess.run(cmd + [sys.executable, str(path), how], env=env, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(line for line in r.stdout.splitlines() if line.startswith("ok")) == [f"ok {i}" for i in range(np_)]
+
+
+@pytest.mark.parametrize("np_,how", [(2, "comm"), (4, "comm"), (4, "env")])
+def test_mpirun(job, np_, how, tmp_path):
+    launch(job, tmp_path, SCRIPT, np_, how)
 
 
 ONESIDED = r"""
@@ -167,21 +175,6 @@ def test_mpirun_onesided(job, np_, how, tmp_path):
     MPI gets from its own process (none through the agents), over a
     communicator and over the replica groups width=2 splits it into; where
     MPI cannot make the window, add fails clearly and leaves nothing."""
-    with socket.socket() as sk:
-        sk.bind(("127.0.0.1", 0))
-        port = sk.getsockname()[1]
-    script = tmp_path / "rank.py"
-    script.write_text(NO_WINDOW if how == "no-window" else ONESIDED)
-    env = {**os.environ, **job, "DDSTORE_RENDEZVOUS": f"127.0.0.1:{port}", "DDSTORE_PEER_LISTEN": "127.0.0.1:0",
-           "DDSTORE_SECRET": SECRET, "PYTHONPATH": os.path.join(ROOT, "python")}
-    if how == "no-window":
-        # Without single-copy between its processes, Open MPI cannot make a
-        # window of existing memory on one machine: a clear error.
-        env["OMPI_MCA_btl_vader_single_copy_mechanism"] = "none"
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_)]
-    for k in ("DDSTORE_RENDEZVOUS", "DDSTORE_PEER_LISTEN", "DDSTORE_SECRET", "PYTHONPATH", "DDSTORE_BIN",
-              "DDSTORE_RUN_DIR", "DDSTORE_NAMESPACE"):
-        cmd += ["-x", k]
-    r = subprocess.run(cmd + [sys.executable, str(script), how], env=env, capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert sorted(line for line in r.stdout.splitlines() if line.startswith("ok")) == [f"ok {i}" for i in range(np_)]
+    # Without single-copy between its processes, Open MPI cannot make a
+    # window of existing memory on one machine: a clear error.
+    launch(job, tmp_path, NO_WINDOW if how == "no-window" else ONESIDED, np_, how, cma=how != "no-window")
