@@ -106,15 +106,17 @@ gotest: ## gofmt check, go vet, pure-Go build, race tests, then fuzz-short
 	@if command -v mpicc >/dev/null 2>&1; then \
 		echo '== MPI (build tag mpi, cgo on MPI): the transport between ranks, then the cluster tests over it'; \
 		set -x; \
-		$(GO) vet -tags mpi ./internal/transport/ ./internal/bench/ ./internal/agent/ ./internal/cli/ || exit 1; \
+		$(GO) vet -tags mpi . ./internal/transport/ ./internal/bench/ ./internal/agent/ ./internal/cli/ || exit 1; \
 		$(GO) test $(RACE) -tags mpi -count=1 ./internal/transport/ ./internal/bench/ || exit 1; \
+		$(GO) test $(RACE) -tags mpi -count=1 -run '^TestMPIReads$$' . || exit 1; \
 		DDSTORE_TEST_TRANSPORT=mpi $(GO) test $(RACE) -count=1 -run '$(MPI_TESTS)' . || exit 1; \
 	else echo '== MPI: no mpicc, skipped (apt-get install libopenmpi-dev)'; fi
 	@if pkg-config --exists mpich 2>/dev/null && command -v mpiexec.mpich >/dev/null 2>&1; then \
 		echo '== MPICH (build tags mpi mpich, launched by mpiexec.mpich): the same MPI tests on the other MPI'; \
 		set -x; \
-		$(GO) vet -tags 'mpi mpich' ./internal/transport/ ./internal/bench/ || exit 1; \
+		$(GO) vet -tags 'mpi mpich' . ./internal/transport/ ./internal/bench/ || exit 1; \
 		DDSTORE_MPIRUN=mpiexec.mpich $(GO) test $(RACE) -tags 'mpi mpich' -count=1 ./internal/transport/ ./internal/bench/ || exit 1; \
+		DDSTORE_MPIRUN=mpiexec.mpich $(GO) test $(RACE) -tags 'mpi mpich' -count=1 -run '^TestMPIReads$$' . || exit 1; \
 		DDSTORE_MPIRUN=mpiexec.mpich DDSTORE_TEST_TRANSPORT=mpi $(GO) test $(RACE) -count=1 -run '$(MPI_TESTS)' . || exit 1; \
 	else echo '== MPICH: not installed, skipped (apt-get install mpich libmpich-dev)'; fi
 	@if pkg-config --exists libfabric 2>/dev/null; then \

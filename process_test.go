@@ -20,7 +20,17 @@ import (
 // as separate processes.
 var ddstoreBin string
 
+// reuseBinEnv hands the binary a test built to the copies of the test
+// binary it starts (the ranks of an mpirun launch), which then build none.
+const reuseBinEnv = "DDSTORE_TEST_REUSE_BIN"
+
 func TestMain(m *testing.M) {
+	if b := os.Getenv(reuseBinEnv); b != "" {
+		ddstoreBin = b
+		os.Setenv("DDSTORE_BIN", ddstoreBin)
+		os.Setenv("DDSTORE_SECRET", testSecret)
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "ddstore-bin-")
 	if err != nil {
 		panic(err)

@@ -16,6 +16,7 @@ import (
 	"github.com/ddstore-go/ddstore/internal/layout"
 	"github.com/ddstore-go/ddstore/internal/rendezvous"
 	"github.com/ddstore-go/ddstore/internal/shm"
+	"github.com/ddstore-go/ddstore/internal/transport"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
@@ -70,6 +71,15 @@ type Config struct {
 	// (the last group may be smaller); reads stay within the group,
 	// node-local rows first. 0 means one group of the whole job.
 	Width int
+	// Method is how rows of other nodes are read: MethodAgent ("agent",
+	// the default if empty) through this node's agent, or MethodMPI ("mpi",
+	// a build with the tag mpi, the process a rank of an MPI launch whose
+	// world ranks are the store's) with one-sided MPI gets from this
+	// process, as DDStore's method 0. With MethodMPI, Add, Init, AddBacked,
+	// InitBacked and Close are collective over MPI_COMM_WORLD (with Width,
+	// all groups at once); rows of a backing file still come through the
+	// agent; one such store per process.
+	Method string
 }
 
 // Store is one rank's handle on the job's variables. Its methods are safe
@@ -101,6 +111,9 @@ type Store struct {
 		lanes []*lane
 	}
 	recv atomic.Pointer[[]*recvBuf]
+	// one reads other ranks' rows from this process (Method "mpi"); nil
+	// otherwise.
+	one oneSided
 }
 
 // group is a replica group (Config.Width).
@@ -141,9 +154,15 @@ type variable struct {
 	local [][]byte // per rank: the shard's rows if on this node, else nil
 	own   []byte   // this rank's shard, writable
 	segs  []*shm.Segment
-	nodes []string // per rank: node id
-	dtype string
-	id    int64 // the table's id: reads name it, so a re-created variable is never mixed in
+	// ownSeg maps own; exp is own in the MPI window (Method "mpi"), which
+	// then unmaps it once no get can still read it; windowed: the ranks'
+	// shards are in their windows, rows of other nodes read from there.
+	ownSeg   *shm.Segment
+	exp      transport.Exposure
+	windowed bool
+	nodes    []string // per rank: node id
+	dtype    string
+	id       int64 // the table's id: reads name it, so a re-created variable is never mixed in
 	// backing is the file holding every row, "" for none: rows from
 	// lay.Held() on are read from it by the agent.
 	backing string
@@ -152,7 +171,7 @@ type variable struct {
 }
 
 type profile struct {
-	calls, rows, bytes, localRows, remoteRows, storageRows, remoteCalls, waitNs atomic.Int64
+	calls, rows, bytes, localRows, remoteRows, storageRows, remoteCalls, waitNs, oneSidedRows atomic.Int64
 }
 
 // Open attaches this rank to its node's agent, starting one if none runs.
@@ -194,6 +213,9 @@ func Open(cfg Config) (*Store, error) {
 	if cfg.Width < 0 {
 		return nil, base.Errorf(base.ErrArgument, "replica group width %d: want >= 1, or 0 for one group of the whole job", cfg.Width)
 	}
+	if err := checkMethod(cfg); err != nil {
+		return nil, err
+	}
 	grp := group{first: 0, rank: id.Rank, size: id.Size}
 	if w := cfg.Width; w > 0 && w < id.Size {
 		grp.first = id.Rank / w * w
@@ -215,6 +237,12 @@ func Open(cfg Config) (*Store, error) {
 		return nil, err
 	}
 	s.ctl = ctl
+	if cfg.Method == MethodMPI {
+		if s.one, err = newOneSided(s); err != nil {
+			ctl.close()
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -504,8 +532,15 @@ func (s *Store) create(name string, rows []byte, nrows, disp, itemsize int64, dt
 	s.mu.Lock()
 	delete(s.mu.freed, name)
 	s.mu.Unlock()
-	_, err = s.install(&t, name)
-	return err
+	v, err := s.install(&t, name)
+	if err != nil || s.one == nil {
+		return err
+	}
+	if err := s.one.expose(v); err != nil {
+		s.Free(name)
+		return fmt.Errorf("variable %q: method %q: %w", name, MethodMPI, err)
+	}
+	return nil
 }
 
 // checkName bounds a variable's name as the agent does, before it is sent.
@@ -538,7 +573,7 @@ func (s *Store) install(t *wire.Table, name string) (*variable, error) {
 		v.segs = append(v.segs, seg)
 		v.local[r] = seg.Data
 		if own {
-			v.own = seg.Data
+			v.own, v.ownSeg = seg.Data, seg
 		}
 	}
 	s.mu.Lock()
@@ -559,7 +594,19 @@ func (v *variable) unmap() {
 	for _, seg := range v.segs {
 		seg.Close()
 	}
-	v.segs, v.local, v.own = nil, nil, nil
+	v.segs, v.local, v.own, v.ownSeg = nil, nil, nil, nil
+}
+
+// release unmaps v; its own shard, if in an MPI window, once it is out of
+// it. The caller holds v.mu.
+func (s *Store) release(v *variable) {
+	if s.one != nil && v.exp.Exposed() && v.ownSeg != nil {
+		own := v.ownSeg
+		v.segs = slices.DeleteFunc(v.segs, func(seg *shm.Segment) bool { return seg == own })
+		s.one.withdraw(v, func() { own.Close() })
+		v.exp = transport.Exposure{}
+	}
+	v.unmap()
 }
 
 // acquire returns a variable read-locked (the caller RUnlocks it), asking
@@ -691,7 +738,8 @@ func (s *Store) Get(name string, dst []byte, start int64) error {
 		}
 		pos += sp.Count
 	}
-	err = s.fetch(v, dst, remote, func(i int) int64 { return start + int64(i) })
+	at := func(i int) int64 { return start + int64(i) }
+	err = s.fetchRemote(v, dst, remote, at)
 	v.count(n, int64(len(remote)), stored, t0)
 	return err
 }
@@ -727,9 +775,22 @@ func (s *Store) GetBatch(name string, dst []byte, indices []int64) error {
 		}
 		remote = append(remote, int64(i))
 	}
-	err = s.fetch(v, dst, remote, func(i int) int64 { return indices[i] })
+	err = s.fetchRemote(v, dst, remote, func(i int) int64 { return indices[i] })
 	v.count(int64(len(indices)), int64(len(remote)), stored, t0)
 	return err
+}
+
+// fetchRemote reads the rows at positions pos of dst that this node does
+// not hold: from this process with MPI gets where the variable is in the
+// window (Method "mpi"), the rest through the agent.
+func (s *Store) fetchRemote(v *variable, dst []byte, pos []int64, at func(int) int64) error {
+	if v.windowed && len(pos) > 0 {
+		var err error
+		if pos, err = s.readOneSided(v, dst, pos, at); err != nil {
+			return err
+		}
+	}
+	return s.fetch(v, dst, pos, at)
 }
 
 // count records a read of rows, remote of them through the agent, stored
@@ -933,6 +994,7 @@ type Profile struct {
 	RemoteRows  int64         // rows fetched from other nodes
 	StorageRows int64         // rows read from the backing file (by the agent: read ahead, or on demand)
 	RemoteCalls int64         // calls that needed other nodes or the backing file
+	OneSided    int64         // rows of other nodes read with MPI gets from this process (Method "mpi")
 	Wait        time.Duration // time spent in calls that needed other nodes or the backing file
 }
 
@@ -945,7 +1007,7 @@ func (s *Store) Profile(name string) (Profile, error) {
 	defer v.mu.RUnlock()
 	p := &v.prof
 	return Profile{Calls: p.calls.Load(), Rows: p.rows.Load(), Bytes: p.bytes.Load(), LocalRows: p.localRows.Load(),
-		RemoteRows: p.remoteRows.Load(), StorageRows: p.storageRows.Load(), RemoteCalls: p.remoteCalls.Load(), Wait: time.Duration(p.waitNs.Load())}, nil
+		RemoteRows: p.remoteRows.Load(), StorageRows: p.storageRows.Load(), RemoteCalls: p.remoteCalls.Load(), OneSided: p.oneSidedRows.Load(), Wait: time.Duration(p.waitNs.Load())}, nil
 }
 
 // EpochBegin and EpochEnd mark epochs. Reads here are one-sided through the
@@ -957,7 +1019,8 @@ func (s *Store) EpochEnd() error   { return s.checkOpen() }
 // Free releases a variable on this rank: its reads fail with ErrFreed from
 // now on. The shards stay until every rank of the job has freed it (a rank
 // that finishes early never takes rows from under the others); then they go
-// on every node and the name can be created again.
+// on every node and the name can be created again. With Method "mpi" it is
+// collective over MPI_COMM_WORLD for a variable this store created.
 func (s *Store) Free(name string) error {
 	if err := s.checkOpen(); err != nil {
 		return err
@@ -972,10 +1035,19 @@ func (s *Store) Free(name string) error {
 	if v == nil {
 		return base.Errorf(base.ErrUnknown, "variable %q is not in use by rank %d", name, s.id.Rank)
 	}
+	var berr error
+	if v.windowed {
+		// Collective (Method "mpi"): this rank's shard leaves the window
+		// once every rank is done reading it.
+		berr = s.one.barrier()
+	}
 	v.mu.Lock()
 	v.freed = true
-	v.unmap()
+	s.release(v)
 	v.mu.Unlock()
+	if berr != nil {
+		return fmt.Errorf("variable %q: %w", name, berr)
+	}
 	if s.cfg.Reader {
 		return nil // a reader holds no share of the variable to give back
 	}
@@ -996,10 +1068,15 @@ func (s *Store) Close() error {
 	vars := s.mu.vars
 	s.mu.vars = nil
 	s.mu.Unlock()
+	if s.one != nil {
+		// Collective (Method "mpi"): no shard leaves its window while
+		// another rank may still read it.
+		s.one.barrier()
+	}
 	for _, v := range vars {
 		v.mu.Lock()
 		v.freed = true
-		v.unmap()
+		s.release(v)
 		v.mu.Unlock()
 	}
 	s.ctlMu.Lock()
@@ -1020,5 +1097,9 @@ func (s *Store) Close() error {
 	}
 	s.idle.lanes = nil
 	s.idle.Unlock()
+	if s.one != nil {
+		// Collective: MPI_Win_free and MPI_Finalize wait for every rank.
+		return s.one.close()
+	}
 	return nil
 }

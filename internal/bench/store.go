@@ -83,6 +83,10 @@ type Report struct {
 	// MPIProbe is DDStore's method 0 measured in this run (with the
 	// transport mpi).
 	MPIProbe []MPIProbeResult `json:"mpi_probe,omitempty"`
+	// MPITrainer is a Store with Method "mpi" measured in this run: rows
+	// of the other node read with MPI gets from the reading process (with
+	// the transport mpi).
+	MPITrainer []MPIProbeResult `json:"mpi_trainer,omitempty"`
 }
 
 // Run measures a two-node job on loopback: rank 0 on node A reads rows of
@@ -122,6 +126,10 @@ func Run(opts Options) (*Report, error) {
 				return nil, err
 			}
 			rep.MPIProbe = probe
+			fmt.Fprintln(progress, "mpi trainer reads (Store with Method mpi)")
+			if rep.MPITrainer, err = runMPITrainer(opts); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return rep, nil

@@ -264,6 +264,16 @@ func (r *Report) writeTransports(w io.Writer) error {
 				fmt.Sprintf("%.2f-%.2f", x.RemoteGBps/d[1], x.RemoteGBps/d[0]), now, nowRatio)
 		}
 	}
+	for _, x := range r.MPITrainer {
+		if d, ok := DDStoreRemoteGBps[x.RowBytes]; ok {
+			now, nowRatio := "-", "-"
+			if p := probe(x.RowBytes); p != nil && p.GBps > 0 {
+				now, nowRatio = f(p.GBps)+" GB/s", f(x.GBps/p.GBps)
+			}
+			t.Row(fmt.Sprintf("GetBatch %s rows, %d", sizeName(x.RowBytes), r.Batch), rangeText(d, "GB/s"), "mpi, trainer", f(x.GBps)+" GB/s",
+				fmt.Sprintf("%.2f-%.2f", x.GBps/d[1], x.GBps/d[0]), now, nowRatio)
+		}
+	}
 	for _, x := range r.Transports {
 		if x.RowBytes == ddstoreGetRow && x.GetRemoteP50us > 0 {
 			d := DDStoreGetUs
@@ -275,8 +285,22 @@ func (r *Report) writeTransports(w io.Writer) error {
 				fmt.Sprintf("%.2f-%.2f", d[0]/x.GetRemoteP50us, d[1]/x.GetRemoteP50us), now, nowRatio)
 		}
 	}
+	for _, x := range r.MPITrainer {
+		if x.RowBytes == ddstoreGetRow && x.GetP50us > 0 {
+			d := DDStoreGetUs
+			now, nowRatio := "-", "-"
+			if p := probe(x.RowBytes); p != nil && p.GetP50us > 0 {
+				now, nowRatio = f(p.GetP50us)+" µs", f(p.GetP50us/x.GetP50us)
+			}
+			t.Row(fmt.Sprintf("Get of one %s row, p50", sizeName(x.RowBytes)), rangeText(d, "µs"), "mpi, trainer", f(x.GetP50us)+" µs",
+				fmt.Sprintf("%.2f-%.2f", d[0]/x.GetP50us, d[1]/x.GetP50us), now, nowRatio)
+		}
+	}
 	if err := t.Write(w); err != nil {
 		return err
+	}
+	if len(r.MPITrainer) > 0 {
+		fmt.Fprintln(w, "\nmpi, trainer: a Store with Method \"mpi\", rows of the other node read with MPI gets from the reading process (2 ranks of mpirun, agents over tcp for the rest).")
 	}
 	if len(r.MPIProbe) > 0 {
 		fmt.Fprintln(w, "\nDDStore's pattern now: its method 0's data path measured in this run (MPI_Win_create, a get per row, one flush per batch; 2 ranks of mpirun, the target idle).")

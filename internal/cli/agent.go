@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -145,7 +146,15 @@ func daemonize(args []string, socket string) error {
 	cmd := exec.Command(exe, append([]string{"agent"}, rest...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
+	// The agent runs on every CPU, not on the core of the rank that
+	// started it: the fork inherits the affinity of this thread.
+	runtime.LockOSThread()
+	if err := unbindThread(); err != nil {
+		fmt.Fprintf(logf, "ddstore agent: keeping the CPU binding inherited from the process that started it: %v\n", err)
+	}
+	err = cmd.Start()
+	runtime.UnlockOSThread()
+	if err != nil {
 		return err
 	}
 	pid := cmd.Process.Pid

@@ -27,6 +27,10 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	if ok, err := bench.MPIProbeRank(); ok {
 		return err
 	}
+	// ... and as the ranks of its Store with Method "mpi".
+	if ok, err := bench.MPITrainerRank(); ok {
+		return err
+	}
 	fs := newFlags("bench", benchSynopsis, stderr)
 	quick := fs.Bool("quick", false, "small shards and short figures (under 30 s)")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of the table")

@@ -62,6 +62,14 @@ static int ddst_bcast_u64(uint64_t *v) {
 	return MPI_Bcast(v, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
 }
 
+static int ddst_barrier(void) {
+	return MPI_Barrier(MPI_COMM_WORLD);
+}
+
+static int ddst_allgather_u64(uint64_t *mine, int n, uint64_t *all) {
+	return MPI_Allgather(mine, n, MPI_UINT64_T, all, n, MPI_UINT64_T, MPI_COMM_WORLD);
+}
+
 // ddst_win_create makes the dynamic window of this agent, collectively,
 // and opens one passive-target epoch to every rank for its lifetime.
 static int ddst_win_create(void) {
@@ -230,6 +238,11 @@ func MPILibrary() string {
 // word in one block of C memory attached to the window at start.
 const tokenSlots = 1 << 16
 
+// perRowBelow is the number of gets (rows, adjacent ones merged) up to
+// which a batch is a get per row rather than a get of indexed datatypes
+// per shard.
+const perRowBelow = 8
+
 // getPerRow makes a batch one MPI_Get per row (merged where adjacent)
 // instead of one per shard (DDSTORE_MPI_GET=row; to compare the two).
 var getPerRow = os.Getenv("DDSTORE_MPI_GET") == "row"
@@ -389,6 +402,38 @@ func (m *MPI) Expose(mem []byte, id int64) (Exposure, error) {
 	return Exposure{Addr: uint64(addr), Token: m.slots.addr + uint64(slot)*8, mem: mem, slot: slot}, nil
 }
 
+// Allgather is MPI_Allgather over the world: every rank passes as many
+// words; the result holds rank r's at [r*len(mine), (r+1)*len(mine)).
+// Collective.
+func (m *MPI) Allgather(mine []uint64) ([]uint64, error) {
+	all := make([]uint64, len(mine)*m.size)
+	if len(mine) == 0 {
+		return all, nil
+	}
+	m.life.RLock()
+	defer m.life.RUnlock()
+	if m.ended {
+		return nil, base.Errorf(base.ErrClosed, "transport closed")
+	}
+	if rc := C.ddst_allgather_u64((*C.uint64_t)(unsafe.Pointer(&mine[0])), C.int(len(mine)), (*C.uint64_t)(unsafe.Pointer(&all[0]))); rc != C.MPI_SUCCESS {
+		return nil, mpiError(rc, "MPI_Allgather")
+	}
+	return all, nil
+}
+
+// Barrier is MPI_Barrier over the world. Collective.
+func (m *MPI) Barrier() error {
+	m.life.RLock()
+	defer m.life.RUnlock()
+	if m.ended {
+		return base.Errorf(base.ErrClosed, "transport closed")
+	}
+	if rc := C.ddst_barrier(); rc != C.MPI_SUCCESS {
+		return mpiError(rc, "MPI_Barrier")
+	}
+	return nil
+}
+
 // Withdraw takes a shard out of the window: its token cleared first (a
 // reader that gets it afterwards drops what it read), then detached (later
 // gets fail), then, a grace period later, unmap is called, so that a get
@@ -493,7 +538,10 @@ func (m *MPI) Fetch(ctx context.Context, addr, name string, id int64, globals []
 // holds id, or an MPI error code.
 func (m *MPI) get(w *wire.Window, p *getPlan, id int64) C.int {
 	target := int(w.Rank)
-	if !getPerRow {
+	// A few rows go as plain gets: making and freeing the two indexed
+	// datatypes of a shard's get costs more than they save there.
+	perRow := getPerRow || len(p.lens) <= perRowBelow
+	if !perRow {
 		p.group(w)
 	}
 	var dst *C.uintptr_t
@@ -511,7 +559,7 @@ func (m *MPI) get(w *wire.Window, p *getPlan, id int64) C.int {
 		return C.MPI_ERR_OTHER
 	}
 	var rc C.int
-	if getPerRow || len(p.lens) == 0 {
+	if perRow {
 		rc = C.ddst_fetch(C.int(target), C.int(len(p.lens)), dst, src, lens, C.int(len(p.tokens)), tok, got)
 	} else {
 		rc = C.ddst_fetch_shards(C.int(target), C.int(len(p.count)), (*C.MPI_Aint)(unsafe.Pointer(&p.base[0])),

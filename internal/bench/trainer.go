@@ -1,0 +1,201 @@
+package bench
+
+import (
+	"bytes"
+	crand "crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/ddstore-go/ddstore"
+	"github.com/ddstore-go/ddstore/internal/auth"
+	"github.com/ddstore-go/ddstore/internal/mpirun"
+)
+
+// trainerEnv carries the options of the trainer-side MPI measurement to
+// its ranks; set, `ddstore bench` is one of them (MPITrainerRank).
+const trainerEnv = "DDSTORE_BENCH_MPI_TRAINER"
+
+// trainerJob is what the ranks of the trainer-side measurement share.
+type trainerJob struct {
+	Options
+	Namespace, RunDir, Rendezvous string
+}
+
+// runMPITrainer measures cross-node reads of a Store with Method "mpi":
+// mpirun -np 2 of this binary, each rank a node of its own with an agent
+// it starts, rank 0 reading rows of rank 1's shard with MPI gets from its
+// own process (DDStore's method 0 with ddstore's API), rank 1 idle.
+func runMPITrainer(opts Options) ([]MPIProbeResult, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	launcher, err := mpirun.Find()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "ddstore-bench-trainer-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	rdv := l.Addr().String()
+	l.Close()
+	if os.Getenv(auth.SecretEnv) == "" {
+		os.Setenv(auth.SecretEnv, crand.Text())
+	}
+	j := trainerJob{Options: Options{RowSizes: opts.RowSizes, Batch: opts.Batch, ShardBytes: opts.ShardBytes, Duration: opts.Duration, Latency: opts.Latency},
+		Namespace: fmt.Sprintf("bench-%d-trainer", os.Getpid()), RunDir: filepath.Join(dir, "run"), Rendezvous: rdv}
+	arg, err := json.Marshal(j)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(launcher.Path, append(launcher.Args(2), exe, "bench")...)
+	cmd.Env = append(os.Environ(), trainerEnv+"="+string(arg))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("bench: MPI trainer reads: %w\n%s%s", err, out, stderr.Bytes())
+	}
+	var res []MPIProbeResult
+	dec := json.NewDecoder(bytes.NewReader(out))
+	for dec.More() {
+		var r MPIProbeResult
+		if err := dec.Decode(&r); err != nil {
+			return nil, fmt.Errorf("bench: MPI trainer reads: %w in %q", err, out)
+		}
+		res = append(res, r)
+	}
+	return res, nil
+}
+
+// MPITrainerRank runs one rank of runMPITrainer when this process is one
+// (the environment says so) and reports true; rank 0 prints its figures as
+// JSON lines on stdout.
+func MPITrainerRank() (bool, error) {
+	arg := os.Getenv(trainerEnv)
+	if arg == "" {
+		return false, nil
+	}
+	var j trainerJob
+	if err := json.Unmarshal([]byte(arg), &j); err != nil {
+		return true, err
+	}
+	rank, size := -1, 0
+	for _, k := range [][2]string{{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}, {"PMI_RANK", "PMI_SIZE"}} {
+		if r, err := strconv.Atoi(os.Getenv(k[0])); err == nil {
+			rank = r
+			size, _ = strconv.Atoi(os.Getenv(k[1]))
+		}
+	}
+	if rank < 0 || size != 2 {
+		return true, fmt.Errorf("bench: MPI trainer reads: rank %d of %d, want one of 2 ranks of mpirun", rank, size)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return true, err
+	}
+	if err := os.MkdirAll(j.RunDir, 0o700); err != nil {
+		return true, err
+	}
+	s, err := ddstore.Open(ddstore.Config{Method: ddstore.MethodMPI, Rank: rank, Size: 2, LocalRank: 0, LocalSize: 1,
+		Node: []string{"bench-a", "bench-b"}[rank], Namespace: j.Namespace, RunDir: j.RunDir, AgentBinary: exe,
+		AgentArgs: []string{"--rendezvous", j.Rendezvous, "--peer-listen", "127.0.0.1:0", "--idle-exit", "5s"}})
+	if err != nil {
+		return true, err
+	}
+	defer s.Close()
+	enc := json.NewEncoder(os.Stdout)
+	for _, rb := range j.RowSizes {
+		r, err := trainerRows(s, j, rank, rb)
+		if err != nil {
+			return true, err
+		}
+		if rank == 0 {
+			enc.Encode(r)
+		}
+	}
+	return true, nil
+}
+
+// trainerRows measures one row size; rank 1 waits outside MPI (a file
+// rank 0 writes when done) so that it takes no CPU, as the owner of rows
+// read one-sided should.
+func trainerRows(s *ddstore.Store, j trainerJob, rank, rb int) (MPIProbeResult, error) {
+	res := MPIProbeResult{RowBytes: rb}
+	n := j.ShardBytes / int64(rb)
+	rows := make([]byte, n*int64(rb))
+	for i := range n {
+		if rb >= 8 {
+			binary.LittleEndian.PutUint64(rows[i*int64(rb):], uint64(int64(rank)*n+i))
+		}
+	}
+	name := fmt.Sprintf("trainer-%d", rb)
+	if err := s.Add(name, rows, int64(rb), 1); err != nil {
+		return res, err
+	}
+	done := filepath.Join(j.RunDir, name+".done")
+	if rank == 1 {
+		for {
+			if _, err := os.Stat(done); err == nil {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		return res, s.Free(name)
+	}
+	rng := rand.New(rand.NewPCG(3, uint64(rb)))
+	batches := make([][]int64, 64)
+	for b := range batches {
+		batches[b] = make([]int64, j.Batch)
+		for i := range batches[b] {
+			batches[b][i] = n + rng.Int64N(n)
+		}
+	}
+	dst := make([]byte, j.Batch*rb)
+	k := 0
+	rate, err := Throughput(j.Duration, j.Batch*rb, rb, func() error {
+		k = (k + 1) % len(batches)
+		return s.GetBatch(name, dst, batches[k])
+	})
+	if err != nil {
+		return res, err
+	}
+	for i, g := range batches[k] {
+		if rb >= 8 && int64(binary.LittleEndian.Uint64(dst[i*rb:])) != g {
+			return res, fmt.Errorf("row %d read as %d", g, binary.LittleEndian.Uint64(dst[i*rb:]))
+		}
+	}
+	res.GBps = rate.GBps
+	ds := make([]time.Duration, max(j.Latency/10, 100))
+	one := dst[:rb]
+	for i := range ds {
+		g := n + rng.Int64N(n)
+		t0 := time.Now()
+		if err := s.Get(name, one, g); err != nil {
+			return res, err
+		}
+		ds[i] = time.Since(t0)
+	}
+	res.GetP50us = Percentile(DurationsToMicros(ds), 50)
+	if p, err := s.Profile(name); err == nil && p.OneSided != p.RemoteRows {
+		return res, fmt.Errorf("%d of %d remote rows read by MPI gets: want all", p.OneSided, p.RemoteRows)
+	}
+	if err := os.WriteFile(done, nil, 0o600); err != nil {
+		return res, err
+	}
+	return res, s.Free(name)
+}
