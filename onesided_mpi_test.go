@@ -81,14 +81,8 @@ func TestMPIReadsRank(t *testing.T) {
 		t.Skip("run by TestMPIReads under mpirun")
 	}
 	width, _ := strconv.Atoi(ws)
-	rank, size := -1, 0
-	for _, k := range [][2]string{{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}, {"PMI_RANK", "PMI_SIZE"}} {
-		if r, err := strconv.Atoi(os.Getenv(k[0])); err == nil {
-			rank = r
-			size, _ = strconv.Atoi(os.Getenv(k[1]))
-		}
-	}
-	if rank < 0 || size < 2 {
+	rank, size, ok := mpirun.Rank()
+	if !ok || size < 2 {
 		t.Fatalf("no MPI rank in the environment")
 	}
 	// Two simulated nodes: halves of the ranks, or, with replica groups of

@@ -76,9 +76,10 @@ type Config struct {
 	// a build with the tag mpi, the process a rank of an MPI launch whose
 	// world ranks are the store's) with one-sided MPI gets from this
 	// process, as DDStore's method 0. With MethodMPI, Add, Init, AddBacked,
-	// InitBacked and Close are collective over MPI_COMM_WORLD (with Width,
-	// all groups at once); rows of a backing file still come through the
-	// agent; one such store per process.
+	// InitBacked, Close and the Free of a variable this store created are
+	// collective over MPI_COMM_WORLD (with Width, all groups at once);
+	// rows of a backing file still come through the agent; one such store
+	// per process.
 	Method string
 }
 

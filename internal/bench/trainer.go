@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bytes"
 	crand "crypto/rand"
 	"encoding/binary"
 	"encoding/json"
@@ -9,9 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	"github.com/ddstore-go/ddstore"
@@ -34,14 +31,6 @@ type trainerJob struct {
 // it starts, rank 0 reading rows of rank 1's shard with MPI gets from its
 // own process (DDStore's method 0 with ddstore's API), rank 1 idle.
 func runMPITrainer(opts Options) ([]MPIProbeResult, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	launcher, err := mpirun.Find()
-	if err != nil {
-		return nil, err
-	}
 	dir, err := os.MkdirTemp("", "ddstore-bench-trainer-")
 	if err != nil {
 		return nil, err
@@ -58,28 +47,7 @@ func runMPITrainer(opts Options) ([]MPIProbeResult, error) {
 	}
 	j := trainerJob{Options: Options{RowSizes: opts.RowSizes, Batch: opts.Batch, ShardBytes: opts.ShardBytes, Duration: opts.Duration, Latency: opts.Latency},
 		Namespace: fmt.Sprintf("bench-%d-trainer", os.Getpid()), RunDir: filepath.Join(dir, "run"), Rendezvous: rdv}
-	arg, err := json.Marshal(j)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(launcher.Path, append(launcher.Args(2), exe, "bench")...)
-	cmd.Env = append(os.Environ(), trainerEnv+"="+string(arg))
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return nil, fmt.Errorf("bench: MPI trainer reads: %w\n%s%s", err, out, stderr.Bytes())
-	}
-	var res []MPIProbeResult
-	dec := json.NewDecoder(bytes.NewReader(out))
-	for dec.More() {
-		var r MPIProbeResult
-		if err := dec.Decode(&r); err != nil {
-			return nil, fmt.Errorf("bench: MPI trainer reads: %w in %q", err, out)
-		}
-		res = append(res, r)
-	}
-	return res, nil
+	return runTwoRanks("MPI trainer reads", trainerEnv, j)
 }
 
 // MPITrainerRank runs one rank of runMPITrainer when this process is one
@@ -94,14 +62,8 @@ func MPITrainerRank() (bool, error) {
 	if err := json.Unmarshal([]byte(arg), &j); err != nil {
 		return true, err
 	}
-	rank, size := -1, 0
-	for _, k := range [][2]string{{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}, {"PMI_RANK", "PMI_SIZE"}} {
-		if r, err := strconv.Atoi(os.Getenv(k[0])); err == nil {
-			rank = r
-			size, _ = strconv.Atoi(os.Getenv(k[1]))
-		}
-	}
-	if rank < 0 || size != 2 {
+	rank, size, ok := mpirun.Rank()
+	if !ok || size != 2 {
 		return true, fmt.Errorf("bench: MPI trainer reads: rank %d of %d, want one of 2 ranks of mpirun", rank, size)
 	}
 	exe, err := os.Executable()

@@ -54,6 +54,14 @@ type MPIProbeResult struct {
 
 // runMPIProbe runs the probe: mpirun -np 2 of this binary.
 func runMPIProbe(opts Options) ([]MPIProbeResult, error) {
+	o := Options{RowSizes: opts.RowSizes, Batch: opts.Batch, ShardBytes: opts.ShardBytes, Duration: opts.Duration, Latency: opts.Latency}
+	return runTwoRanks("MPI probe", probeEnv, o)
+}
+
+// runTwoRanks runs this binary's `bench` as the two ranks of an MPI launch,
+// env key holding arg as JSON, and decodes the results rank 0 prints as
+// JSON lines.
+func runTwoRanks(what, key string, arg any) ([]MPIProbeResult, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -62,25 +70,24 @@ func runMPIProbe(opts Options) ([]MPIProbeResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := Options{RowSizes: opts.RowSizes, Batch: opts.Batch, ShardBytes: opts.ShardBytes, Duration: opts.Duration, Latency: opts.Latency}
-	arg, err := json.Marshal(o)
+	b, err := json.Marshal(arg)
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(launcher.Path, append(launcher.Args(2), exe, "bench")...)
-	cmd.Env = append(os.Environ(), probeEnv+"="+string(arg))
+	cmd.Env = append(os.Environ(), key+"="+string(b))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("bench: MPI probe: %w\n%s%s", err, out, stderr.Bytes())
+		return nil, fmt.Errorf("bench: %s: %w\n%s%s", what, err, out, stderr.Bytes())
 	}
 	var res []MPIProbeResult
 	dec := json.NewDecoder(bytes.NewReader(out))
 	for dec.More() {
 		var r MPIProbeResult
 		if err := dec.Decode(&r); err != nil {
-			return nil, fmt.Errorf("bench: MPI probe: %w in %q", err, out)
+			return nil, fmt.Errorf("bench: %s: %w in %q", what, err, out)
 		}
 		res = append(res, r)
 	}

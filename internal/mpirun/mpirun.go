@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 )
 
 // Env names the launcher to use instead of mpirun.
@@ -58,4 +59,18 @@ func (l Launcher) Args(np int) []string {
 		a = append(a, "-np", fmt.Sprint(np))
 	}
 	return a
+}
+
+// Rank is this process's rank and the launch's size, from the environment
+// Open MPI's mpirun or MPICH's Hydra give their ranks; ok is false outside
+// such a launch.
+func Rank() (rank, size int, ok bool) {
+	for _, k := range [][2]string{{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}, {"PMI_RANK", "PMI_SIZE"}} {
+		r, err1 := strconv.Atoi(os.Getenv(k[0]))
+		n, err2 := strconv.Atoi(os.Getenv(k[1]))
+		if err1 == nil && err2 == nil && 0 <= r && r < n {
+			return r, n, true
+		}
+	}
+	return 0, 0, false
 }

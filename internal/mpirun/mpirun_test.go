@@ -47,3 +47,27 @@ func TestFind(t *testing.T) {
 		t.Error("a launcher that does not exist was found")
 	}
 }
+
+func TestRank(t *testing.T) {
+	for _, k := range []string{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE"} {
+		t.Setenv(k, "")
+	}
+	if _, _, ok := Rank(); ok {
+		t.Fatal("a rank outside a launch")
+	}
+	t.Setenv("PMI_RANK", "1")
+	t.Setenv("PMI_SIZE", "4")
+	if r, n, ok := Rank(); !ok || r != 1 || n != 4 {
+		t.Fatalf("Hydra's rank 1 of 4: got %d of %d (%v)", r, n, ok)
+	}
+	t.Setenv("OMPI_COMM_WORLD_RANK", "2")
+	t.Setenv("OMPI_COMM_WORLD_SIZE", "3")
+	if r, n, ok := Rank(); !ok || r != 2 || n != 3 {
+		t.Fatalf("Open MPI's rank 2 of 3: got %d of %d (%v)", r, n, ok)
+	}
+	t.Setenv("OMPI_COMM_WORLD_RANK", "3")
+	t.Setenv("PMI_RANK", "")
+	if _, _, ok := Rank(); ok {
+		t.Fatal("rank 3 of 3 accepted")
+	}
+}
