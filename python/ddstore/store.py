@@ -754,8 +754,9 @@ class Store:
 
     def _get_onesided(self, v, dst, idx, pos, owner):
         """Rows idx[pos] of other nodes' shards into dst[pos] by MPI gets from
-        this process: a get per row, one flush. Returns the positions left
-        for the agent (rows only the backing file holds)."""
+        this process: a get per row, or from _MPI_TYPED_ROWS rows one get
+        per owner of indexed datatypes; then one flush. Returns the
+        positions left for the agent (rows only the backing file holds)."""
         from mpi4py import MPI
         own = owner[pos]
         mem = own < len(v.shard_rows)
