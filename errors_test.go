@@ -241,6 +241,20 @@ func TestBadBuffer(t *testing.T) {
 	if err := c.stores[0].GetBatch("x", nil, nil); err != nil {
 		t.Fatalf("empty GetBatch: %v", err)
 	}
+	// A receive buffer freed twice at once is freed once; the other call
+	// is told it is not a buffer (and -race sees no race).
+	buf, err := c.stores[0].AllocRecv(4 * errRB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() { errs <- c.stores[0].FreeRecv(buf) }()
+	}
+	e1, e2 := <-errs, <-errs
+	if (e1 == nil) == (e2 == nil) || !errors.Is(errors.Join(e1, e2), ddstore.ErrBuffer) {
+		t.Fatalf("FreeRecv twice at once: %v and %v; want one nil and one ErrBuffer", e1, e2)
+	}
 	readAllRanks(t, c, "x", errTotal, errRB)
 }
 

@@ -144,6 +144,7 @@ type recvBuf struct {
 	region *shm.Region
 	id     atomic.Uint32 // the agent's id; changes if the control session is redialed
 	base   uintptr
+	size   uintptr // len(region.Mem), which Close clears: read this instead
 }
 
 // variable is a variable as this rank sees it.
@@ -886,7 +887,7 @@ func (s *Store) recvOf(dst []byte) (*recvBuf, int64) {
 	}
 	p := uintptr(unsafe.Pointer(unsafe.SliceData(dst)))
 	for _, r := range *s.recv.Load() {
-		if p >= r.base && p+uintptr(len(dst)) <= r.base+uintptr(len(r.region.Mem)) {
+		if p >= r.base && p+uintptr(len(dst)) <= r.base+r.size {
 			return r, int64(p - r.base)
 		}
 	}
@@ -924,7 +925,7 @@ func (s *Store) AllocRecv(n int) ([]byte, error) {
 		r.Close()
 		return nil, err
 	}
-	rb := &recvBuf{region: r, base: uintptr(unsafe.Pointer(unsafe.SliceData(r.Mem)))}
+	rb := &recvBuf{region: r, base: uintptr(unsafe.Pointer(unsafe.SliceData(r.Mem))), size: uintptr(len(r.Mem))}
 	rb.id.Store(id)
 	old := *s.recv.Load()
 	next := append(append([]*recvBuf(nil), old...), rb)
@@ -934,12 +935,14 @@ func (s *Store) AllocRecv(n int) ([]byte, error) {
 
 // FreeRecv releases a buffer from AllocRecv.
 func (s *Store) FreeRecv(buf []byte) error {
+	// Under ctlMu, which every change of the list takes: a buffer freed
+	// twice at once is freed once, the other call told it is not one.
+	s.ctlMu.Lock()
+	defer s.ctlMu.Unlock()
 	r, off := s.recvOf(buf)
 	if r == nil || off != 0 {
 		return base.Errorf(base.ErrBuffer, "buffer of %d bytes was not returned by AllocRecv", len(buf))
 	}
-	s.ctlMu.Lock()
-	defer s.ctlMu.Unlock()
 	old := *s.recv.Load()
 	next := make([]*recvBuf, 0, len(old))
 	for _, x := range old {

@@ -843,15 +843,15 @@ class Store:
         if n <= 0:
             raise ArgumentError(f"ddstore: bad argument: receive buffer of shape {shape}: want > 0 bytes")
         r = Region(n)
+        a = r.array()[:n].view(dt).reshape(shape)
         try:
             with self._lock:
                 self._ensure_ctl()
                 r.id = register(self._ctl, r, self._timeout)
+                self._recv.append((r, a.__array_interface__["data"][0]))
         except BaseException:
             r.close()
             raise
-        a = r.array()[:n].view(dt).reshape(shape)
-        self._recv.append((r, a.__array_interface__["data"][0]))
         return a
 
     def register_recv(self, name, arr):
@@ -866,15 +866,15 @@ class Store:
     def free_recv(self, arr):
         """Release a buffer from alloc_recv."""
         p = np.asarray(arr).__array_interface__["data"][0]
-        for i, (r, base_ptr) in enumerate(self._recv):
-            if base_ptr == p:
-                del self._recv[i]
-                try:
-                    self._control(_wire.OP_UNREGISTER, _wire.Encoder().u32(r.id).i64(0))
-                finally:
-                    r.close()
-                return
-        raise BadBuffer("ddstore: bad buffer: not a buffer returned by alloc_recv")
+        with self._lock:  # found and taken out at once: freed twice, freed once
+            i = next((i for i, (_, base_ptr) in enumerate(self._recv) if base_ptr == p), None)
+            r = self._recv.pop(i)[0] if i is not None else None
+        if r is None:
+            raise BadBuffer("ddstore: bad buffer: not a buffer returned by alloc_recv")
+        try:
+            self._control(_wire.OP_UNREGISTER, _wire.Encoder().u32(r.id).i64(0))
+        finally:
+            r.close()
 
     # -- updating, describing, freeing -----------------------------------------
 

@@ -101,6 +101,25 @@ def test_errors_and_the_store_keeps_working(store):
         store.add("bad", np.float32(3))
     store.get_batch("e", out, [9, 0, 9])
     np.testing.assert_array_equal(out, data[[9, 0, 9]])
+    # A receive buffer freed from two threads at once is freed once, and
+    # the other buffers stay.
+    keep, twice = store.alloc_recv((4, 2), np.int32), store.alloc_recv((4, 2), np.int32)
+    errs = []
+
+    def free_it():
+        try:
+            store.free_recv(twice)
+        except ddstore.BadBuffer as e:
+            errs.append(e)
+    ts = [threading.Thread(target=free_it) for _ in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert len(errs) == 1, errs
+    store.get_batch("e", keep, [1, 2, 3, 4])
+    np.testing.assert_array_equal(keep, data[[1, 2, 3, 4]])
+    store.free_recv(keep)
     store.free("e")
     store.free("e")  # twice is fine
     with pytest.raises(KeyError, match="freed"):
