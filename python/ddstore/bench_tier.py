@@ -11,7 +11,10 @@ Side by side, in one run, medians of --reps epochs:
 * ddstore: Store.get_batch of a variable whose rows past C are in the file
   (the agent reads them, coalesced by chunk);
 * ddstore_prefetch: the same, announcing each batch two steps ahead
-  (Store.prefetch), as ScheduledSampler(prefetch=2) does.
+  (Store.prefetch), as ScheduledSampler(prefetch=2) does;
+* ddstore_recv, ddstore_prefetch_recv: the same two into a receive buffer
+  (alloc_recv, as ThreadDataLoader's reused buffers are), which the agent
+  writes the rows into directly: no copy through the lane's staging region.
 
 --cold drops the file from the page cache (posix_fadvise DONTNEED) before
 every epoch of every reader. Needs h5py and a ddstore binary with HDF5.
@@ -81,18 +84,23 @@ def main(argv=None):
     name = f"bench-tier-{os.getpid()}"
     s.add(name, ds[:c], backing=f + ":/x", total=n)
 
-    def dd(prefetch):
+    # Batches into a receive buffer (alloc_recv, as ThreadDataLoader's
+    # reused buffers are): the agent writes the file's rows straight in.
+    recv = s.alloc_recv((b,) + shape, np.int16)
+
+    def dd(prefetch, dst=out):
         def run():
             if prefetch:
                 s.prefetch(name, perm[:2 * b])
             for k in range(0, n - b + 1, b):
                 if prefetch and k + 3 * b <= n:
                     s.prefetch(name, perm[k + 2 * b:k + 3 * b])
-                s.get_batch(name, out, perm[k:k + b])
+                s.get_batch(name, dst, perm[k:k + b])
         return run
 
     readers = {"h5py_per_sample": h5_each, "h5py_per_batch": h5_batch, "ddstore": dd(False),
-               "ddstore_prefetch": dd(True)}
+               "ddstore_prefetch": dd(True), "ddstore_recv": dd(False, recv),
+               "ddstore_prefetch_recv": dd(True, recv)}
     times = {k: [] for k in readers}
     for _ in range(a.reps):  # interleaved: every reader sees the same machine
         for k, fn in readers.items():
@@ -115,9 +123,9 @@ def main(argv=None):
     else:
         print(f"{n} samples of {out[0].nbytes} B, batch {b}, C = {c} in memory, "
               f"{'cold' if a.cold else 'warm'} page cache; median of {a.reps} epochs")
-        print(f"{'reader':<18} {'epoch s':>9} {'MB/s':>9} {'vs h5py per sample':>19}")
+        print(f"{'reader':<22} {'epoch s':>9} {'MB/s':>9} {'vs h5py per sample':>19}")
         for k, v in res["readers"].items():
-            print(f"{k:<18} {v['epoch_s']:>9.4f} {v['MB_per_s']:>9.1f} {v['speedup_vs_h5py_per_sample']:>18.2f}x")
+            print(f"{k:<22} {v['epoch_s']:>9.4f} {v['MB_per_s']:>9.1f} {v['speedup_vs_h5py_per_sample']:>18.2f}x")
     return 0
 
 

@@ -277,6 +277,9 @@ class Store:
         self._max_lanes = max_lanes
         self._lock = threading.Lock()
         self._vars, self._freed, self._attempts, self._recv = {}, set(), {}, []
+        # Receive buffers made for the library's own reuse (_recv_buffer)
+        # whose arrays were collected: released at the next allocation.
+        self._recv_dead = []
         self._closed = False
         self._pid = os.getpid()
         self._lanes, self._nlanes, self._lane_free = [], 0, threading.Condition(self._lock)
@@ -346,7 +349,7 @@ class Store:
                 except OSError:
                     pass
                 lane.stage = None  # the parent owns its regions
-        self._lanes, self._nlanes, self._recv = [], 0, []
+        self._lanes, self._nlanes, self._recv, self._recv_dead = [], 0, [], []
         self._ctl = None
         self._pf_queue = self._pf_thread = None  # the parent's thread is not in the child
         self._pid = os.getpid()
@@ -842,6 +845,7 @@ class Store:
         n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         if n <= 0:
             raise ArgumentError(f"ddstore: bad argument: receive buffer of shape {shape}: want > 0 bytes")
+        self._release_dead()
         r = Region(n)
         a = r.array()[:n].view(dt).reshape(shape)
         try:
@@ -854,6 +858,43 @@ class Store:
             raise
         return a
 
+    def _recv_buffer(self, shape, dtype):
+        """A receive buffer (alloc_recv) released by itself once its array
+        and every view of it are gone: for buffers the library reuses (a
+        data loader's batches). The release waits for the next allocation,
+        as a collector may run it while this thread holds the lock."""
+        a = self.alloc_recv(shape, dtype)
+        weakref.finalize(a, self._recv_dead.append, a.__array_interface__["data"][0])
+        return a
+
+    def _release_dead(self):
+        while self._recv_dead:
+            try:
+                self._drop_recv(self._recv_dead.pop())  # False: freed already (close, fork)
+            except Error:
+                pass  # the agent is gone or restarting: nothing to unregister
+
+    def _drop_recv(self, p):
+        """Unregister and unmap the receive buffer at address p; False if
+        there is none. Found and taken out under the lock: freed twice at
+        once, freed once."""
+        with self._lock:
+            i = next((i for i, (_, base_ptr) in enumerate(self._recv) if base_ptr == p), None)
+            r = self._recv.pop(i)[0] if i is not None else None
+        if r is None:
+            return False
+        try:
+            self._control(_wire.OP_UNREGISTER, _wire.Encoder().u32(r.id).i64(0))
+        finally:
+            r.close()
+        return True
+
+    def _through_agent(self, name):
+        """Whether reads of a variable may need the agent: rows of another
+        node's shards, or of its backing file."""
+        v = self._var(name)
+        return v.total > v.held or any(n > 0 and v.local[r] is None for r, n in enumerate(v.shard_rows))
+
     def register_recv(self, name, arr):
         """DDStore's register_recv: here reads into any buffer work; a buffer
         from alloc_recv also skips the copy. Kept so DDStore code runs."""
@@ -865,16 +906,8 @@ class Store:
 
     def free_recv(self, arr):
         """Release a buffer from alloc_recv."""
-        p = np.asarray(arr).__array_interface__["data"][0]
-        with self._lock:  # found and taken out at once: freed twice, freed once
-            i = next((i for i, (_, base_ptr) in enumerate(self._recv) if base_ptr == p), None)
-            r = self._recv.pop(i)[0] if i is not None else None
-        if r is None:
+        if not self._drop_recv(np.asarray(arr).__array_interface__["data"][0]):
             raise BadBuffer("ddstore: bad buffer: not a buffer returned by alloc_recv")
-        try:
-            self._control(_wire.OP_UNREGISTER, _wire.Encoder().u32(r.id).i64(0))
-        finally:
-            r.close()
 
     # -- updating, describing, freeing -----------------------------------------
 

@@ -323,7 +323,14 @@ class _StoredDataset(_tud.Dataset):
         return layout, arrays
 
     def _ddstore_buffers(self, n, keys=None):
-        return {f.key: np.empty((n, *f.shape), f.npdtype) for f in self._layout.select(keys).fields}
+        """Arrays for n samples of each field, reused by the caller: receive
+        buffers the agent writes into directly when reads may go through it
+        (rows of other nodes or of backing files: no staging copy), else
+        plain memory."""
+        fields = self._layout.select(keys).fields
+        if any(self.store._through_agent(f.var) for f in fields):
+            return {f.key: self.store._recv_buffer((n, *f.shape), f.npdtype) for f in fields}
+        return {f.key: np.empty((n, *f.shape), f.npdtype) for f in fields}
 
     def prefetch(self, indices):
         """Tell the agents which samples this rank reads soon (ScheduledSampler

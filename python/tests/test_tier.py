@@ -172,3 +172,39 @@ def subprocess_info(job, node):
                           node, "--run-dir", job["DDSTORE_RUN_DIR"]], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
+
+
+def test_loader_buffers_are_receive_buffers(job, tmp_path):
+    """A ThreadDataLoader reusing its buffers over a dataset whose rows come
+    partly from a backing file reads into receive buffers (the agent writes
+    the file's rows straight into the batch), right rows every epoch; the
+    buffers are released once the loader is gone."""
+    import gc
+
+    from ddstore.torch import DistDataset, ThreadDataLoader
+    n = 96
+    data = np.arange(n * 10, dtype=np.float32).reshape(n, 10)
+    f = tmp_path / "x.npy"
+    np.save(f, data)
+    with ddstore.Store() as s:
+        ds = DistDataset(data, "ld", store=s, capacity=n // 4, backing=str(f))
+        loader = ThreadDataLoader(ds, batch_size=8, shuffle=True, num_workers=2, reuse_buffers=True)
+        for _ in range(2):
+            seen = []
+            for batch in loader:
+                rows = batch.numpy()
+                assert (rows == data[rows[:, 0].astype(int) // 10]).all()
+                seen += (rows[:, 0] // 10).astype(int).tolist()
+            assert sorted(seen) == list(range(n))
+        assert len(s._recv) == 2 * 2 + 1, "one receive buffer per buffer set"
+        assert s.get_profile("ld/0")["storage_rows"] > 0
+        del loader, batch, rows
+        gc.collect()
+        keep = s.alloc_recv((4,), np.uint8)  # the next allocation releases the collected ones
+        assert len(s._recv) == 1
+        s.free_recv(keep)
+        # Rows all in memory on this node: plain buffers.
+        mem = DistDataset(data, "mem", store=s)
+        for batch in ThreadDataLoader(mem, batch_size=8, reuse_buffers=True):
+            pass
+        assert not s._recv
