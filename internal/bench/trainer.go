@@ -1,18 +1,15 @@
 package bench
 
 import (
-	crand "crypto/rand"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/ddstore-go/ddstore"
-	"github.com/ddstore-go/ddstore/internal/auth"
 	"github.com/ddstore-go/ddstore/internal/mpirun"
 )
 
@@ -36,14 +33,9 @@ func runMPITrainer(opts Options) ([]MPIProbeResult, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	rdv, err := rendezvousAddr()
 	if err != nil {
 		return nil, err
-	}
-	rdv := l.Addr().String()
-	l.Close()
-	if os.Getenv(auth.SecretEnv) == "" {
-		os.Setenv(auth.SecretEnv, crand.Text())
 	}
 	j := trainerJob{Options: Options{RowSizes: opts.RowSizes, Batch: opts.Batch, ShardBytes: opts.ShardBytes, Duration: opts.Duration, Latency: opts.Latency},
 		Namespace: fmt.Sprintf("bench-%d-trainer", os.Getpid()), RunDir: filepath.Join(dir, "run"), Rendezvous: rdv}

@@ -52,6 +52,21 @@ type MPIProbeResult struct {
 	GetP50us float64 `json:"get_p50_us"`
 }
 
+// rendezvousAddr is a free loopback address for a job's agents to meet
+// at, with the job's secret set in the environment they inherit (agents
+// that meet at an address refuse to start without one).
+func rendezvousAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	if os.Getenv(auth.SecretEnv) == "" {
+		os.Setenv(auth.SecretEnv, crand.Text())
+	}
+	return l.Addr().String(), nil
+}
+
 // runMPIProbe runs the probe: mpirun -np 2 of this binary.
 func runMPIProbe(opts Options) ([]MPIProbeResult, error) {
 	o := Options{RowSizes: opts.RowSizes, Batch: opts.Batch, ShardBytes: opts.ShardBytes, Duration: opts.Duration, Latency: opts.Latency}
@@ -172,14 +187,9 @@ func startMPIJob() (*job, error) {
 	if err != nil {
 		return nil, err
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	rdv, err := rendezvousAddr()
 	if err != nil {
 		return nil, err
-	}
-	rdv := l.Addr().String()
-	l.Close()
-	if os.Getenv(auth.SecretEnv) == "" {
-		os.Setenv(auth.SecretEnv, crand.Text())
 	}
 	j := &job{}
 	if j.dir, err = os.MkdirTemp("", "ddstore-bench-"); err != nil {
