@@ -159,29 +159,51 @@ func TestIngestRaw(t *testing.T) {
 	checkVariable(t, reader(t, ns, nodes[0]), "raw", want, 333, 5, "int64")
 }
 
+// ingestRun is what one `ddstore ingest` printed and returned.
+type ingestRun struct {
+	code        int
+	out, errOut string
+}
+
+// ingestEveryNode runs `ddstore ingest FILE args... --rank r --size n` on
+// every node at once, as one job, and returns each rank's run.
+func ingestEveryNode(t *testing.T, nodes []node, file string, args ...string) []ingestRun {
+	t.Helper()
+	runs := make([]ingestRun, len(nodes))
+	var wg sync.WaitGroup
+	for r, nd := range nodes {
+		wg.Go(func() {
+			a := append([]string{"ingest", file}, args...)
+			a = append(append(a, "--rank", fmt.Sprint(r), "--size", fmt.Sprint(len(nodes))), nd.flags...)
+			runs[r].code, runs[r].out, runs[r].errOut = run(t, a...)
+		})
+	}
+	wg.Wait()
+	return runs
+}
+
+// wantIngested fails unless every rank's ingest exited 0.
+func wantIngested(t *testing.T, runs []ingestRun) {
+	t.Helper()
+	for r, x := range runs {
+		if x.code != 0 {
+			t.Errorf("ingest rank %d: exit %d, stdout %q, stderr %q", r, x.code, x.out, x.errOut)
+		}
+	}
+}
+
 // TestIngestTwoNodes: two ingest processes, one per node, each load their
 // share; every row reads back from either node.
 func TestIngestTwoNodes(t *testing.T) {
 	ns, nodes := startNodes(t, 2)
 	path := filepath.Join(t.TempDir(), "feat.npy")
 	want := writeNPY(t, path, 777)
-	var wg sync.WaitGroup
-	outs := make([]string, 2)
-	for r, nd := range nodes {
-		wg.Go(func() {
-			code, out, errOut := run(t, append([]string{"ingest", path, "--name", "feat", "--rank", fmt.Sprint(r), "--size", "2", "--read-size", "1K"}, nd.flags...)...)
-			if code != 0 {
-				t.Errorf("ingest rank %d: exit %d, stdout %q, stderr %q", r, code, out, errOut)
-			}
-			outs[r] = out
-		})
-	}
-	wg.Wait()
-	if t.Failed() {
+	runs := ingestEveryNode(t, nodes, path, "--name", "feat", "--read-size", "1K")
+	if wantIngested(t, runs); t.Failed() {
 		return
 	}
-	if !strings.Contains(outs[0], "loads rows [0, 388)") || !strings.Contains(outs[1], "loads rows [388, 777)") {
-		t.Errorf("shares:\n%s\n%s", outs[0], outs[1])
+	if !strings.Contains(runs[0].out, "loads rows [0, 388)") || !strings.Contains(runs[1].out, "loads rows [388, 777)") {
+		t.Errorf("shares:\n%s\n%s", runs[0].out, runs[1].out)
 	}
 	for _, nd := range nodes {
 		s := reader(t, ns, nd)
@@ -203,24 +225,13 @@ func TestIngestCapacity(t *testing.T) {
 	ns, nodes := startNodes(t, 2)
 	path := filepath.Join(t.TempDir(), "feat.npy")
 	want := writeNPY(t, path, 800)
-	var wg sync.WaitGroup
-	outs := make([]string, 2)
-	for r, nd := range nodes {
-		wg.Go(func() {
-			code, out, errOut := run(t, append([]string{"ingest", path, "--name", "feat", "--rank", fmt.Sprint(r), "--size", "2", "--capacity", "12000"}, nd.flags...)...)
-			if code != 0 {
-				t.Errorf("ingest rank %d: exit %d, stdout %q, stderr %q", r, code, out, errOut)
-			}
-			outs[r] = out
-		})
-	}
-	wg.Wait()
-	if t.Failed() {
+	runs := ingestEveryNode(t, nodes, path, "--name", "feat", "--capacity", "12000")
+	if wantIngested(t, runs); t.Failed() {
 		return
 	}
-	if !strings.Contains(outs[0], "loads rows [0, 100)") || !strings.Contains(outs[1], "loads rows [100, 200)") ||
-		!strings.Contains(outs[0], "holds rows [0, 200) of 800: the other 600 stay in the file") {
-		t.Errorf("shares:\n%s\n%s", outs[0], outs[1])
+	if !strings.Contains(runs[0].out, "loads rows [0, 100)") || !strings.Contains(runs[1].out, "loads rows [100, 200)") ||
+		!strings.Contains(runs[0].out, "holds rows [0, 200) of 800: the other 600 stay in the file") {
+		t.Errorf("shares:\n%s\n%s", runs[0].out, runs[1].out)
 	}
 	for _, nd := range nodes {
 		s := reader(t, ns, nd)
@@ -496,17 +507,7 @@ open(sys.argv[2], 'wb').write(a.tobytes())
 	}
 	for _, ds := range []string{"g/gzip", "/plain"} {
 		ns, nodes := startNodes(t, 2)
-		var wg sync.WaitGroup
-		for r, nd := range nodes {
-			wg.Go(func() {
-				code, out, errOut := run(t, append([]string{"ingest", file + ":" + ds, "--name", "x", "--rank", fmt.Sprint(r), "--size", "2", "--read-size", "8K"}, nd.flags...)...)
-				if code != 0 {
-					t.Errorf("ingest %s rank %d: exit %d, stdout %q, stderr %q", ds, r, code, out, errOut)
-				}
-			})
-		}
-		wg.Wait()
-		if !t.Failed() {
+		if wantIngested(t, ingestEveryNode(t, nodes, file+":"+ds, "--name", "x", "--read-size", "8K")); !t.Failed() {
 			checkVariable(t, reader(t, ns, nodes[1]), "x", want, 3001, 12, "int32")
 		}
 	}
@@ -660,6 +661,7 @@ func TestIngestOneNodeCannotStart(t *testing.T) {
 	var wg sync.WaitGroup
 	for r, nd := range nodes {
 		wg.Go(func() {
+			// Each rank its own file: not ingestEveryNode, which gives all one.
 			code, _, errOut := run(t, append([]string{"ingest", files[r], "--name", "feat", "--rank", fmt.Sprint(r), "--size", "2"}, nd.flags...)...)
 			if code != 1 || !strings.Contains(errOut, wants[r]) {
 				t.Errorf("rank %d: exit %d, stderr %q; want %q", r, code, errOut, wants[r])
@@ -684,15 +686,10 @@ func TestIngestMoreNodesThanRows(t *testing.T) {
 	ns, nodes := startNodes(t, 2)
 	path := filepath.Join(t.TempDir(), "feat.npy")
 	want := writeNPY(t, path, 1)
-	var wg sync.WaitGroup
-	for r, nd := range nodes {
-		wg.Go(func() {
-			code, out, errOut := run(t, append([]string{"ingest", path, "--name", "feat", "--rank", fmt.Sprint(r), "--size", "2"}, nd.flags...)...)
-			if code != 0 || !strings.Contains(out, fmt.Sprintf("loads rows [0, %d)", r)) {
-				t.Errorf("rank %d: exit %d, stdout %q, stderr %q", r, code, out, errOut)
-			}
-		})
+	for r, x := range ingestEveryNode(t, nodes, path, "--name", "feat") {
+		if x.code != 0 || !strings.Contains(x.out, fmt.Sprintf("loads rows [0, %d)", r)) {
+			t.Errorf("rank %d: exit %d, stdout %q, stderr %q", r, x.code, x.out, x.errOut)
+		}
 	}
-	wg.Wait()
 	checkVariable(t, reader(t, ns, nodes[0]), "feat", want, 1, 15, "float32")
 }
