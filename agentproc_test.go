@@ -37,6 +37,19 @@ const (
 // helpers are the roles, registered by the files that define them.
 var helpers = map[string]func(args []byte) int{}
 
+// helper registers role: f gets the args helperCmd passed, decoded.
+func helper[T any](role string, f func(T) int) bool {
+	helpers[role] = func(b []byte) int {
+		var a T
+		if err := json.Unmarshal(b, &a); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		return f(a)
+	}
+	return true
+}
+
 func init() {
 	role := os.Getenv(helperEnv)
 	if role == "" {

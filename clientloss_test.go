@@ -7,7 +7,6 @@ package ddstore_test
 // variables, or wait in a collective that will never complete.
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -40,16 +39,11 @@ var lossPhases = map[byte]string{
 	'c': "create+publish (Add)", 'f': "free",
 }
 
-var _ = func() bool { helpers["clientloss"] = lossClient; return true }()
+var _ = helper("clientloss", lossClient)
 
 // lossClient runs until it is killed; it exits by itself only on an error,
 // which fails the test.
-func lossClient(b []byte) int {
-	var a lossArgs
-	if err := json.Unmarshal(b, &a); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
+func lossClient(a lossArgs) int {
 	mark := func(c byte) { os.Stdout.Write([]byte{c}) }
 	fail := func(err error) int {
 		fmt.Fprintf(os.Stderr, "client %s: %v\n", a.Mode, err)

@@ -87,14 +87,9 @@ func (h *latencyHist) quantile(q float64) time.Duration {
 	return 0
 }
 
-var _ = func() bool { helpers["soakrank"] = soakRank; return true }()
+var _ = helper("soakrank", soakRank)
 
-func soakRank(b []byte) int {
-	var a soakArgs
-	if err := json.Unmarshal(b, &a); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
+func soakRank(a soakArgs) int {
 	s, err := ddstore.Open(ddstore.Config{Namespace: a.NS, Rank: a.Rank, Size: a.Size, LocalRank: 0, LocalSize: 1,
 		Node: a.Node, RunDir: a.RunDir, NoSpawn: true, AgentWait: 20 * time.Second, Timeout: 30 * time.Second,
 		PublishTimeout: time.Minute})
