@@ -9,8 +9,6 @@ package agent
 
 import (
 	"context"
-	"maps"
-	"slices"
 
 	"github.com/ddstore-go/ddstore/internal/transport"
 	"github.com/ddstore-go/ddstore/internal/wire"
@@ -47,10 +45,7 @@ func (a *Agent) startFabric() error {
 // describeFabric asks the agent at addr for its endpoint and where its
 // shards of a variable lie.
 func (a *Agent) describeFabric(ctx context.Context, addr, name string, id int64) (transport.FabricWindow, error) {
-	ctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
-	defer cancel()
-	m := wire.Drop{Name: name, ID: id}
-	body, err := a.pool.Call(ctx, addr, wire.OpPeerWindow, m.Encode)
+	body, err := a.peerWindow(ctx, addr, name, id)
 	if err != nil {
 		return transport.FabricWindow{}, err
 	}
@@ -66,9 +61,9 @@ func (a *Agent) fabricWindow(name string, id int64) (func(*wire.Encoder), error)
 	defer v.mu.RUnlock()
 	w := transport.FabricWindow{Provider: a.fab.Provider(), Name: a.fab.Name(), TokenKey: a.fab.TokenKey(),
 		Window: wire.Window{RowBytes: v.lay.Bytes()}}
-	for _, r := range slices.Sorted(maps.Keys(v.exposed)) {
-		e := v.exposed[r]
-		w.Window.Shards = append(w.Window.Shards, wire.WindowShard{First: v.lay.First(r), Rows: v.lay.ShardRows(r), Addr: e.Addr, Token: e.Token})
+	shards, exps := exposedShards(v)
+	w.Window.Shards = shards
+	for _, e := range exps {
 		w.Keys = append(w.Keys, a.fab.Key(e))
 	}
 	return w.Encode, nil

@@ -55,17 +55,36 @@ func (a *Agent) transportName() string {
 	return TransportTCP
 }
 
-// describeWindow asks the agent at addr where its shards of a variable lie
-// in its MPI window.
-func (a *Agent) describeWindow(ctx context.Context, addr, name string, id int64) (wire.Window, error) {
+// peerWindow asks the agent at addr where its shards of a variable lie
+// (PeerWindow): the reply, which the one-sided transport in use decodes.
+func (a *Agent) peerWindow(ctx context.Context, addr, name string, id int64) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
 	defer cancel()
 	m := wire.Drop{Name: name, ID: id}
-	body, err := a.pool.Call(ctx, addr, wire.OpPeerWindow, m.Encode)
+	return a.pool.Call(ctx, addr, wire.OpPeerWindow, m.Encode)
+}
+
+// describeWindow asks the agent at addr where its shards of a variable lie
+// in its MPI window.
+func (a *Agent) describeWindow(ctx context.Context, addr, name string, id int64) (wire.Window, error) {
+	body, err := a.peerWindow(ctx, addr, name, id)
 	if err != nil {
 		return wire.Window{}, err
 	}
 	return wire.DecodeWindow(body)
+}
+
+// exposedShards are v's shards in this agent's window, by rank, as
+// PeerWindow describes them, with their exposures; the caller holds v.mu.
+func exposedShards(v *variable) ([]wire.WindowShard, []transport.Exposure) {
+	var shards []wire.WindowShard
+	var exps []transport.Exposure
+	for _, r := range slices.Sorted(maps.Keys(v.exposed)) {
+		e := v.exposed[r]
+		shards = append(shards, wire.WindowShard{First: v.lay.First(r), Rows: v.lay.ShardRows(r), Addr: e.Addr, Token: e.Token})
+		exps = append(exps, e)
+	}
+	return shards, exps
 }
 
 // window answers PeerWindow: this node's exposed shards of a variable.
@@ -79,10 +98,7 @@ func (a *Agent) window(name string, id int64) (wire.Window, error) {
 	}
 	defer v.mu.RUnlock()
 	w := wire.Window{World: a.mpi.World(), Rank: int64(a.mpi.Rank()), RowBytes: v.lay.Bytes()}
-	for _, r := range slices.Sorted(maps.Keys(v.exposed)) {
-		e := v.exposed[r]
-		w.Shards = append(w.Shards, wire.WindowShard{First: v.lay.First(r), Rows: v.lay.ShardRows(r), Addr: e.Addr, Token: e.Token})
-	}
+	w.Shards, _ = exposedShards(v)
 	return w, nil
 }
 
