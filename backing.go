@@ -33,16 +33,8 @@ type Backing struct {
 // be opened, or whose rows are not disp items of dtype, fails the Add on
 // every rank.
 func (s *Store) AddBacked(name string, rows []byte, disp int64, dtype Dtype, b Backing) error {
-	size, err := dtype.ItemSize()
+	nrows, size, err := typedAdd(name, rows, disp, dtype)
 	if err == nil {
-		err = rowError(name, disp, size)
-	}
-	if err == nil && int64(len(rows))%(disp*size) != 0 {
-		err = base.Errorf(base.ErrBuffer, "variable %q: %d bytes is not a whole number of %d-byte rows (disp %d x %s)", name, len(rows), disp*size, disp, dtype)
-	}
-	var nrows int64
-	if err == nil {
-		nrows = int64(len(rows)) / (disp * size)
 		b, err = b.check(name, nrows)
 	}
 	return s.create(name, rows, nrows, disp, size, string(dtype), err, b)
@@ -52,13 +44,7 @@ func (s *Store) AddBacked(name string, rows []byte, disp int64, dtype Dtype, b B
 // shard is nrows zero-filled rows, to be filled (through Shard) with the
 // file's rows from this rank's first global row before they are read.
 func (s *Store) InitBacked(name string, nrows, disp int64, dtype Dtype, b Backing) error {
-	size, err := dtype.ItemSize()
-	if err == nil {
-		err = rowError(name, disp, size)
-	}
-	if err == nil && nrows < 0 {
-		err = base.Errorf(base.ErrGeometry, "variable %q: %d rows: want >= 0", name, nrows)
-	}
+	size, err := typedInit(name, nrows, disp, dtype)
 	if err == nil {
 		b, err = b.check(name, nrows)
 	}

@@ -48,6 +48,12 @@ func (d Dtype) ItemSize() (int64, error) {
 // InitAs is Init for a typed variable: nrows zero-filled rows of disp items
 // of type dtype.
 func (s *Store) InitAs(name string, nrows, disp int64, dtype Dtype) error {
+	size, err := typedInit(name, nrows, disp, dtype)
+	return s.create(name, nil, nrows, disp, size, string(dtype), err)
+}
+
+// typedInit checks InitAs's geometry: the item size of dtype, or why not.
+func typedInit(name string, nrows, disp int64, dtype Dtype) (int64, error) {
 	size, err := dtype.ItemSize()
 	if err == nil {
 		err = rowError(name, disp, size)
@@ -55,21 +61,27 @@ func (s *Store) InitAs(name string, nrows, disp int64, dtype Dtype) error {
 	if err == nil && nrows < 0 {
 		err = base.Errorf(base.ErrGeometry, "variable %q: %d rows: want >= 0", name, nrows)
 	}
-	return s.create(name, nil, nrows, disp, size, string(dtype), err)
+	return size, err
 }
 
 // AddAs is Add for a typed variable: rows of disp items of type dtype.
 func (s *Store) AddAs(name string, rows []byte, disp int64, dtype Dtype) error {
-	size, err := dtype.ItemSize()
+	nrows, size, err := typedAdd(name, rows, disp, dtype)
+	return s.create(name, rows, nrows, disp, size, string(dtype), err)
+}
+
+// typedAdd checks AddAs's rows: how many there are and the item size of
+// dtype, or why not.
+func typedAdd(name string, rows []byte, disp int64, dtype Dtype) (nrows, size int64, err error) {
+	size, err = dtype.ItemSize()
 	if err == nil {
 		err = rowError(name, disp, size)
 	}
 	if err == nil && int64(len(rows))%(disp*size) != 0 {
 		err = base.Errorf(base.ErrBuffer, "variable %q: %d bytes is not a whole number of %d-byte rows (disp %d x %s)", name, len(rows), disp*size, disp, dtype)
 	}
-	var nrows int64
 	if err == nil {
 		nrows = int64(len(rows)) / (disp * size)
 	}
-	return s.create(name, rows, nrows, disp, size, string(dtype), err)
+	return nrows, size, err
 }
