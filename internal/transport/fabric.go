@@ -383,7 +383,7 @@ type Fabric struct {
 	name     []byte
 	virt     bool // remote addresses are virtual addresses, not offsets
 
-	wins  fabricWindows
+	wins  windowCache[FabricWindow]
 	peers struct {
 		sync.Mutex
 		m map[string]C.fi_addr_t
@@ -413,40 +413,6 @@ type Fabric struct {
 }
 
 var _ Transport = (*Fabric)(nil)
-
-// fabricWindows caches described windows like windows does.
-type fabricWindows struct {
-	mu sync.Mutex
-	m  map[windowKey]*FabricWindow
-	id map[windowKey]int64
-}
-
-func (ws *fabricWindows) get(addr, name string, id int64) *FabricWindow {
-	ws.mu.Lock()
-	defer ws.mu.Unlock()
-	k := windowKey{addr, name}
-	if w := ws.m[k]; w != nil && ws.id[k] == id {
-		return w
-	}
-	return nil
-}
-
-func (ws *fabricWindows) put(addr, name string, id int64, w *FabricWindow) {
-	ws.mu.Lock()
-	defer ws.mu.Unlock()
-	if ws.m == nil || len(ws.m) >= maxCachedWindows {
-		ws.m, ws.id = make(map[windowKey]*FabricWindow), make(map[windowKey]int64)
-	}
-	k := windowKey{addr, name}
-	ws.m[k], ws.id[k] = w, id
-}
-
-func (ws *fabricWindows) forget(addr, name string) {
-	ws.mu.Lock()
-	defer ws.mu.Unlock()
-	delete(ws.m, windowKey{addr, name})
-	delete(ws.id, windowKey{addr, name})
-}
 
 // NewFabric opens this agent's endpoint and starts its progress loop.
 func NewFabric(opts FabricOptions) (*Fabric, error) {

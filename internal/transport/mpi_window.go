@@ -69,43 +69,48 @@ func errNoMPI() error {
 // windowKey names a cached window: a node's agent and a variable.
 type windowKey struct{ addr, name string }
 
-// windows caches the windows other agents described, one per node and
-// variable name (a new table id replaces the old one).
-type windows struct {
+// windowCache caches the windows other agents described, one per node
+// and variable name (a new table id replaces the old one), for a one-sided
+// transport whose window description is W.
+type windowCache[W any] struct {
 	mu sync.Mutex
-	m  map[windowKey]*wire.Window
-	id map[windowKey]int64
+	m  map[windowKey]cachedWindow[W]
 }
+
+type cachedWindow[W any] struct {
+	w  *W
+	id int64 // the table id it describes
+}
+
+// windows is the MPI transport's cache.
+type windows = windowCache[wire.Window]
 
 // maxCachedWindows bounds the cache; past it, it starts again empty (a
 // described window costs one control round trip).
 const maxCachedWindows = 4096
 
-func (ws *windows) get(addr, name string, id int64) *wire.Window {
+func (ws *windowCache[W]) get(addr, name string, id int64) *W {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
-	k := windowKey{addr, name}
-	if w := ws.m[k]; w != nil && ws.id[k] == id {
-		return w
+	if c, ok := ws.m[windowKey{addr, name}]; ok && c.id == id {
+		return c.w
 	}
 	return nil
 }
 
-func (ws *windows) put(addr, name string, id int64, w *wire.Window) {
+func (ws *windowCache[W]) put(addr, name string, id int64, w *W) {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	if ws.m == nil || len(ws.m) >= maxCachedWindows {
-		ws.m, ws.id = make(map[windowKey]*wire.Window), make(map[windowKey]int64)
+		ws.m = make(map[windowKey]cachedWindow[W])
 	}
-	k := windowKey{addr, name}
-	ws.m[k], ws.id[k] = w, id
+	ws.m[windowKey{addr, name}] = cachedWindow[W]{w, id}
 }
 
-func (ws *windows) forget(addr, name string) {
+func (ws *windowCache[W]) forget(addr, name string) {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	delete(ws.m, windowKey{addr, name})
-	delete(ws.id, windowKey{addr, name})
 }
 
 // getPlan is a batch as the gets that move it: piece i is lens[i] bytes
