@@ -93,6 +93,19 @@ static int ddst_attach(void *p, MPI_Aint n, MPI_Aint *addr) {
 
 static int ddst_detach(void *p) { return MPI_Win_detach(ddst_win, p); }
 
+// ddst_finish ends a batch of gets from target, rc saying how issuing them
+// went: a flush, then the ntok token words into got and another flush.
+static int ddst_finish(int target, int rc, int ntok, MPI_Aint *tok, uint64_t *got) {
+	int frc = MPI_Win_flush(target, ddst_win);
+	if (rc != MPI_SUCCESS) return rc;
+	if (frc != MPI_SUCCESS) return frc;
+	for (int i = 0; i < ntok && rc == MPI_SUCCESS; i++)
+		rc = MPI_Get(&got[i], 8, MPI_BYTE, target, tok[i], 8, MPI_BYTE, ddst_win);
+	frc = MPI_Win_flush(target, ddst_win);
+	if (rc != MPI_SUCCESS) return rc;
+	return frc;
+}
+
 // ddst_fetch moves one batch from target: n gets, one flush, then the
 // ntok token words into got, another flush. The caller compares got.
 static int ddst_fetch(int target, int n, uintptr_t *dst, MPI_Aint *src, int *len,
@@ -100,14 +113,7 @@ static int ddst_fetch(int target, int n, uintptr_t *dst, MPI_Aint *src, int *len
 	int rc = MPI_SUCCESS, i;
 	for (i = 0; i < n && rc == MPI_SUCCESS; i++)
 		rc = MPI_Get((void *)dst[i], len[i], MPI_BYTE, target, src[i], len[i], MPI_BYTE, ddst_win);
-	int frc = MPI_Win_flush(target, ddst_win);
-	if (rc != MPI_SUCCESS) return rc;
-	if (frc != MPI_SUCCESS) return frc;
-	for (i = 0; i < ntok && rc == MPI_SUCCESS; i++)
-		rc = MPI_Get(&got[i], 8, MPI_BYTE, target, tok[i], 8, MPI_BYTE, ddst_win);
-	frc = MPI_Win_flush(target, ddst_win);
-	if (rc != MPI_SUCCESS) return rc;
-	return frc;
+	return ddst_finish(target, rc, ntok, tok, got);
 }
 
 // ddst_fetch_shards moves one batch from target with one get per shard:
@@ -116,7 +122,7 @@ static int ddst_fetch(int target, int n, uintptr_t *dst, MPI_Aint *src, int *len
 // datatypes; then one flush, and the tokens as in ddst_fetch.
 static int ddst_fetch_shards(int target, int nshard, MPI_Aint *base, int *count,
 		MPI_Aint *odisp, MPI_Aint *tdisp, int *len, int ntok, MPI_Aint *tok, uint64_t *got) {
-	int rc = MPI_SUCCESS, s, i, off = 0;
+	int rc = MPI_SUCCESS, s, off = 0;
 	for (s = 0; s < nshard && rc == MPI_SUCCESS; off += count[s], s++) {
 		if (count[s] == 1) {
 			rc = MPI_Get((void *)odisp[off], len[off], MPI_BYTE, target, base[s] + tdisp[off], len[off], MPI_BYTE, ddst_win);
@@ -137,14 +143,7 @@ static int ddst_fetch_shards(int target, int nshard, MPI_Aint *base, int *count,
 		MPI_Type_free(&ot);
 		MPI_Type_free(&tt);
 	}
-	int frc = MPI_Win_flush(target, ddst_win);
-	if (rc != MPI_SUCCESS) return rc;
-	if (frc != MPI_SUCCESS) return frc;
-	for (i = 0; i < ntok && rc == MPI_SUCCESS; i++)
-		rc = MPI_Get(&got[i], 8, MPI_BYTE, target, tok[i], 8, MPI_BYTE, ddst_win);
-	frc = MPI_Win_flush(target, ddst_win);
-	if (rc != MPI_SUCCESS) return rc;
-	return frc;
+	return ddst_finish(target, rc, ntok, tok, got);
 }
 
 // ddst_progress_loop enters MPI every ns nanoseconds until
