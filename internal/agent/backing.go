@@ -222,26 +222,26 @@ func (t *tier) read(ctx context.Context, rows []int64, dst [][]byte) error {
 	if len(miss) == 0 {
 		return nil
 	}
-	slices.SortFunc(miss, func(x, y int) int { return cmp.Compare(rows[x], rows[y]) })
-	sortedRows := make([]int64, len(miss))
-	sortedDst := make([][]byte, len(miss))
-	for k, i := range miss {
-		sortedRows[k], sortedDst[k] = rows[i], dst[i]
-	}
-	return t.readFile(ctx, sortedRows, sortedDst)
+	return t.readPicked(ctx, rows, dst, miss)
 }
 
 // readAny reads rows of any owner (the node holding them is gone) from the
 // file, in any order.
 func (t *tier) readAny(ctx context.Context, rows []int64, dst [][]byte) error {
-	order := make([]int, len(rows))
-	for i := range order {
-		order[i] = i
+	pick := make([]int, len(rows))
+	for i := range pick {
+		pick[i] = i
 	}
-	slices.SortFunc(order, func(x, y int) int { return cmp.Compare(rows[x], rows[y]) })
-	sr := make([]int64, len(rows))
-	sd := make([][]byte, len(rows))
-	for k, i := range order {
+	return t.readPicked(ctx, rows, dst, pick)
+}
+
+// readPicked reads rows[i] into dst[i] for each i of pick (which it
+// reorders) from the file, sorted by row as readFile wants them.
+func (t *tier) readPicked(ctx context.Context, rows []int64, dst [][]byte, pick []int) error {
+	slices.SortFunc(pick, func(x, y int) int { return cmp.Compare(rows[x], rows[y]) })
+	sr := make([]int64, len(pick))
+	sd := make([][]byte, len(pick))
+	for k, i := range pick {
 		sr[k], sd[k] = rows[i], dst[i]
 	}
 	return t.readFile(ctx, sr, sd)
