@@ -118,6 +118,21 @@ func (b *syncBuffer) String() string {
 }
 
 // startAgentProc starts the agent of node and waits until it answers.
+// startAgentProcs starts one agent process per node of a fresh namespace
+// (prefix and this process's pid), meeting at a rendezvous address; it
+// returns the namespace, the run directory and the agents.
+func startAgentProcs(t testing.TB, prefix string, nodes ...string) (string, string, []*agentProc) {
+	t.Helper()
+	ns := fmt.Sprintf("%s%d", prefix, os.Getpid())
+	runDir := filepath.Join(t.TempDir(), "run")
+	rdv := freeAddr(t)
+	var agents []*agentProc
+	for _, node := range nodes {
+		agents = append(agents, startAgentProc(t, ns, node, runDir, rdv))
+	}
+	return ns, runDir, agents
+}
+
 func startAgentProc(t testing.TB, ns, node, runDir, rendezvous string) *agentProc {
 	t.Helper()
 	a := &agentProc{node: node, socket: ddstore.SocketPath(runDir, ns, node), metrics: freeAddr(t), log: &syncBuffer{}}

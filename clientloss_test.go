@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -210,11 +209,7 @@ func TestClientLoss(t *testing.T) {
 		t.Skip("starts hundreds of processes")
 	}
 	kills := clientKills(t)
-	dir := t.TempDir()
-	ns := fmt.Sprintf("loss%d", os.Getpid())
-	runDir := filepath.Join(dir, "run")
-	rdv := freeAddr(t)
-	agents := []*agentProc{startAgentProc(t, ns, "a", runDir, rdv), startAgentProc(t, ns, "b", runDir, rdv)}
+	ns, runDir, agents := startAgentProcs(t, "loss", "a", "b")
 	a := agents[0]
 
 	// The job the clients read: rank 0's rows on node a, rank 1's on b.

@@ -11,7 +11,6 @@ import (
 	"math/bits"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -235,15 +234,8 @@ func TestSoak(t *testing.T) {
 		t.Skip("a load test")
 	}
 	dur := soakDuration(t)
-	dir := t.TempDir()
-	ns := fmt.Sprintf("soak%d", os.Getpid())
-	runDir := filepath.Join(dir, "run")
-	rdv := freeAddr(t)
 	nodes := []string{"n0", "n1"}
-	var agents []*agentProc
-	for _, node := range nodes {
-		agents = append(agents, startAgentProc(t, ns, node, runDir, rdv))
-	}
+	ns, runDir, agents := startAgentProcs(t, "soak", nodes...)
 	const threads, perRank, rb = 32, 16 << 10, 1024
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d, %v, %d goroutines per rank", seed, dur, threads)
