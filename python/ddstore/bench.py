@@ -22,6 +22,25 @@ from . import _agent
 from .store import Store
 
 
+def _both(stores, f):
+    """f(rank, store) on both stores at once (add and free are collective)."""
+    errs = [None] * len(stores)
+
+    def go(r):
+        try:
+            f(r, stores[r])
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errs[r] = e
+    ts = [threading.Thread(target=go, args=(r,)) for r in range(len(stores))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for e in errs:
+        if e is not None:
+            raise e
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -67,21 +86,7 @@ def run(row_sizes=(4096, 65536), batch=256, shard_bytes=64 << 20, dur=0.5, lat_i
     s = stores[0]
 
     def both(f):
-        errs = [None, None]
-
-        def go(r):
-            try:
-                f(r, stores[r])
-            except BaseException as e:  # noqa: BLE001 - re-raised below
-                errs[r] = e
-        ts = [threading.Thread(target=go, args=(r,)) for r in range(2)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        for e in errs:
-            if e is not None:
-                raise e
+        _both(stores, f)
 
     rows_out = []
     try:

@@ -29,14 +29,7 @@ import time
 
 import numpy as np
 
-
-def _drop(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+from .cosmoflow.loaders import drop_page_cache
 
 
 def main(argv=None):
@@ -105,7 +98,7 @@ def main(argv=None):
     for _ in range(a.reps):  # interleaved: every reader sees the same machine
         for k, fn in readers.items():
             if a.cold:
-                _drop(f)
+                drop_page_cache([f])
             t = time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t)

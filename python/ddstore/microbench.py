@@ -36,13 +36,12 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
 
 from . import _agent
-from .bench import _free_port, _rate
+from .bench import _both, _free_port, _rate
 from .launch import agent_pids
 from .store import Store
 
@@ -222,25 +221,6 @@ def _rows(n, rb, first):
 
 def _first(buf):
     return buf[:, :8].copy().view(np.int64)[:, 0]
-
-
-def _both(stores, f):
-    """f(rank, store) on both stores at once (add and free are collective)."""
-    errs = [None] * len(stores)
-
-    def go(r):
-        try:
-            f(r, stores[r])
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            errs[r] = e
-    ts = [threading.Thread(target=go, args=(r,)) for r in range(len(stores))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    for e in errs:
-        if e is not None:
-            raise e
 
 
 def go_limits(binary, row_sizes, batch, shard_bytes, dur):
