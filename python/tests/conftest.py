@@ -70,3 +70,27 @@ def run_ranks(script, nodes, env, timeout=120, args=()):
         outs.append(out)
         assert p.returncode == 0, f"rank {r} failed:\n{out}"
     return outs
+
+
+def mpirun_ranks(job, tmp_path, script, np_, *args, cma=False, timeout=180):
+    """Run script as np_ ranks of Open MPI's mpirun (arguments: args) with
+    agents meeting at a rendezvous port; every rank must print "ok RANK".
+    Open MPI's single-copy (CMA) between the ranks only with cma."""
+    import socket
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    path = tmp_path / "rank.py"
+    path.write_text(script)
+    env = {**os.environ, **job, "DDSTORE_RENDEZVOUS": f"127.0.0.1:{port}", "DDSTORE_PEER_LISTEN": "127.0.0.1:0",
+           "DDSTORE_SECRET": SECRET, "PYTHONPATH": os.path.join(ROOT, "python")}
+    if not cma:
+        env["OMPI_MCA_btl_vader_single_copy_mechanism"] = "none"
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_)]
+    for k in ("DDSTORE_RENDEZVOUS", "DDSTORE_PEER_LISTEN", "DDSTORE_SECRET", "PYTHONPATH", "DDSTORE_BIN",
+              "DDSTORE_RUN_DIR", "DDSTORE_NAMESPACE"):
+        cmd += ["-x", k]
+    r = subprocess.run(cmd + [sys.executable, str(path), *args], env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(line for line in r.stdout.splitlines() if line.startswith("ok")) == [f"ok {i}" for i in range(np_)]

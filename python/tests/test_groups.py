@@ -1,15 +1,11 @@
 """Replica groups (DDStore's ddstore_width, or a split communicator): each
 group holds a whole copy and reads stay inside it."""
 
-import os
 import shutil
-import socket
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT, run_ranks
+from conftest import mpirun_ranks, run_ranks
 
 WIDTH = r"""
 import numpy as np, ddstore, torch
@@ -70,18 +66,4 @@ sys.stdout.write(f"ok {rank}\n"); sys.stdout.flush()
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI (mpirun) is not installed")
 def test_split_communicator(job, tmp_path):
     pytest.importorskip("mpi4py")
-    with socket.socket() as sk:
-        sk.bind(("127.0.0.1", 0))
-        port = sk.getsockname()[1]
-    script = tmp_path / "rank.py"
-    script.write_text(SPLIT)
-    env = {**os.environ, **job, "DDSTORE_RENDEZVOUS": f"127.0.0.1:{port}", "DDSTORE_PEER_LISTEN": "127.0.0.1:0",
-           "DDSTORE_SECRET": os.environ.get("DDSTORE_SECRET", "groups-test-secret-0123456789"),
-           "PYTHONPATH": os.path.join(ROOT, "python"), "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4"]
-    for k in ("DDSTORE_RENDEZVOUS", "DDSTORE_PEER_LISTEN", "DDSTORE_SECRET", "PYTHONPATH", "DDSTORE_BIN",
-              "DDSTORE_RUN_DIR", "DDSTORE_NAMESPACE"):
-        cmd += ["-x", k]
-    r = subprocess.run(cmd + [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert sorted(line for line in r.stdout.splitlines() if line.startswith("ok")) == [f"ok {i}" for i in range(4)]
+    mpirun_ranks(job, tmp_path, SPLIT, 4)

@@ -1,15 +1,11 @@
 """Ranks launched by Open MPI's mpirun, on two simulated nodes (node id by
 rank), with an mpi4py communicator and with the launcher's environment."""
 
-import os
 import shutil
-import socket
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT, SECRET
+from conftest import mpirun_ranks
 
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI (mpirun) is not installed")
 
@@ -46,31 +42,9 @@ sys.stdout.write(f"ok {rank}\n"); sys.stdout.flush()
 """
 
 
-def launch(job, tmp_path, script, np_, how, cma=False):
-    """Run script as np_ ranks of mpirun (argument: how) with agents meeting
-    at a rendezvous port; every rank must print "ok RANK". Open MPI's
-    single-copy (CMA) between the ranks only with cma."""
-    with socket.socket() as sk:
-        sk.bind(("127.0.0.1", 0))
-        port = sk.getsockname()[1]
-    path = tmp_path / "rank.py"
-    path.write_text(script)
-    env = {**os.environ, **job, "DDSTORE_RENDEZVOUS": f"127.0.0.1:{port}", "DDSTORE_PEER_LISTEN": "127.0.0.1:0",
-           "DDSTORE_SECRET": SECRET, "PYTHONPATH": os.path.join(ROOT, "python")}
-    if not cma:
-        env["OMPI_MCA_btl_vader_single_copy_mechanism"] = "none"
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_)]
-    for k in ("DDSTORE_RENDEZVOUS", "DDSTORE_PEER_LISTEN", "DDSTORE_SECRET", "PYTHONPATH", "DDSTORE_BIN",
-              "DDSTORE_RUN_DIR", "DDSTORE_NAMESPACE"):
-        cmd += ["-x", k]
-    r = subprocess.run(cmd + [sys.executable, str(path), how], env=env, capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert sorted(line for line in r.stdout.splitlines() if line.startswith("ok")) == [f"ok {i}" for i in range(np_)]
-
-
 @pytest.mark.parametrize("np_,how", [(2, "comm"), (4, "comm"), (4, "env")])
 def test_mpirun(job, np_, how, tmp_path):
-    launch(job, tmp_path, SCRIPT, np_, how)
+    mpirun_ranks(job, tmp_path, SCRIPT, np_, how)
 
 
 ONESIDED = r"""
@@ -177,4 +151,4 @@ def test_mpirun_onesided(job, np_, how, tmp_path):
     MPI cannot make the window, add fails clearly and leaves nothing."""
     # Without single-copy between its processes, Open MPI cannot make a
     # window of existing memory on one machine: a clear error.
-    launch(job, tmp_path, NO_WINDOW if how == "no-window" else ONESIDED, np_, how, cma=how != "no-window")
+    mpirun_ranks(job, tmp_path, NO_WINDOW if how == "no-window" else ONESIDED, np_, how, cma=how != "no-window")

@@ -18,7 +18,7 @@ import pytest
 
 import ddstore
 import pyddstore
-from conftest import ROOT, SECRET, run_ranks
+from conftest import ROOT, SECRET, mpirun_ranks, run_ranks
 from ddstore.launch import agent_pids
 
 torch = pytest.importorskip("torch")
@@ -556,24 +556,10 @@ sys.stdout.write("ok %d\n" % rank); sys.stdout.flush()   # one write: mpirun int
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI (mpirun) is not installed")
 @pytest.mark.skipif(not pyddstore.HAVE_MPI, reason="mpi4py is not installed")
 def test_subgroups_under_mpirun(job, tmp_path):
-    with socket.socket() as sk:
-        sk.bind(("127.0.0.1", 0))
-        port = sk.getsockname()[1]
-    script = tmp_path / "groups.py"
-    script.write_text(SUBGROUPS)
-    env = {**os.environ, **job, "DDSTORE_RENDEZVOUS": f"127.0.0.1:{port}", "DDSTORE_PEER_LISTEN": "127.0.0.1:0",
-           "DDSTORE_SECRET": SECRET, "PYTHONPATH": PYTHONPATH, "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4"]
-    for k in ("DDSTORE_RENDEZVOUS", "DDSTORE_PEER_LISTEN", "DDSTORE_SECRET", "PYTHONPATH", "DDSTORE_BIN",
-              "DDSTORE_RUN_DIR", "DDSTORE_NAMESPACE"):
-        cmd += ["-x", k]
     try:
-        r = subprocess.run(cmd + [sys.executable, str(script)], env=env, capture_output=True, text=True,
-                           timeout=120)
+        mpirun_ranks(job, tmp_path, SUBGROUPS, 4, timeout=120)
     finally:
         kill_agents(job["DDSTORE_NAMESPACE"])
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert sorted(line for line in r.stdout.splitlines() if line.startswith("ok")) == [f"ok {i}" for i in range(4)]
 
 
 # -- split mode: a second job joins what the first published ---------------------------
