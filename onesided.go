@@ -1,8 +1,11 @@
 package ddstore
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
+	"sync"
 
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/layout"
@@ -60,47 +63,58 @@ func errNoMPIReads() error {
 	return base.Errorf(base.ErrArgument, "method %q: this program was built without MPI: rebuild with -tags mpi (cgo and an MPI library: docs/build_tags.md)", MethodMPI)
 }
 
+// oneSidedScratch is readOneSided's reusable memory, so that a read
+// allocates nothing per row.
+type oneSidedScratch struct {
+	owners  []int   // owner rank of each position
+	order   []int   // the positions' indices, by owner
+	globals []int64 // one owner's rows
+	rows    [][]byte
+}
+
+var oneSidedScratchPool = sync.Pool{New: func() any { return new(oneSidedScratch) }}
+
 // readOneSided reads the rows at positions pos of dst (global index at(i))
 // that other ranks' shards hold, with one fetch per owner rank, and returns
 // the positions left for the agent: rows only the backing file holds.
 func (s *Store) readOneSided(v *variable, dst []byte, pos []int64, at func(int) int64) ([]int64, error) {
-	rb := v.rb
-	owners := make([]int, len(pos))
-	same := true
+	sc := oneSidedScratchPool.Get().(*oneSidedScratch)
+	defer func() {
+		clear(sc.rows)
+		oneSidedScratchPool.Put(sc)
+	}()
+	sc.owners, sc.order = sc.owners[:0], sc.order[:0]
 	for k, p := range pos {
-		owners[k], _ = v.lay.Owner(at(int(p)))
-		same = same && owners[k] == owners[0]
+		r, _ := v.lay.Owner(at(int(p)))
+		sc.owners, sc.order = append(sc.owners, r), append(sc.order, k)
 	}
+	slices.SortFunc(sc.order, func(a, b int) int { return cmp.Compare(sc.owners[a], sc.owners[b]) })
 	// MPI bounds its gets, not a context: there is nothing to cancel.
 	ctx := context.Background()
-	read := func(r int, ps []int64) error {
-		globals := make([]int64, len(ps))
-		rows := make([][]byte, len(ps))
-		for k, p := range ps {
-			globals[k], rows[k] = at(int(p)), dst[p*rb:(p+1)*rb:(p+1)*rb]
-		}
-		if err := s.one.fetch(ctx, v, r, globals, rows); err != nil {
-			return fmt.Errorf("variable %q: rows of rank %d: %w", v.name, r, err)
-		}
-		v.prof.oneSidedRows.Add(int64(len(ps)))
-		return nil
-	}
-	if same && owners[0] != layout.Backed {
-		return nil, read(owners[0], pos)
-	}
-	byRank := make(map[int][]int64)
+	rb := v.rb
 	var left []int64
-	for k, p := range pos {
-		if r := owners[k]; r == layout.Backed {
-			left = append(left, p)
+	for lo := 0; lo < len(sc.order); {
+		r := sc.owners[sc.order[lo]]
+		hi := lo + 1
+		for hi < len(sc.order) && sc.owners[sc.order[hi]] == r {
+			hi++
+		}
+		if r == layout.Backed {
+			for _, k := range sc.order[lo:hi] {
+				left = append(left, pos[k])
+			}
 		} else {
-			byRank[r] = append(byRank[r], p)
+			sc.globals, sc.rows = sc.globals[:0], sc.rows[:0]
+			for _, k := range sc.order[lo:hi] {
+				p := pos[k]
+				sc.globals, sc.rows = append(sc.globals, at(int(p))), append(sc.rows, dst[p*rb:(p+1)*rb:(p+1)*rb])
+			}
+			if err := s.one.fetch(ctx, v, r, sc.globals, sc.rows); err != nil {
+				return nil, fmt.Errorf("variable %q: rows of rank %d: %w", v.name, r, err)
+			}
+			v.prof.oneSidedRows.Add(int64(hi - lo))
 		}
-	}
-	for r, ps := range byRank {
-		if err := read(r, ps); err != nil {
-			return nil, err
-		}
+		lo = hi
 	}
 	return left, nil
 }
