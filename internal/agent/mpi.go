@@ -60,7 +60,7 @@ func (a *Agent) transportName() string {
 func (a *Agent) peerWindow(ctx context.Context, addr, name string, id int64) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
 	defer cancel()
-	m := wire.Drop{Name: name, ID: id}
+	m := wire.PeerWindow{Name: name, ID: id}
 	return a.pool.Call(ctx, addr, wire.OpPeerWindow, m.Encode)
 }
 

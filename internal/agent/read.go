@@ -213,7 +213,7 @@ func (a *Agent) refreshAddr(ctx context.Context, v *variable, node, old string) 
 		if err != nil || caddr == "" {
 			return "", false
 		}
-		m := wire.Name{Name: node}
+		m := wire.PeerNodes{Node: node}
 		body, err := a.pool.Call(ctx, caddr, wire.OpPeerNodes, m.Encode)
 		if err != nil {
 			return "", false
@@ -418,14 +418,26 @@ func (h *peerHandler) Control(ctx context.Context, op wire.Op, body []byte) (fun
 		a.drop(m.Name, m.ID)
 		return nil, nil
 	case wire.OpPeerNodes:
+		m, err := wire.DecodePeerNodes(body)
+		if err != nil {
+			return nil, err
+		}
 		ids, addrs := c.nodes()
 		t := wire.Table{Nodes: ids, Addrs: addrs}
+		if m.Node != "" {
+			t.Nodes, t.Addrs = nil, nil
+			for i, id := range ids {
+				if id == m.Node {
+					t.Nodes, t.Addrs = ids[i:i+1], addrs[i:i+1]
+				}
+			}
+		}
 		return t.Encode, nil
 	case wire.OpPeerInfo:
 		t := wire.Text{Text: a.infoJSON()}
 		return t.Encode, nil
 	case wire.OpPeerWindow:
-		m, err := wire.DecodeDrop(body)
+		m, err := wire.DecodePeerWindow(body)
 		if err != nil {
 			return nil, err
 		}

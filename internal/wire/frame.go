@@ -64,8 +64,8 @@ const (
 	OpPeerNodes   Op = 37
 	OpPeerInfo    Op = 38
 	OpPeerDrop    Op = 39
-	// OpPeerWindow (peer protocol 1.1) asks an agent of the MPI transport
-	// where its shards of a variable lie in its MPI window.
+	// OpPeerWindow (peer protocol 1.1) asks an agent of a one-sided
+	// transport (mpi, fabric) where its shards of a variable lie.
 	OpPeerWindow Op = 42
 )
 

@@ -147,6 +147,8 @@ func FuzzDecodeText(f *testing.F)       { fuzzCodec(f, textSamples, DecodeText) 
 func FuzzDecodeJoin(f *testing.F)       { fuzzCodec(f, joinSamples, DecodeJoin) }
 func FuzzDecodeDrop(f *testing.F)       { fuzzCodec(f, dropSamples, DecodeDrop) }
 func FuzzDecodeWindow(f *testing.F)     { fuzzCodec(f, windowSamples, DecodeWindow) }
+func FuzzDecodePeerWindow(f *testing.F) { fuzzCodec(f, peerWindowSamples, DecodePeerWindow) }
+func FuzzDecodePeerNodes(f *testing.F)  { fuzzCodec(f, peerNodesSamples, DecodePeerNodes) }
 
 func FuzzDecodeTable(f *testing.F) {
 	// A few invalid tables too: Check must refuse them.

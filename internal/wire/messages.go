@@ -329,6 +329,38 @@ func DecodeDrop(b []byte) (m Drop, err error) {
 	return m, d.Done()
 }
 
+// PeerWindow asks an agent of a one-sided transport (mpi, fabric) where
+// its shards of a variable lie (PeerWindow request): the variable's name
+// and the id of the table the asker reads it by.
+type PeerWindow struct {
+	Name string
+	ID   int64
+}
+
+func (m *PeerWindow) Encode(e *Encoder) { e.String(m.Name); e.I64(m.ID) }
+
+func DecodePeerWindow(b []byte) (m PeerWindow, err error) {
+	d := NewDecoder(b)
+	m.Name, m.ID = d.String(), d.I64()
+	return m, d.Done()
+}
+
+// PeerNodes asks the coordinator for the nodes that have joined and their
+// agents' addresses (PeerNodes request): those of Node only, or of every
+// node when Node is "". An agent asks it when a node's address it read
+// rows at failed (that node's agent may have restarted elsewhere).
+type PeerNodes struct {
+	Node string
+}
+
+func (m *PeerNodes) Encode(e *Encoder) { e.String(m.Node) }
+
+func DecodePeerNodes(b []byte) (m PeerNodes, err error) {
+	d := NewDecoder(b)
+	m.Node = d.String()
+	return m, d.Done()
+}
+
 // Window is where an agent of the MPI transport exposes its shards of a
 // variable (PeerWindow reply): a reader in the same MPI world gets rows
 // straight out of the owner's memory with one-sided gets, with no work on

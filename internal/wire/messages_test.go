@@ -141,6 +141,16 @@ var (
 		{Name: "x", ID: 7},
 		{Name: "features/0", ID: -1},
 	}
+	peerWindowSamples = []PeerWindow{
+		{},
+		{Name: "x", ID: 7},
+		{Name: "features/0", ID: -1},
+	}
+	peerNodesSamples = []PeerNodes{
+		{},
+		{Node: "node-1"},
+		{Node: "ノード"},
+	}
 	windowSamples = []Window{
 		{RowBytes: 1},
 		{World: 0x0123456789abcdef, Rank: 3, RowBytes: 4096, Shards: []WindowShard{
@@ -238,6 +248,8 @@ func TestMessageRoundTrip(t *testing.T) {
 	t.Run("Drop", func(t *testing.T) { testCodec(t, dropSamples, DecodeDrop) })
 	t.Run("Fetch", func(t *testing.T) { testCodec(t, fetchSamples, decodeFetch) })
 	t.Run("Window", func(t *testing.T) { testCodec(t, windowSamples, DecodeWindow) })
+	t.Run("PeerWindow", func(t *testing.T) { testCodec(t, peerWindowSamples, DecodePeerWindow) })
+	t.Run("PeerNodes", func(t *testing.T) { testCodec(t, peerNodesSamples, DecodePeerNodes) })
 }
 
 // TestWindowCheck: a window whose shards a reader could not search is
