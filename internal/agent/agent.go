@@ -24,6 +24,7 @@ import (
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/rendezvous"
 	"github.com/ddstore-go/ddstore/internal/shm"
+	"github.com/ddstore-go/ddstore/internal/tier"
 	"github.com/ddstore-go/ddstore/internal/transport"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
@@ -60,7 +61,7 @@ type Config struct {
 	MemoryBytes int64
 	// StagingBytes is the memory each variable with a backing file may use
 	// for rows read ahead of use (Prefetch), charged to MemoryBytes when
-	// first used; zero: DefaultStagingBytes.
+	// first used; zero: tier.DefaultStagingBytes.
 	StagingBytes int64
 	// Persist keeps the shards when the agent stops (SIGTERM, Close): its
 	// manifest and segments stay, and the next agent of the namespace on
@@ -101,13 +102,12 @@ type Agent struct {
 	done   chan struct{}
 	closed sync.Once
 
-	// fetcher reads rows of other nodes: the pool, or mpi.
-	fetcher transport.Transport
-	mpi     *transport.MPI    // nil unless Transport is mpi
-	fab     *transport.Fabric // nil unless Transport is fabric
-	// serving is set once start succeeded: only then is MPI ended at
-	// shutdown (collectively; an agent that failed to start exits and its
-	// launcher ends the job).
+	// rows reads rows of other nodes and exposes this node's shards to
+	// them: tcp (over pool), mpi or fabric.
+	rows transport.Engine
+	// serving is set once start succeeded: only then is a collective
+	// engine (mpi) closed at shutdown (an agent that failed to start exits
+	// and its launcher ends the job).
 	serving atomic.Bool
 
 	// coord is set when this agent coordinates the job.
@@ -162,20 +162,8 @@ type stats struct {
 	fetches        atomic.Int64
 	errors         atomic.Int64
 	badFrames      atomic.Int64
-	// The storage tier: rows read from backing files (on demand and ahead),
-	// the reads that moved them (fewer: coalesced), their bytes (wanted
-	// rows and what lay between), rows served from staging, rows read
-	// ahead, asked-for rows not read ahead for want of room, staged rows
-	// evicted unused, and failed reads.
-	storageRows     atomic.Int64
-	storageReads    atomic.Int64
-	storageBytes    atomic.Int64
-	stagedRows      atomic.Int64
-	prefetchRows    atomic.Int64
-	prefetchDropped atomic.Int64
-	prefetchEvicted atomic.Int64
-	prefetchLate    atomic.Int64 // asked-for rows already read on demand
-	storageErrors   atomic.Int64
+	// tier is what the storage tiers count.
+	tier tier.Counters
 	// peerFallbackRows counts rows read from the backing file because the
 	// node holding them could not be reached.
 	peerFallbackRows atomic.Int64
@@ -410,14 +398,12 @@ func (a *Agent) shutdown() {
 		}
 		a.mu.vars = nil
 		a.mu.Unlock()
-		if a.mpi != nil && a.serving.Load() {
-			// Collective: returns once every agent of the MPI world stops.
-			if err := a.mpi.Close(); err != nil {
-				a.log.Warn("ending MPI", "err", err)
+		if a.rows != nil && (a.serving.Load() || !a.rows.Collective()) {
+			// After the shards were withdrawn above; a collective Close
+			// returns once every agent of the MPI world stops.
+			if err := a.rows.Close(); err != nil {
+				a.log.Warn("closing the transport", "transport", a.rows.Kind(), "err", err)
 			}
-		}
-		if a.fab != nil {
-			a.fab.Close() // after the shards were withdrawn above
 		}
 		if !a.cfg.Persist && a.lock >= 0 {
 			a.removeManifest()
@@ -625,11 +611,11 @@ func (a *Agent) info() Info {
 		"served_rows": int(s.servedRows.Load()), "served_bytes": int(s.servedBytes.Load()),
 		"fetches": int(s.fetches.Load()), "errors": int(s.errors.Load()),
 		"bad_frames":   int(s.badFrames.Load() + a.peer.BadFrames.Load()),
-		"storage_rows": int(s.storageRows.Load()), "storage_reads": int(s.storageReads.Load()),
-		"storage_bytes": int(s.storageBytes.Load()), "storage_errors": int(s.storageErrors.Load()),
-		"staged_rows": int(s.stagedRows.Load()), "prefetch_rows": int(s.prefetchRows.Load()),
-		"prefetch_dropped": int(s.prefetchDropped.Load()), "prefetch_evicted": int(s.prefetchEvicted.Load()),
-		"prefetch_late":      int(s.prefetchLate.Load()),
+		"storage_rows": int(s.tier.Rows.Load()), "storage_reads": int(s.tier.Reads.Load()),
+		"storage_bytes": int(s.tier.Bytes.Load()), "storage_errors": int(s.tier.Errors.Load()),
+		"staged_rows": int(s.tier.Staged.Load()), "prefetch_rows": int(s.tier.Prefetched.Load()),
+		"prefetch_dropped": int(s.tier.Dropped.Load()), "prefetch_evicted": int(s.tier.Evicted.Load()),
+		"prefetch_late":      int(s.tier.Late.Load()),
 		"peer_fallback_rows": int(s.peerFallbackRows.Load()), "adopted_variables": int(s.adopted.Load()),
 		"addr_refreshes": int(s.addrRefreshes.Load()),
 	}

@@ -118,8 +118,8 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 		}
 		a.stats.fetches.Add(1)
 		k := int(min(int64(a.connsPerPeer()), int64(len(n.globals))*rb/splitBytes))
-		if a.mpi != nil {
-			k = 1 // one batch of gets: the transport takes turns on its window anyway
+		if a.rows.Serial() {
+			k = 1 // one batch: the transport takes turns anyway
 		}
 		k = max(k, 1)
 		per := (len(n.globals) + k - 1) / k
@@ -140,17 +140,17 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			p.err = a.fetcher.Fetch(ctx, p.addr, m.Name, t.ID, p.globals, p.dst)
+			p.err = a.rows.Fetch(ctx, p.addr, m.Name, t.ID, p.globals, p.dst)
 		}()
 	}
 	var backedErr error
 	if first == 0 {
 		tctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
-		backedErr = v.tier.read(tctx, f.backed.globals, f.backed.dst)
+		backedErr = v.tier.Read(tctx, f.backed.globals, f.backed.dst)
 		cancel()
 	} else if len(f.pieces) > 0 {
 		p := &f.pieces[0]
-		p.err = a.fetcher.Fetch(ctx, p.addr, m.Name, t.ID, p.globals, p.dst)
+		p.err = a.rows.Fetch(ctx, p.addr, m.Name, t.ID, p.globals, p.dst)
 	}
 	wg.Wait()
 	clear(f.backed.dst)
@@ -171,7 +171,7 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 			// The node's agent may have restarted elsewhere (a new port):
 			// ask the coordinator where it is now, and try there once.
 			if addr, ok := a.refreshAddr(ctx, v, p.node, p.addr); ok {
-				if err = a.fetcher.Fetch(ctx, addr, m.Name, t.ID, p.globals, p.dst); err == nil {
+				if err = a.rows.Fetch(ctx, addr, m.Name, t.ID, p.globals, p.dst); err == nil {
 					continue
 				}
 			}
@@ -180,7 +180,7 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 			// The node is gone or unreachable, but the backing file holds
 			// every row: read its rows from there instead.
 			tctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
-			ferr := v.tier.readAny(tctx, p.globals, p.dst)
+			ferr := v.tier.ReadAny(tctx, p.globals, p.dst)
 			cancel()
 			if ferr == nil {
 				a.stats.peerFallbackRows.Add(int64(len(p.globals)))
@@ -268,7 +268,7 @@ func (a *Agent) prefetch(ctx context.Context, m *wire.Fetch) error {
 	if err := v.lay.CheckAll(m.Globals); err != nil {
 		return fmt.Errorf("variable %q: %w", m.Name, err)
 	}
-	return v.tier.prefetch(m.Globals)
+	return v.tier.Prefetch(m.Globals)
 }
 
 // forgetStale drops a cached table of a variable this node holds no shard
@@ -441,14 +441,7 @@ func (h *peerHandler) Control(ctx context.Context, op wire.Op, body []byte) (fun
 		if err != nil {
 			return nil, err
 		}
-		if a.fab != nil {
-			return a.fabricWindow(m.Name, m.ID)
-		}
-		w, err := a.window(m.Name, m.ID)
-		if err != nil {
-			return nil, err
-		}
-		return w.Encode, nil
+		return a.window(m.Name, m.ID)
 	}
 	return nil, base.Errorf(base.ErrProtocol, "unknown peer op %d", op)
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/shm"
+	"github.com/ddstore-go/ddstore/internal/tier"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
@@ -447,7 +448,7 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) 
 	if bad == nil && m.Backing != "" {
 		// Open the backing file now, so that a wrong name, shape or type
 		// fails the Add on every rank rather than a read later.
-		src, err := openBacking(m.Backing, m.Dtype, m.Disp*m.ItemSize, m.Total)
+		src, err := tier.Open(m.Backing, m.Dtype, m.Disp*m.ItemSize, m.Total)
 		if err != nil {
 			bad = fmt.Errorf("variable %q: %w", m.Name, err)
 		} else {

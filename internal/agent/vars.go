@@ -9,6 +9,7 @@ import (
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/layout"
 	"github.com/ddstore-go/ddstore/internal/shm"
+	"github.com/ddstore-go/ddstore/internal/tier"
 	"github.com/ddstore-go/ddstore/internal/transport"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
@@ -39,13 +40,13 @@ type variable struct {
 	// published (orphans.go).
 	creators creators
 	// tier reads the rows only the backing file holds; nil without one.
-	tier *tier
-	// exposed are the local shards in this agent's MPI window (transport
-	// mpi) or registered with libfabric (fabric), by rank; mpi is that
-	// transport. Set with the table, withdrawn before the segments are
-	// unmapped (release).
+	tier *tier.Tier
+	// exposed are the local shards exposed for one-sided reads (in this
+	// agent's MPI window, or registered with libfabric), by rank, and rows
+	// the engine that exposed them. Set with the table, withdrawn before
+	// the segments are unmapped (release).
 	exposed map[int]transport.Exposure
-	mpi     exposer
+	rows    transport.Engine
 }
 
 func newVariable(name string) *variable {
@@ -78,7 +79,9 @@ func (v *variable) setTable(a *Agent, t *wire.Table) error {
 	v.table, v.lay, v.byRank = t, lay, byRank
 	v.expose(a)
 	if t.Backing != "" {
-		v.tier = newTier(a, t, lay.Held())
+		v.tier = tier.New(tier.Config{Name: t.Name, Spec: t.Backing, Dtype: t.Dtype, RowBytes: t.Disp * t.ItemSize,
+			Held: lay.Held(), Total: t.Total, StagingBytes: a.cfg.StagingBytes, Admit: a.admitStaging,
+			Go: a.go_, Context: a.ctx, Timeout: a.cfg.Timeout, Counters: &a.stats.tier})
 	}
 	v.published.Store(true)
 	v.wake()
@@ -113,7 +116,7 @@ func (v *variable) unmap() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.tier != nil {
-		v.tier.close()
+		v.tier.Close()
 	}
 	for r, seg := range v.segs {
 		v.release(r, seg)
@@ -134,7 +137,7 @@ func (v *variable) drop() {
 	v.segs, v.byRank, v.gone = map[int]*shm.Segment{}, nil, true
 	v.wake()
 	if v.tier != nil {
-		v.tier.close()
+		v.tier.Close()
 	}
 }
 

@@ -105,3 +105,23 @@ func DecodeFabricWindow(b []byte) (m FabricWindow, err error) {
 func errNoFabric() error {
 	return base.Errorf(base.ErrArgument, "transport fabric: this ddstore was built without libfabric: rebuild with -tags fabric (make build-fabric; needs libfabric-dev)")
 }
+
+// Kind is KindFabric.
+func (*Fabric) Kind() string { return KindFabric }
+
+// Serial: reads of one peer run side by side.
+func (*Fabric) Serial() bool { return false }
+
+// Collective: each agent closes its endpoint alone.
+func (*Fabric) Collective() bool { return false }
+
+// Window is this agent's PeerWindow reply: its endpoint, and where its
+// shards lie under which keys.
+func (fb *Fabric) Window(rowBytes int64, shards []ExposedShard) (func(*wire.Encoder), error) {
+	w := FabricWindow{Provider: fb.Provider(), Name: fb.Name(), TokenKey: fb.TokenKey(), Window: wire.Window{RowBytes: rowBytes}}
+	for _, s := range shards {
+		w.Window.Shards = append(w.Window.Shards, wire.WindowShard{First: s.First, Rows: s.Rows, Addr: s.Addr, Token: s.Token})
+		w.Keys = append(w.Keys, fb.Key(s.Exposure))
+	}
+	return w.Encode, nil
+}

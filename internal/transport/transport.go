@@ -1,7 +1,8 @@
-// Package transport moves rows between the agents of different nodes. The
-// Transport interface is what the agent needs from any engine (TCP here; MPI
-// and libfabric behind build tags later); Pool and Server are the TCP
-// implementation, which also carries the agents' control messages.
+// Package transport moves rows between the agents of different nodes. An
+// Engine is what the agent needs from any of them: TCP (Pool and Server,
+// which also carry the agents' control messages), MPI one-sided gets
+// (build tag mpi) and libfabric RMA reads (build tag fabric); Open picks
+// one by name.
 package transport
 
 import (
@@ -18,6 +19,42 @@ type Transport interface {
 	// into dst, also on error or timeout.
 	Fetch(ctx context.Context, addr, name string, id int64, globals []int64, dst [][]byte) error
 	Close() error
+}
+
+// Engine is how an agent moves rows between nodes. The agent exposes each
+// local shard when its variable is published and withdraws it before it
+// unmaps it; a one-sided engine (mpi, fabric) then reads rows straight out
+// of the owner's memory, having asked the owner once where its shards lie
+// (the PeerWindow request, which the owner answers with Window). Over tcp
+// nothing is exposed and the owner's agent sends the rows.
+type Engine interface {
+	Transport
+	// Kind names the engine as --transport does: tcp, mpi or fabric.
+	Kind() string
+	// Expose makes a shard's memory (not Go memory: a mapped segment)
+	// readable by other nodes while its token holds the table id; an
+	// Exposure that is not Exposed() needs no withdrawing.
+	Expose(mem []byte, id int64) (Exposure, error)
+	// Withdraw takes an exposed shard out of reach and calls unmap once no
+	// read of another node can touch it any more (a grace period later).
+	Withdraw(e Exposure, unmap func())
+	// Window is this agent's reply to a PeerWindow request: where its
+	// exposed shards of one variable (rows of rowBytes) lie.
+	Window(rowBytes int64, shards []ExposedShard) (func(*wire.Encoder), error)
+	// Serial says whether concurrent fetches from one node take turns
+	// anyway (MPI's window), so that a read is not cut into pieces.
+	Serial() bool
+	// Collective says whether Close is collective (MPI: every agent of the
+	// world must call it), so that an agent that failed to start leaves it
+	// to its launcher rather than wait for the others.
+	Collective() bool
+}
+
+// ExposedShard is one exposed shard of a variable as Window describes it:
+// its rows [First, First+Rows) and where they are exposed.
+type ExposedShard struct {
+	First, Rows int64
+	Exposure
 }
 
 // Handler is the agent side of the peer protocol.

@@ -1,4 +1,12 @@
-package agent
+// Package tier is the storage tier of a variable on one node: a variable
+// may have a backing file that holds all its rows, of which the shards
+// hold the first. The node's agent reads the others from the file for its
+// clients — on demand, sorted and coalesced by position in the file so that
+// rows of one chunk (or close together) cost one read; and ahead of use,
+// into a bounded staging area, when a client says what its next steps will
+// read (Prefetch, from the schedule). The agent gives a Tier what it needs
+// of it through Config: its memory budget, its goroutines, its counters.
+package tier
 
 import (
 	"cmp"
@@ -6,19 +14,12 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/source"
-	"github.com/ddstore-go/ddstore/internal/wire"
 )
-
-// The storage tier: a variable may have a backing file that holds all its
-// rows, of which the shards hold the first. This node's agent reads the
-// others from the file for its clients — on demand, sorted and coalesced by
-// position in the file so that rows of one chunk (or close together) cost
-// one read; and ahead of use, into a bounded staging area, when a client
-// says what its next steps will read (Prefetch, from the schedule).
 
 // Tier tuning.
 const (
@@ -44,9 +45,9 @@ const (
 	DefaultStagingBytes = 256 << 20
 )
 
-// openBacking opens the backing file of a variable with rows of rb bytes of
+// Open opens the backing file of a variable with rows of rb bytes of
 // dtype ("" for untyped) and total rows, checking that it holds them.
-func openBacking(spec, dtype string, rb, total int64) (source.Source, error) {
+func Open(spec, dtype string, rb, total int64) (source.Source, error) {
 	src, err := source.Open(spec, source.Options{RowBytes: rb, Dtype: dtype, ChunkBytes: gapBytes})
 	if err != nil {
 		return nil, err
@@ -58,9 +59,46 @@ func openBacking(spec, dtype string, rb, total int64) (source.Source, error) {
 	return src, nil
 }
 
-// tier is the storage tier of one variable on this node.
-type tier struct {
-	a            *Agent
+// Counters are what the tiers of an agent count, for its info and
+// metrics: rows read from backing files (on demand and ahead), the reads
+// that moved them (fewer: coalesced), their bytes (wanted rows and what
+// lay between), rows served from staging, rows read ahead, asked-for rows
+// not read ahead for want of room, asked-for rows already read on demand,
+// staged rows evicted unused, and failed reads.
+type Counters struct {
+	Rows, Reads, Bytes                atomic.Int64
+	Staged, Prefetched, Dropped, Late atomic.Int64
+	Evicted, Errors                   atomic.Int64
+}
+
+// Config is what a Tier needs of its agent.
+type Config struct {
+	Name     string // the variable's
+	Spec     string // the backing file (FILE, FILE:DATASET)
+	Dtype    string
+	RowBytes int64
+	// Held is how many rows the shards hold (the file's first), Total all.
+	Held, Total int64
+	// StagingBytes is the memory for rows read ahead; 0:
+	// DefaultStagingBytes. It is charged through Admit at the first
+	// Prefetch.
+	StagingBytes int64
+	// Admit charges n bytes of staging to the agent's memory budget (what
+	// names them for its error); release gives them back.
+	Admit func(n int64, what func(size string) string) (release func(), err error)
+	// Go starts the prefetcher as a goroutine the agent owns; it returns
+	// once Context ends or the tier closes. Timeout bounds one batch of it.
+	Go      func(func())
+	Context context.Context
+	Timeout time.Duration
+	// Counters are the agent's; shared by its tiers.
+	Counters *Counters
+}
+
+// Tier is the storage tier of one variable on this node.
+type Tier struct {
+	cfg          Config
+	c            *Counters
 	name, spec   string
 	dtype        string
 	rb           int64
@@ -113,13 +151,14 @@ type stagedRow struct {
 	at                       time.Time // when it became ready
 }
 
-func newTier(a *Agent, t *wire.Table, held int64) *tier {
-	limit := a.cfg.StagingBytes
+// New makes the tier of a variable; the file is opened at the first read.
+func New(cfg Config) *Tier {
+	limit := cfg.StagingBytes
 	if limit == 0 {
 		limit = DefaultStagingBytes
 	}
-	tr := &tier{a: a, name: t.Name, spec: t.Backing, dtype: t.Dtype, rb: t.Disp * t.ItemSize,
-		held: held, total: t.Total, stagingLimit: limit, wake: make(chan struct{}, 1)}
+	tr := &Tier{cfg: cfg, c: cfg.Counters, name: cfg.Name, spec: cfg.Spec, dtype: cfg.Dtype, rb: cfg.RowBytes,
+		held: cfg.Held, total: cfg.Total, stagingLimit: limit, wake: make(chan struct{}, 1)}
 	tr.mu.staged = make(map[int64]*stagedRow)
 	tr.mu.queued = make(map[int64]struct{})
 	tr.mu.recent = make(map[int64]time.Time)
@@ -127,7 +166,7 @@ func newTier(a *Agent, t *wire.Table, held int64) *tier {
 }
 
 // source opens the file on first use; the caller holds t.rw read-locked.
-func (t *tier) source() (source.Source, error) {
+func (t *Tier) source() (source.Source, error) {
 	if t.closed {
 		return nil, base.Errorf(base.ErrFreed, "variable %q was freed", t.name)
 	}
@@ -137,7 +176,7 @@ func (t *tier) source() (source.Source, error) {
 	t.rw.RUnlock()
 	t.rw.Lock()
 	if t.src == nil && t.openErr == nil && !t.closed {
-		t.src, t.openErr = openBacking(t.spec, t.dtype, t.rb, t.total)
+		t.src, t.openErr = Open(t.spec, t.dtype, t.rb, t.total)
 		if t.openErr == nil {
 			t.unit = max(1, t.src.ChunkRows())
 		} else {
@@ -152,8 +191,8 @@ func (t *tier) source() (source.Source, error) {
 	return t.src, t.openErr
 }
 
-// close stops the prefetcher and closes the file once no read is using it.
-func (t *tier) close() {
+// Close stops the prefetcher and closes the file once no read is using it.
+func (t *Tier) Close() {
 	t.mu.Lock()
 	t.mu.stopped = true
 	t.mu.queue = nil
@@ -169,17 +208,17 @@ func (t *tier) close() {
 	t.rw.Unlock()
 }
 
-func (t *tier) poke() {
+func (t *Tier) poke() {
 	select {
 	case t.wake <- struct{}{}:
 	default:
 	}
 }
 
-// read fills dst[i] with file row rows[i] (every one in [held, total)):
+// Read fills dst[i] with file row rows[i] (every one in [held, total)):
 // from staging where a prefetch got there first (waiting for one in
 // progress), else from the file.
-func (t *tier) read(ctx context.Context, rows []int64, dst [][]byte) error {
+func (t *Tier) Read(ctx context.Context, rows []int64, dst [][]byte) error {
 	var waits []int
 	var hits []*stagedRow
 	miss := make([]int, 0, len(rows))
@@ -210,7 +249,7 @@ func (t *tier) read(ctx context.Context, rows []int64, dst [][]byte) error {
 		}
 		if waitErr == nil && e.err == nil {
 			copy(dst[i], e.buf)
-			t.a.stats.stagedRows.Add(1)
+			t.c.Staged.Add(1)
 		} else if waitErr == nil {
 			miss = append(miss, i)
 		}
@@ -225,9 +264,9 @@ func (t *tier) read(ctx context.Context, rows []int64, dst [][]byte) error {
 	return t.readPicked(ctx, rows, dst, miss)
 }
 
-// readAny reads rows of any owner (the node holding them is gone) from the
+// ReadAny reads rows of any owner (the node holding them is gone) from the
 // file, in any order.
-func (t *tier) readAny(ctx context.Context, rows []int64, dst [][]byte) error {
+func (t *Tier) ReadAny(ctx context.Context, rows []int64, dst [][]byte) error {
 	pick := make([]int, len(rows))
 	for i := range pick {
 		pick[i] = i
@@ -237,7 +276,7 @@ func (t *tier) readAny(ctx context.Context, rows []int64, dst [][]byte) error {
 
 // readPicked reads rows[i] into dst[i] for each i of pick (which it
 // reorders) from the file, sorted by row as readFile wants them.
-func (t *tier) readPicked(ctx context.Context, rows []int64, dst [][]byte, pick []int) error {
+func (t *Tier) readPicked(ctx context.Context, rows []int64, dst [][]byte, pick []int) error {
 	slices.SortFunc(pick, func(x, y int) int { return cmp.Compare(rows[x], rows[y]) })
 	sr := make([]int64, len(pick))
 	sd := make([][]byte, len(pick))
@@ -249,7 +288,7 @@ func (t *tier) readPicked(ctx context.Context, rows []int64, dst [][]byte, pick 
 
 // noteReadLocked records that row g was read at now, and forgets the reads
 // older than lateWindow; the caller holds t.mu.
-func (t *tier) noteReadLocked(g int64, now time.Time) {
+func (t *Tier) noteReadLocked(g int64, now time.Time) {
 	f := t.mu.recentFIFO
 	for len(f) > 0 && now.Sub(t.mu.recent[f[0]]) > lateWindow {
 		delete(t.mu.recent, f[0])
@@ -265,7 +304,7 @@ func (t *tier) noteReadLocked(g int64, now time.Time) {
 // release gives back the slot of a staged row a reader claimed, once the
 // reader is done with it: now if the prefetch is over, else when the
 // prefetcher finishes it.
-func (t *tier) release(e *stagedRow) {
+func (t *Tier) release(e *stagedRow) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e.released = true
@@ -281,7 +320,7 @@ type run struct{ lo, hi int }
 // readFile reads sorted rows (repeats allowed) from the file into dst,
 // coalescing rows of one chunk, or close together, into one read, several
 // reads at once.
-func (t *tier) readFile(ctx context.Context, rows []int64, dst [][]byte) error {
+func (t *Tier) readFile(ctx context.Context, rows []int64, dst [][]byte) error {
 	t.rw.RLock()
 	defer t.rw.RUnlock()
 	src, err := t.source()
@@ -312,7 +351,7 @@ func (t *tier) readFile(ctx context.Context, rows []int64, dst [][]byte) error {
 	wg.Wait()
 	for _, err := range errs {
 		if err != nil {
-			t.a.stats.storageErrors.Add(1)
+			t.c.Errors.Add(1)
 			return fmt.Errorf("variable %q: reading backing file %s: %w", t.name, t.spec, err)
 		}
 	}
@@ -321,7 +360,7 @@ func (t *tier) readFile(ctx context.Context, rows []int64, dst [][]byte) error {
 
 // plan cuts sorted rows into runs: a run goes on while the next row is in
 // the same chunk as the last or within gapBytes of it, up to maxRunBytes.
-func (t *tier) plan(rows []int64) []run {
+func (t *Tier) plan(rows []int64) []run {
 	gap := max(1, gapBytes/t.rb)
 	maxRows := max(1, maxRunBytes/t.rb)
 	var runs []run
@@ -342,7 +381,7 @@ func (t *tier) plan(rows []int64) []run {
 
 // readRun reads file rows [rows[0], rows[len-1]] in one request and copies
 // out the wanted ones.
-func (t *tier) readRun(src source.Source, rows []int64, dst [][]byte) error {
+func (t *Tier) readRun(src source.Source, rows []int64, dst [][]byte) error {
 	first, n := rows[0], rows[len(rows)-1]-rows[0]+1
 	if n == 1 {
 		if err := src.ReadRows(first, 1, dst[0]); err != nil {
@@ -371,15 +410,15 @@ func (t *tier) readRun(src source.Source, rows []int64, dst [][]byte) error {
 			return err
 		}
 	}
-	t.a.stats.storageReads.Add(1)
-	t.a.stats.storageRows.Add(int64(len(rows)))
-	t.a.stats.storageBytes.Add(n * t.rb)
+	t.c.Reads.Add(1)
+	t.c.Rows.Add(int64(len(rows)))
+	t.c.Bytes.Add(n * t.rb)
 	return nil
 }
 
-// prefetch queues rows in [held, total) to be read ahead into staging, as
+// Prefetch queues rows in [held, total) to be read ahead into staging, as
 // many as it has room for; the others are left to be read on demand.
-func (t *tier) prefetch(rows []int64) error {
+func (t *Tier) Prefetch(rows []int64) error {
 	t.mu.Lock()
 	if t.mu.stopped {
 		t.mu.Unlock()
@@ -398,11 +437,11 @@ func (t *tier) prefetch(rows []int64) error {
 			continue
 		}
 		if at, ok := t.mu.recent[g]; ok && now.Sub(at) <= lateWindow {
-			t.a.stats.prefetchLate.Add(1) // it was read already
+			t.c.Late.Add(1) // it was read already
 			continue
 		}
 		if int64(len(t.mu.queued)) >= t.slots {
-			t.a.stats.prefetchDropped.Add(1)
+			t.c.Dropped.Add(1)
 			continue
 		}
 		t.mu.queue = append(t.mu.queue, g)
@@ -417,14 +456,14 @@ func (t *tier) prefetch(rows []int64) error {
 }
 
 // startLocked allocates the staging slots, within the agent's memory
-// budget, and starts the prefetcher; the caller holds t.mu.
-func (t *tier) startLocked() error {
+// budget (Config.Admit), and starts the prefetcher; the caller holds t.mu.
+func (t *Tier) startLocked() error {
 	slots := min(t.stagingLimit/t.rb, t.total-t.held)
 	if slots < 1 {
 		return base.Errorf(base.ErrArgument, "variable %q: a staging area of %d bytes holds no row of %d bytes", t.name, t.stagingLimit, t.rb)
 	}
 	n := slots * t.rb
-	unbudget, err := t.a.admitStaging(n, func(size string) string {
+	unbudget, err := t.cfg.Admit(n, func(size string) string {
 		return fmt.Sprintf("staging of %s for rows of %q read ahead", size, t.name)
 	})
 	if err != nil {
@@ -436,7 +475,7 @@ func (t *tier) startLocked() error {
 		t.mu.free = append(t.mu.free, arena[i*t.rb:(i+1)*t.rb:(i+1)*t.rb])
 	}
 	t.slots = slots
-	t.a.go_(func() {
+	t.cfg.Go(func() {
 		defer unbudget()
 		t.prefetcher()
 	})
@@ -445,11 +484,11 @@ func (t *tier) startLocked() error {
 
 // prefetcher reads queued rows into staging slots until the tier closes or
 // the agent stops.
-func (t *tier) prefetcher() {
+func (t *Tier) prefetcher() {
 	for {
 		select {
 		case <-t.wake:
-		case <-t.a.ctx.Done():
+		case <-t.cfg.Context.Done():
 			return
 		}
 		for {
@@ -462,7 +501,7 @@ func (t *tier) prefetcher() {
 			for i, e := range batch {
 				rows[i], dst[i] = e.row, e.buf
 			}
-			ctx, cancel := context.WithTimeout(t.a.ctx, t.a.cfg.Timeout)
+			ctx, cancel := context.WithTimeout(t.cfg.Context, t.cfg.Timeout)
 			err := t.readFile(ctx, rows, dst)
 			cancel()
 			t.mu.Lock()
@@ -482,7 +521,7 @@ func (t *tier) prefetcher() {
 			}
 			t.mu.Unlock()
 			if err == nil {
-				t.a.stats.prefetchRows.Add(int64(len(batch)))
+				t.c.Prefetched.Add(int64(len(batch)))
 			}
 		}
 		t.mu.Lock()
@@ -497,7 +536,7 @@ func (t *tier) prefetcher() {
 // takeQueued moves up to 1024 queued rows into staging slots (evicting the
 // oldest unused staged rows when none is free) and returns them sorted by
 // row, or nil when nothing is queued or the tier is stopping.
-func (t *tier) takeQueued() []*stagedRow {
+func (t *Tier) takeQueued() []*stagedRow {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.mu.stopped || len(t.mu.queue) == 0 {
@@ -512,7 +551,7 @@ func (t *tier) takeQueued() []*stagedRow {
 		delete(t.mu.queued, g)
 		buf := t.slotLocked()
 		if buf == nil {
-			t.a.stats.prefetchDropped.Add(1)
+			t.c.Dropped.Add(1)
 			continue
 		}
 		e := &stagedRow{row: g, buf: buf, done: make(chan struct{})}
@@ -530,7 +569,7 @@ func (t *tier) takeQueued() []*stagedRow {
 
 // slotLocked returns a free staging slot, evicting the oldest staged row
 // if it has waited unread for staleAfter; nil when there is none.
-func (t *tier) slotLocked() []byte {
+func (t *Tier) slotLocked() []byte {
 	for len(t.mu.free) == 0 {
 		f := t.mu.fifo
 		for len(f) > 0 && f[0].claimed {
@@ -545,7 +584,7 @@ func (t *tier) slotLocked() []byte {
 		delete(t.mu.staged, e.row)
 		e.claimed = true
 		t.freeLocked(e)
-		t.a.stats.prefetchEvicted.Add(1)
+		t.c.Evicted.Add(1)
 	}
 	b := t.mu.free[len(t.mu.free)-1]
 	t.mu.free = t.mu.free[:len(t.mu.free)-1]
@@ -553,7 +592,7 @@ func (t *tier) slotLocked() []byte {
 }
 
 // freeLocked puts e's slot back on the free list.
-func (t *tier) freeLocked(e *stagedRow) {
+func (t *Tier) freeLocked(e *stagedRow) {
 	if e.buf != nil {
 		t.mu.free = append(t.mu.free, e.buf)
 		e.buf = nil

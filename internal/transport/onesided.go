@@ -1,70 +1,35 @@
 package transport
 
-// The parts of the MPI transport that need no MPI: its options, what an
-// exposed shard is, the cache of other agents' windows and the planning of
-// a batch into gets. mpi.go (build tag mpi, cgo) moves the bytes; without
-// the tag, mpi_stub.go refuses to start.
+// What the two one-sided engines (mpi.go, fabric.go) share, and needs
+// neither MPI nor libfabric: what an exposed shard is, the cache of the
+// windows other agents described, the planning of a batch into reads
+// (gets), the token slots, and the retry protocol around one try.
 
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
-	"time"
 	"unsafe"
 
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
-// MPIOptions configure the MPI transport.
-type MPIOptions struct {
-	// Describe asks the agent at addr where its shards of variable name
-	// (table id) lie in its MPI window: the PeerWindow op, over the TCP
-	// connections that carry the agents' control messages. Its errors are
-	// the Fetch's (ErrFreed for a stale id, ErrPeer for an agent gone).
-	Describe func(ctx context.Context, addr, name string, id int64) (wire.Window, error)
-	// Grace is how long a withdrawn shard stays mapped after it left the
-	// window, so that a get another agent issued just before cannot touch
-	// unmapped memory (Open MPI retries a failed shared-memory read
-	// forever). Zero: 30 s.
-	Grace  time.Duration
-	Logger *slog.Logger
-}
-
-func (o MPIOptions) withDefaults() MPIOptions {
-	if o.Grace <= 0 {
-		o.Grace = 30 * time.Second
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
-	return o
-}
-
-// Exposure is a shard attached to this agent's MPI window (MPI.Expose).
+// Exposure is a shard exposed for one-sided reads (Engine.Expose): in
+// this agent's MPI window, or registered with libfabric.
 type Exposure struct {
-	Addr  uint64 // MPI address of the shard's first byte
-	Token uint64 // MPI address of the word holding the table id; 0: not exposed
+	Addr  uint64 // remote address of the shard's first byte
+	Token uint64 // remote address of the word holding the table id; 0: not exposed
 	mem   []byte
 	slot  int
 }
 
-// Exposed says whether the shard is in the window (a world of one rank has
-// none).
+// Exposed says whether the shard can be read by other nodes (over tcp,
+// or in an MPI world of one rank, none is).
 func (e Exposure) Exposed() bool { return e.Token != 0 }
-
-// MaxMPIGet bounds one MPI get: counts are C ints, so a longer run of bytes
-// (a huge row, or adjacent rows merged) is cut into gets of at most this.
-const MaxMPIGet = 1 << 30
-
-// errNoMPI is what a build without the tag says.
-func errNoMPI() error {
-	return base.Errorf(base.ErrArgument, "transport mpi: this ddstore was built without MPI: rebuild with -tags mpi (make build-mpi)")
-}
 
 // windowKey names a cached window: a node's agent and a variable.
 type windowKey struct{ addr, name string }
@@ -81,9 +46,6 @@ type cachedWindow[W any] struct {
 	w  *W
 	id int64 // the table id it describes
 }
-
-// windows is the MPI transport's cache.
-type windows = windowCache[wire.Window]
 
 // maxCachedWindows bounds the cache; past it, it starts again empty (a
 // described window costs one control round trip).
