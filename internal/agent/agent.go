@@ -7,7 +7,6 @@ package agent
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -22,11 +21,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/coord"
 	"github.com/ddstore-go/ddstore/internal/rendezvous"
 	"github.com/ddstore-go/ddstore/internal/shm"
 	"github.com/ddstore-go/ddstore/internal/tier"
 	"github.com/ddstore-go/ddstore/internal/transport"
-	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
 // Config is what an agent needs to know.
@@ -145,7 +144,7 @@ type Agent struct {
 	// restored is the coordinator's part of the manifest a previous agent
 	// left, for when this one becomes coordinator; manifestMu serializes
 	// writing the manifest.
-	restored   *manifestCoord
+	restored   *coord.State
 	manifestMu sync.Mutex
 
 	// inflight counts client requests being served; once draining is set
@@ -446,7 +445,6 @@ func (a *Agent) idleLoop() {
 	}
 }
 
-// becomeCoordinator is called when rank 0 says hello in handshake mode.
 // drainTimeout bounds how long a stopping agent waits for the requests in
 // flight (a Publish may wait for other ranks far longer).
 const drainTimeout = 10 * time.Second
@@ -460,88 +458,6 @@ func (a *Agent) drain(d time.Duration) {
 	if n := a.inflight.Load(); n > 0 {
 		a.log.Warn("stopping with requests still in flight", "requests", n)
 	}
-}
-
-// newCoordinator makes this agent's coordinator, with the state a previous
-// coordinator of the job left on this node, if any.
-func (a *Agent) newCoordinator() *coordinator {
-	c := newCoordinator()
-	c.restore(a.restored)
-	return c
-}
-
-func (a *Agent) becomeCoordinator() error {
-	// With a rendezvous address too, the rendezvous decides (whoever could
-	// listen there coordinates): never two coordinators.
-	if a.cfg.HandshakeDir == "" || a.cfg.Rendezvous != "" || a.coord.Load() != nil {
-		return nil
-	}
-	c := a.newCoordinator()
-	if !a.coord.CompareAndSwap(nil, c) {
-		return nil
-	}
-	c.join(a.cfg.Node, a.addr)
-	rec := nodeRecord{Node: a.cfg.Node, Addr: a.addr, Pid: os.Getpid(), Key: a.coordinatorKey()}
-	return rendezvous.WriteRecord(a.cfg.HandshakeDir, a.recordName("coordinator"), rec)
-}
-
-// coordinatorAddr finds the coordinator and joins it once; "" means this
-// agent is the coordinator.
-func (a *Agent) coordinatorAddr(ctx context.Context) (string, error) {
-	if a.coord.Load() != nil {
-		return "", nil
-	}
-	a.joinMu.Lock()
-	defer a.joinMu.Unlock()
-	if a.joined != "" {
-		return a.joined, nil
-	}
-	addr := a.coordAddr
-	if addr == "" {
-		var rec nodeRecord
-		err := rendezvous.WaitRecord(ctx, a.cfg.HandshakeDir, a.recordName("coordinator"), a.cfg.JoinTimeout, &rec)
-		if err != nil {
-			return "", fmt.Errorf("%w: waiting for the coordinator (the agent of rank 0) in %s: %w", base.ErrTimeout, a.cfg.HandshakeDir, err)
-		}
-		if a.coord.Load() != nil { // rank 0 said hello here meanwhile
-			return "", nil
-		}
-		if err := a.takeRecordKey(rec); err != nil {
-			return "", err
-		}
-		addr = rec.Addr
-	}
-	j := wire.Join{Node: a.cfg.Node, Addr: a.addr, Namespace: a.cfg.Namespace}
-	if _, err := a.callUntil(ctx, addr, wire.OpJoin, j.Encode); err != nil {
-		return "", err
-	}
-	a.joined = addr
-	return addr, nil
-}
-
-// callUntil retries a control call while the coordinator is not up yet, so
-// that agents may start in any order.
-func (a *Agent) callUntil(ctx context.Context, addr string, op wire.Op, fill func(*wire.Encoder)) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, a.cfg.JoinTimeout)
-	defer cancel()
-	wait := 5 * time.Millisecond
-	for {
-		body, err := a.pool.Call(ctx, addr, op, fill)
-		if err == nil || !errors.Is(err, base.ErrPeer) || !isConnectError(err) {
-			return body, err
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("%w: coordinator %s unreachable: %w", base.ErrTimeout, addr, err)
-		case <-time.After(wait):
-		}
-		wait = min(2*wait, 200*time.Millisecond)
-	}
-}
-
-func isConnectError(err error) bool {
-	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // Info is what `ddstore info` shows.

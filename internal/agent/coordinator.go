@@ -1,285 +1,315 @@
 package agent
 
+// The coordinator's driver: coord.Coordinator is the deterministic core
+// (rounds, tables, joins); here are the goroutines, the clock and the
+// connections around it — a rank's Publish waiting for its round, finding
+// the coordinator and joining it, and the coordinator's peer ops.
+
 import (
 	"context"
+	"errors"
 	"fmt"
-	"slices"
-	"sort"
-	"strings"
+	"net"
+	"os"
 	"sync"
 	"time"
 
 	"github.com/ddstore-go/ddstore/internal/base"
-	"github.com/ddstore-go/ddstore/internal/layout"
+	"github.com/ddstore-go/ddstore/internal/coord"
+	"github.com/ddstore-go/ddstore/internal/rendezvous"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
-// coordinator is the job-wide part one agent plays: it learns every node's
-// address and turns the ranks' shard declarations into a variable's table.
-// A variable exists once every rank has published; until then nobody can
-// read it, and a geometry that ranks disagree on fails every rank.
+// coordinator drives a coord.Coordinator: calls into it are serialized by
+// mu, and the replies it returns reach the requests waiting for them.
 type coordinator struct {
 	mu struct {
 		sync.Mutex
-		nodes   map[string]string // node id → peer address
-		pending map[collKey]*collective
-		tables  map[string]*wire.Table
-		freed   map[string]map[int64]bool // variable → ranks done with it
-		lastID  int64
+		core    *coord.Coordinator
+		next    uint64                      // the last request id
+		waiting map[uint64]chan coord.Reply // requests whose reply is due
 	}
-}
-
-// lateGrace is how long after a round timed out its late ranks still get
-// its error at once, rather than starting a round of their own.
-var lateGrace = 10 * time.Second
-
-// collKey names one round of a collective: the ranks' n-th Add of a name.
-type collKey struct {
-	name    string
-	attempt int64
-}
-
-// collective gathers one variable's shards from all ranks.
-type collective struct {
-	size int64
-	// seen and want decide when a failed round can be forgotten: once
-	// every rank of the largest world any of them believes in has come.
-	seen   map[int64]bool
-	want   int64
-	first  wire.Shard // the first shard to arrive sets the geometry
-	shards map[int64]wire.Shard
-	done   chan struct{} // closed when table or err is set
-	table  *wire.Table
-	err    error
-	// timedOut is when the round failed for missing ranks; see lateGrace.
-	timedOut time.Time
 }
 
 func newCoordinator() *coordinator {
 	c := &coordinator{}
-	c.mu.nodes = make(map[string]string)
-	c.mu.pending = make(map[collKey]*collective)
-	c.mu.tables = make(map[string]*wire.Table)
-	c.mu.freed = make(map[string]map[int64]bool)
+	c.mu.core = coord.New()
+	c.mu.waiting = make(map[uint64]chan coord.Reply)
 	return c
+}
+
+// deliverLocked hands replies to their requests; the caller holds c.mu.
+func (c *coordinator) deliverLocked(replies []coord.Reply) {
+	for _, r := range replies {
+		if ch, ok := c.mu.waiting[r.Req]; ok {
+			delete(c.mu.waiting, r.Req)
+			ch <- r
+		}
+	}
+}
+
+// publish adds one rank's shard and waits until every rank's is there (the
+// table), a rank disagrees (an error for all), or timeout has passed or ctx
+// ended (the round fails with ErrTimeout for every rank).
+func (c *coordinator) publish(ctx context.Context, sh wire.Shard, timeout time.Duration) (*wire.Table, error) {
+	ch := make(chan coord.Reply, 1)
+	now := time.Now()
+	c.mu.Lock()
+	c.mu.next++
+	req := c.mu.next
+	c.mu.waiting[req] = ch
+	c.deliverLocked(c.mu.core.Publish(now, req, sh, now.Add(timeout)))
+	c.mu.Unlock()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case r := <-ch:
+		return r.Table, r.Err
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	c.deliverLocked(c.mu.core.Expire(time.Now(), req))
+	c.mu.Unlock()
+	// Expire answered req, or its round had answered it already.
+	r := <-ch
+	return r.Table, r.Err
 }
 
 func (c *coordinator) join(node, addr string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if old, ok := c.mu.nodes[node]; ok && old != addr {
-		// The node's agent restarted: its variables' tables get its new
-		// address (other agents fetch them again when its old one fails).
-		c.mu.nodes[node] = addr
-		c.refreshAddrsLocked()
-		return
-	}
-	c.mu.nodes[node] = addr
-}
-
-func (col *collective) fail(err error) {
-	if col.err == nil && col.table == nil {
-		col.err = err
-		close(col.done)
-	}
-}
-
-// publish adds one rank's shard and waits until every rank's is there (the
-// table), a rank disagrees (an error for all), or ctx ends.
-func (c *coordinator) publish(ctx context.Context, sh wire.Shard) (*wire.Table, error) {
-	c.mu.Lock()
-	if _, ok := c.mu.tables[sh.Name]; ok {
-		c.mu.Unlock()
-		return nil, base.Errorf(base.ErrExists, "variable %q already exists", sh.Name)
-	}
-	// Ranks that never came may never come (a crashed job, a killed
-	// client): a round that timed out long ago is forgotten, so that a
-	// later job's first Add is not refused with its error and rounds of
-	// names never used again do not pile up for the agent's life.
-	for k, p := range c.mu.pending {
-		if !p.timedOut.IsZero() && time.Since(p.timedOut) > lateGrace {
-			delete(c.mu.pending, k)
-		}
-	}
-	key := collKey{sh.Name, sh.Attempt}
-	col := c.mu.pending[key]
-	if col == nil {
-		col = &collective{size: sh.Size, first: sh, shards: make(map[int64]wire.Shard), seen: make(map[int64]bool), done: make(chan struct{})}
-		c.mu.pending[key] = col
-	}
-	col.want = max(col.want, sh.Size, col.size)
-	if sh.Rank >= 0 {
-		col.seen[sh.Rank] = true
-	}
-	err := col.check(sh)
-	if _, dup := col.shards[sh.Rank]; dup && err == nil {
-		err = base.Errorf(base.ErrExists, "variable %q: rank %d published twice", sh.Name, sh.Rank)
-	}
-	if err != nil {
-		col.fail(err)
-	}
-	if sh.Rank >= 0 && sh.Rank < col.size {
-		col.shards[sh.Rank] = sh
-	}
-	if col.err != nil {
-		err = col.err
-		if col.allSeen() {
-			delete(c.mu.pending, key)
-		}
-		c.mu.Unlock()
-		return nil, err
-	}
-	if int64(len(col.shards)) == col.size {
-		t, err := c.tableLocked(col)
-		if err != nil {
-			col.fail(err)
-		} else {
-			col.table = t
-			c.mu.tables[sh.Name] = t
-			close(col.done)
-		}
-		delete(c.mu.pending, key)
-	}
-	c.mu.Unlock()
-
-	select {
-	case <-col.done:
-	case <-ctx.Done():
-		c.mu.Lock()
-		col.fail(base.Errorf(base.ErrTimeout, "variable %q: %s", sh.Name, col.missing()))
-		col.timedOut = time.Now()
-		c.mu.Unlock()
-	}
-	if col.err != nil {
-		return nil, col.err
-	}
-	return col.table, nil
-}
-
-// check compares a shard with the collective's first: every rank must agree
-// on the world size and the row shape.
-func (col *collective) check(sh wire.Shard) error {
-	f := col.first
-	switch {
-	case sh.Failed:
-		return base.Errorf(base.ErrGeometry, "variable %q: rank %d could not create its shard (%d rows of disp %d, itemsize %d)", sh.Name, sh.Rank, sh.Rows, sh.Disp, sh.ItemSize)
-	case f.Failed:
-		return base.Errorf(base.ErrGeometry, "variable %q: rank %d could not create its shard (%d rows of disp %d, itemsize %d)", f.Name, f.Rank, f.Rows, f.Disp, f.ItemSize)
-	case sh.Rank < 0 || sh.Rank >= col.size:
-		return base.Errorf(base.ErrArgument, "variable %q: rank %d not in [0, %d)", sh.Name, sh.Rank, col.size)
-	case sh.Size != f.Size:
-		return base.Errorf(base.ErrGeometry, "variable %q: rank %d says the world has %d ranks, rank %d says %d", sh.Name, sh.Rank, sh.Size, f.Rank, f.Size)
-	case sh.Dtype != f.Dtype:
-		return base.Errorf(base.ErrGeometry, "variable %q: rank %d has items of type %q but rank %d has %q", sh.Name, sh.Rank, sh.Dtype, f.Rank, f.Dtype)
-	case sh.Backing != f.Backing || sh.Total != f.Total:
-		return base.Errorf(base.ErrGeometry, "variable %q: rank %d has backing file %q of %d rows but rank %d has %q of %d rows",
-			sh.Name, sh.Rank, sh.Backing, sh.Total, f.Rank, f.Backing, f.Total)
-	case sh.Disp != f.Disp || sh.ItemSize != f.ItemSize:
-		return base.Errorf(base.ErrGeometry, "variable %q: rank %d has rows of disp %d, itemsize %d but rank %d has disp %d, itemsize %d",
-			sh.Name, sh.Rank, sh.Disp, sh.ItemSize, f.Rank, f.Disp, f.ItemSize)
-	}
-	return nil
-}
-
-func (col *collective) allSeen() bool {
-	for r := range col.want {
-		if !col.seen[r] {
-			return false
-		}
-	}
-	return true
-}
-
-func (col *collective) missing() string {
-	var miss []string
-	for r := int64(0); r < col.size && len(miss) < 16; r++ {
-		if _, ok := col.shards[r]; !ok {
-			miss = append(miss, fmt.Sprint(r))
-		}
-	}
-	return fmt.Sprintf("%d of %d ranks published before the timeout; missing ranks %s (on several nodes, set a handshake directory or a rendezvous address so that agents meet)",
-		len(col.shards), col.size, strings.Join(miss, ", "))
-}
-
-func (c *coordinator) tableLocked(col *collective) (*wire.Table, error) {
-	f := col.first
-	c.mu.lastID++
-	t := &wire.Table{Name: f.Name, Disp: f.Disp, ItemSize: f.ItemSize, Dtype: f.Dtype, ID: c.mu.lastID, Backing: f.Backing, Total: f.Total,
-		ShardRows: make([]int64, col.size), RankNode: make([]int64, col.size)}
-	nodeIndex := map[string]int64{}
-	for r := int64(0); r < col.size; r++ {
-		sh := col.shards[r]
-		t.ShardRows[r] = sh.Rows
-		i, ok := nodeIndex[sh.Node]
-		if !ok {
-			i = int64(len(t.Nodes))
-			nodeIndex[sh.Node] = i
-			addr, known := c.mu.nodes[sh.Node]
-			if !known {
-				return nil, base.Errorf(base.ErrInternal, "variable %q: node %q of rank %d never joined", f.Name, sh.Node, r)
-			}
-			t.Nodes = append(t.Nodes, sh.Node)
-			t.Addrs = append(t.Addrs, addr)
-		}
-		t.RankNode[r] = i
-	}
-	if _, err := layout.NewBacked(layout.Row{Disp: t.Disp, ItemSize: t.ItemSize}, t.ShardRows, t.Total); err != nil {
-		return nil, fmt.Errorf("variable %q: %w", f.Name, err)
-	}
-	return t, nil
+	c.mu.core.Join(node, addr)
 }
 
 func (c *coordinator) lookup(name string) (*wire.Table, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if t, ok := c.mu.tables[name]; ok {
-		return t, nil
-	}
-	names := make([]string, 0, len(c.mu.tables))
-	for n := range c.mu.tables {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	if len(names) > 20 {
-		names = append(names[:20], "...")
-	}
-	return nil, base.Errorf(base.ErrUnknown, "no variable %q (variables: %s)", name, strings.Join(names, ", "))
+	return c.mu.core.Lookup(name)
 }
 
-// free notes that a rank is done with a variable. Once every rank is, the
-// variable is gone: free returns its table, whose nodes must drop their
-// shards, and the name can be used again. Until then every shard stays, so
-// a rank that frees early never takes rows from under the others.
 func (c *coordinator) free(name string, rank int64) *wire.Table {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	t, ok := c.mu.tables[name]
-	if !ok || rank < 0 || rank >= int64(len(t.ShardRows)) {
-		return nil
-	}
-	f := c.mu.freed[name]
-	if f == nil {
-		f = map[int64]bool{}
-		c.mu.freed[name] = f
-	}
-	f[rank] = true
-	if len(f) < len(t.ShardRows) {
-		return nil
-	}
-	delete(c.mu.tables, name)
-	delete(c.mu.freed, name)
-	return t
+	return c.mu.core.Free(name, rank)
 }
 
 func (c *coordinator) nodes() (ids, addrs []string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for id := range c.mu.nodes {
-		ids = append(ids, id)
+	return c.mu.core.Nodes()
+}
+
+func (c *coordinator) addr(node string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mu.core.Addr(node)
+}
+
+// round is coord.Coordinator.Round.
+func (c *coordinator) round(name string, attempt int64) (ranks int, failed, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mu.core.Round(name, attempt)
+}
+
+func (c *coordinator) snapshot() *coord.State {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mu.core.Snapshot()
+}
+
+func (c *coordinator) restore(s *coord.State) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.mu.core.Restore(s)
+}
+
+// newCoordinator makes this agent's coordinator, with the state a previous
+// coordinator of the job left on this node, if any.
+func (a *Agent) newCoordinator() *coordinator {
+	c := newCoordinator()
+	c.restore(a.restored)
+	return c
+}
+
+// becomeCoordinator is called when rank 0 says hello in handshake mode.
+func (a *Agent) becomeCoordinator() error {
+	// With a rendezvous address too, the rendezvous decides (whoever could
+	// listen there coordinates): never two coordinators.
+	if a.cfg.HandshakeDir == "" || a.cfg.Rendezvous != "" || a.coord.Load() != nil {
+		return nil
 	}
-	slices.Sort(ids)
-	for _, id := range ids {
-		addrs = append(addrs, c.mu.nodes[id])
+	c := a.newCoordinator()
+	if !a.coord.CompareAndSwap(nil, c) {
+		return nil
 	}
-	return ids, addrs
+	c.join(a.cfg.Node, a.addr)
+	rec := nodeRecord{Node: a.cfg.Node, Addr: a.addr, Pid: os.Getpid(), Key: a.coordinatorKey()}
+	return rendezvous.WriteRecord(a.cfg.HandshakeDir, a.recordName("coordinator"), rec)
+}
+
+// coordinatorAddr finds the coordinator and joins it once; "" means this
+// agent is the coordinator.
+func (a *Agent) coordinatorAddr(ctx context.Context) (string, error) {
+	if a.coord.Load() != nil {
+		return "", nil
+	}
+	a.joinMu.Lock()
+	defer a.joinMu.Unlock()
+	if a.joined != "" {
+		return a.joined, nil
+	}
+	addr := a.coordAddr
+	if addr == "" {
+		var rec nodeRecord
+		err := rendezvous.WaitRecord(ctx, a.cfg.HandshakeDir, a.recordName("coordinator"), a.cfg.JoinTimeout, &rec)
+		if err != nil {
+			return "", fmt.Errorf("%w: waiting for the coordinator (the agent of rank 0) in %s: %w", base.ErrTimeout, a.cfg.HandshakeDir, err)
+		}
+		if a.coord.Load() != nil { // rank 0 said hello here meanwhile
+			return "", nil
+		}
+		if err := a.takeRecordKey(rec); err != nil {
+			return "", err
+		}
+		addr = rec.Addr
+	}
+	j := wire.Join{Node: a.cfg.Node, Addr: a.addr, Namespace: a.cfg.Namespace}
+	if _, err := a.callUntil(ctx, addr, wire.OpJoin, j.Encode); err != nil {
+		return "", err
+	}
+	a.joined = addr
+	return addr, nil
+}
+
+// callUntil retries a control call while the coordinator is not up yet, so
+// that agents may start in any order.
+func (a *Agent) callUntil(ctx context.Context, addr string, op wire.Op, fill func(*wire.Encoder)) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.JoinTimeout)
+	defer cancel()
+	wait := 5 * time.Millisecond
+	for {
+		body, err := a.pool.Call(ctx, addr, op, fill)
+		if err == nil || !errors.Is(err, base.ErrPeer) || !isConnectError(err) {
+			return body, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: coordinator %s unreachable: %w", base.ErrTimeout, addr, err)
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 200*time.Millisecond)
+	}
+}
+
+func isConnectError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// roundTimeout is how long the coordinator waits for a round's ranks: the
+// shard's own timeout, bounded by the agent's join timeout.
+func (a *Agent) roundTimeout(m wire.Shard) time.Duration {
+	if m.TimeoutMs > 0 {
+		return min(a.cfg.JoinTimeout, msDuration(m.TimeoutMs))
+	}
+	return a.cfg.JoinTimeout
+}
+
+// coordPublish hands a rank's shard to the coordinator, here or over the
+// peer protocol, and waits for its round.
+func (a *Agent) coordPublish(ctx context.Context, m wire.Shard) (*wire.Table, error) {
+	addr, err := a.coordinatorAddr(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if addr == "" {
+		// Here the round's own timeout, as the coordinator applies it to
+		// shards arriving from other agents (coordinatorOp).
+		return a.coord.Load().publish(ctx, m, a.roundTimeout(m))
+	}
+	body, err := a.pool.Call(ctx, addr, wire.OpPeerPublish, m.Encode)
+	if err != nil {
+		return nil, err
+	}
+	t, err := wire.DecodeTable(body)
+	return &t, err
+}
+
+// isCoordinatorOp says whether only the coordinator answers op.
+func isCoordinatorOp(op wire.Op) bool {
+	switch op {
+	case wire.OpJoin, wire.OpPeerPublish, wire.OpPeerLookup, wire.OpPeerFree, wire.OpPeerNodes:
+		return true
+	}
+	return false
+}
+
+// coordinatorOp answers the peer ops only the coordinator answers
+// (isCoordinatorOp), from other agents.
+func (a *Agent) coordinatorOp(ctx context.Context, op wire.Op, body []byte) (func(*wire.Encoder), error) {
+	c := a.coord.Load()
+	if c == nil {
+		return nil, base.Errorf(base.ErrArgument, "node %q is not the coordinator of namespace %q", a.cfg.Node, a.cfg.Namespace)
+	}
+	switch op {
+	case wire.OpJoin:
+		m, err := wire.DecodeJoin(body)
+		if err != nil {
+			return nil, err
+		}
+		if m.Namespace != a.cfg.Namespace {
+			return nil, base.Errorf(base.ErrArgument, "agent of node %q in namespace %q reached the coordinator of namespace %q: give each job its own rendezvous address or handshake directory",
+				m.Node, m.Namespace, a.cfg.Namespace)
+		}
+		c.join(m.Node, m.Addr)
+		return nil, nil
+	case wire.OpPeerPublish:
+		m, err := wire.DecodeShard(body)
+		if err != nil {
+			return nil, err
+		}
+		t, err := c.publish(ctx, m, a.roundTimeout(m))
+		if err != nil {
+			return nil, err
+		}
+		a.saveManifest()
+		return t.Encode, nil
+	case wire.OpPeerLookup:
+		m, err := wire.DecodeName(body)
+		if err != nil {
+			return nil, err
+		}
+		t, err := c.lookup(m.Name)
+		if err != nil {
+			return nil, err
+		}
+		return t.Encode, nil
+	case wire.OpPeerFree:
+		m, err := wire.DecodeName(body)
+		if err != nil {
+			return nil, err
+		}
+		if t := c.free(m.Name, m.Rank); t != nil {
+			a.dropEverywhere(t)
+		}
+		a.saveManifest()
+		return nil, nil
+	case wire.OpPeerNodes:
+		m, err := wire.DecodePeerNodes(body)
+		if err != nil {
+			return nil, err
+		}
+		ids, addrs := c.nodes()
+		t := wire.Table{Nodes: ids, Addrs: addrs}
+		if m.Node != "" {
+			t.Nodes, t.Addrs = nil, nil
+			if addr := c.addr(m.Node); addr != "" {
+				t.Nodes, t.Addrs = []string{m.Node}, []string{addr}
+			}
+		}
+		return t.Encode, nil
+	}
+	return nil, base.Errorf(base.ErrProtocol, "peer op %s is not the coordinator's", op)
 }

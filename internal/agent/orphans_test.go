@@ -1,13 +1,10 @@
 package agent
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"testing"
 	"time"
 
-	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
@@ -81,37 +78,4 @@ func TestAgentKeepsShardBeingPublished(t *testing.T) {
 		t.Fatalf("segments while the round waits: %v", segs)
 	}
 	waitGone(t, a, fmt.Sprintf("after the round's timeout (%d ms)", sh.TimeoutMs))
-}
-
-// The round of a rank killed while it waited for the others times out and
-// is forgotten once lateGrace has passed, whatever its name: a name never
-// used again leaves nothing in the coordinator.
-func TestCoordinatorForgetsAbandonedRounds(t *testing.T) {
-	old := lateGrace
-	lateGrace = 50 * time.Millisecond
-	defer func() { lateGrace = old }()
-	c := newTestCoordinator()
-	for _, name := range []string{"p.1", "p.2"} {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-		_, err := c.publish(ctx, shard(name, 1, 2, "a"))
-		cancel()
-		if !errors.Is(err, base.ErrTimeout) {
-			t.Fatalf("lonely rank of %s: %v, want ErrTimeout", name, err)
-		}
-	}
-	pending := func() int {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		return len(c.mu.pending)
-	}
-	if n := pending(); n != 2 {
-		t.Fatalf("%d rounds pending right after their timeout, want 2 (late ranks still get the error)", n)
-	}
-	time.Sleep(2 * lateGrace)
-	if _, err := c.publish(context.Background(), shard("other", 0, 1, "a")); err != nil {
-		t.Fatal(err)
-	}
-	if n := pending(); n != 0 {
-		t.Fatalf("%d rounds pending after lateGrace, want 0", n)
-	}
 }

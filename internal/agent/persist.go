@@ -9,6 +9,7 @@ import (
 	"slices"
 
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/coord"
 	"github.com/ddstore-go/ddstore/internal/shm"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
@@ -31,21 +32,12 @@ type manifest struct {
 	Namespace   string         `json:"namespace"`
 	Node        string         `json:"node"`
 	Vars        []manifestVar  `json:"vars"`
-	Coordinator *manifestCoord `json:"coordinator,omitempty"`
+	Coordinator *coord.State   `json:"coordinator,omitempty"`
 }
 
 type manifestVar struct {
 	Table    *wire.Table    `json:"table"`
 	Segments map[int]string `json:"segments"` // local rank → segment file
-}
-
-// manifestCoord is the coordinator's state that outlives a restart: the
-// nodes' addresses, the tables, which ranks freed what, the last table id.
-type manifestCoord struct {
-	Nodes  map[string]string         `json:"nodes"`
-	Tables []*wire.Table             `json:"tables"`
-	Freed  map[string]map[int64]bool `json:"freed,omitempty"`
-	LastID int64                     `json:"last_id"`
 }
 
 func (a *Agent) manifestPath() string { return a.cfg.Socket + ".manifest.json" }
@@ -176,64 +168,3 @@ func (a *Agent) adoptVar(mv manifestVar) (*variable, int64, error) {
 
 // removeManifest forgets the manifest (a clean stop without --persist).
 func (a *Agent) removeManifest() { os.Remove(a.manifestPath()) }
-
-// snapshot is the coordinator's state for the manifest.
-func (c *coordinator) snapshot() *manifestCoord {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	s := &manifestCoord{Nodes: maps.Clone(c.mu.nodes), LastID: c.mu.lastID, Freed: make(map[string]map[int64]bool, len(c.mu.freed))}
-	for _, t := range c.mu.tables {
-		s.Tables = append(s.Tables, t)
-	}
-	slices.SortFunc(s.Tables, func(x, y *wire.Table) int { return int(x.ID - y.ID) })
-	for name, ranks := range c.mu.freed {
-		s.Freed[name] = maps.Clone(ranks)
-	}
-	return s
-}
-
-// restore takes back a previous coordinator's state; nodes that join later
-// replace their addresses.
-func (c *coordinator) restore(s *manifestCoord) {
-	if s == nil {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for node, addr := range s.Nodes {
-		if _, ok := c.mu.nodes[node]; !ok {
-			c.mu.nodes[node] = addr
-		}
-	}
-	for _, t := range s.Tables {
-		if t != nil && t.Check() == nil {
-			c.mu.tables[t.Name] = t
-		}
-	}
-	for name, ranks := range s.Freed {
-		c.mu.freed[name] = maps.Clone(ranks)
-	}
-	c.mu.lastID = max(c.mu.lastID, s.LastID)
-	c.refreshAddrsLocked()
-}
-
-// refreshAddrsLocked gives every table the nodes' current addresses, as
-// new tables (readers may hold the old ones). The caller holds c.mu.
-func (c *coordinator) refreshAddrsLocked() {
-	for name, t := range c.mu.tables {
-		var nt *wire.Table
-		for i, node := range t.Nodes {
-			if addr, ok := c.mu.nodes[node]; ok && addr != t.Addrs[i] {
-				if nt == nil {
-					cp := *t
-					cp.Addrs = slices.Clone(t.Addrs)
-					nt = &cp
-				}
-				nt.Addrs[i] = addr
-			}
-		}
-		if nt != nil {
-			c.mu.tables[name] = nt
-		}
-	}
-}

@@ -205,9 +205,7 @@ func (a *Agent) refreshAddr(ctx context.Context, v *variable, node, old string) 
 	defer cancel()
 	var addr string
 	if c := a.coord.Load(); c != nil {
-		c.mu.Lock()
-		addr = c.mu.nodes[node]
-		c.mu.Unlock()
+		addr = c.addr(node)
 	} else {
 		caddr, err := a.coordinatorAddr(ctx)
 		if err != nil || caddr == "" {
@@ -355,61 +353,14 @@ func (a *Agent) served(name string, id int64) (*variable, error) {
 	return v, nil
 }
 
-// Control answers the peer protocol's control ops.
+// Control answers the peer protocol's control ops; the coordinator's are
+// coordinatorOp's.
 func (h *peerHandler) Control(ctx context.Context, op wire.Op, body []byte) (func(*wire.Encoder), error) {
 	a := (*Agent)(h)
-	c := a.coord.Load()
-	switch op {
-	case wire.OpJoin, wire.OpPeerPublish, wire.OpPeerLookup, wire.OpPeerFree, wire.OpPeerNodes:
-		if c == nil {
-			return nil, base.Errorf(base.ErrArgument, "node %q is not the coordinator of namespace %q", a.cfg.Node, a.cfg.Namespace)
-		}
+	if isCoordinatorOp(op) {
+		return a.coordinatorOp(ctx, op, body)
 	}
 	switch op {
-	case wire.OpJoin:
-		m, err := wire.DecodeJoin(body)
-		if err != nil {
-			return nil, err
-		}
-		if m.Namespace != a.cfg.Namespace {
-			return nil, base.Errorf(base.ErrArgument, "agent of node %q in namespace %q reached the coordinator of namespace %q: give each job its own rendezvous address or handshake directory",
-				m.Node, m.Namespace, a.cfg.Namespace)
-		}
-		c.join(m.Node, m.Addr)
-		return nil, nil
-	case wire.OpPeerPublish:
-		m, err := wire.DecodeShard(body)
-		if err != nil {
-			return nil, err
-		}
-		pctx, cancel := context.WithTimeout(ctx, a.roundTimeout(m))
-		defer cancel()
-		t, err := c.publish(pctx, m)
-		if err != nil {
-			return nil, err
-		}
-		a.saveManifest()
-		return t.Encode, nil
-	case wire.OpPeerLookup:
-		m, err := wire.DecodeName(body)
-		if err != nil {
-			return nil, err
-		}
-		t, err := c.lookup(m.Name)
-		if err != nil {
-			return nil, err
-		}
-		return t.Encode, nil
-	case wire.OpPeerFree:
-		m, err := wire.DecodeName(body)
-		if err != nil {
-			return nil, err
-		}
-		if t := c.free(m.Name, m.Rank); t != nil {
-			a.dropEverywhere(t)
-		}
-		a.saveManifest()
-		return nil, nil
 	case wire.OpPeerDrop:
 		m, err := wire.DecodeDrop(body)
 		if err != nil {
@@ -417,22 +368,6 @@ func (h *peerHandler) Control(ctx context.Context, op wire.Op, body []byte) (fun
 		}
 		a.drop(m.Name, m.ID)
 		return nil, nil
-	case wire.OpPeerNodes:
-		m, err := wire.DecodePeerNodes(body)
-		if err != nil {
-			return nil, err
-		}
-		ids, addrs := c.nodes()
-		t := wire.Table{Nodes: ids, Addrs: addrs}
-		if m.Node != "" {
-			t.Nodes, t.Addrs = nil, nil
-			for i, id := range ids {
-				if id == m.Node {
-					t.Nodes, t.Addrs = ids[i:i+1], addrs[i:i+1]
-				}
-			}
-		}
-		return t.Encode, nil
 	case wire.OpPeerInfo:
 		t := wire.Text{Text: a.infoJSON()}
 		return t.Encode, nil

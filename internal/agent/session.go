@@ -485,15 +485,6 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) 
 	return v.localTable(), nil
 }
 
-// roundTimeout is how long the coordinator waits for a round's ranks: the
-// shard's own timeout, bounded by the agent's join timeout.
-func (a *Agent) roundTimeout(m wire.Shard) time.Duration {
-	if m.TimeoutMs > 0 {
-		return min(a.cfg.JoinTimeout, msDuration(m.TimeoutMs))
-	}
-	return a.cfg.JoinTimeout
-}
-
 // takeBack removes a rank's shard of a variable that was never published,
 // and the variable itself once it holds no shard.
 func (a *Agent) takeBack(v *variable, rank int, seg *shm.Segment) {
@@ -519,26 +510,6 @@ func (a *Agent) takeBack(v *variable, rank int, seg *shm.Segment) {
 			delete(a.mu.vars, v.name)
 		}
 	}
-}
-
-func (a *Agent) coordPublish(ctx context.Context, m wire.Shard) (*wire.Table, error) {
-	addr, err := a.coordinatorAddr(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if addr == "" {
-		// Here the round's own timeout, as the coordinator applies it to
-		// shards arriving from other agents (peerHandler.Control).
-		cctx, cancel := context.WithTimeout(ctx, a.roundTimeout(m))
-		defer cancel()
-		return a.coord.Load().publish(cctx, m)
-	}
-	body, err := a.pool.Call(ctx, addr, wire.OpPeerPublish, m.Encode)
-	if err != nil {
-		return nil, err
-	}
-	t, err := wire.DecodeTable(body)
-	return &t, err
 }
 
 // lookup returns a published variable, asking the coordinator for its table

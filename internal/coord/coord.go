@@ -1,0 +1,429 @@
+// Package coord is the job-wide part one agent plays, the coordinator: it
+// learns every node's address and turns the ranks' shard declarations into
+// a variable's table. A variable exists once every rank has published;
+// until then nobody can read it, and a geometry that ranks disagree on
+// fails every rank.
+//
+// Coordinator is a deterministic state machine, like raft's RawNode: no
+// goroutine, no socket, no clock, no blocking. Each call carries what
+// happened (a rank's shard, a node joining, the time now) and returns what
+// to answer (Replies, to the ranks whose round ended); a rank that must
+// wait is given a deadline, at which its driver calls Expire (or Tick at
+// NextDeadline). The agent's driver owns the goroutines, the connections
+// and the real clock, and serializes the calls.
+package coord
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/layout"
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
+
+// DefaultLateGrace is how long after a round timed out its late ranks
+// still get its error at once, rather than starting a round of their own.
+const DefaultLateGrace = 10 * time.Second
+
+// Coordinator is the coordinator's state. It is not safe for concurrent
+// use: its driver serializes the calls.
+type Coordinator struct {
+	nodes   map[string]string // node id → peer address
+	pending map[roundKey]*round
+	tables  map[string]*wire.Table
+	freed   map[string]map[int64]bool // variable → ranks done with it
+	lastID  int64
+	waits   map[uint64]*wait // by request
+
+	// LateGrace: see DefaultLateGrace.
+	LateGrace time.Duration
+}
+
+// Reply answers one waiting request (a rank's Publish): the variable's
+// table, or the round's error.
+type Reply struct {
+	Req   uint64
+	Table *wire.Table
+	Err   error
+}
+
+// roundKey names one round of a publish: the ranks' n-th Add of a name.
+type roundKey struct {
+	name    string
+	attempt int64
+}
+
+// round gathers one variable's shards from all ranks.
+type round struct {
+	key  roundKey
+	size int64
+	// seen and want decide when a failed round can be forgotten: once
+	// every rank of the largest world any of them believes in has come.
+	seen    map[int64]bool
+	want    int64
+	first   wire.Shard // the first shard to arrive sets the geometry
+	shards  map[int64]wire.Shard
+	waiters []uint64 // requests waiting for the round, in arrival order
+	table   *wire.Table
+	err     error
+	// timedOut is when the round failed for missing ranks; see LateGrace.
+	timedOut time.Time
+}
+
+// wait is one request waiting for its round.
+type wait struct {
+	round    *round
+	deadline time.Time
+}
+
+// New makes an empty coordinator.
+func New() *Coordinator {
+	return &Coordinator{nodes: make(map[string]string), pending: make(map[roundKey]*round), tables: make(map[string]*wire.Table),
+		freed: make(map[string]map[int64]bool), waits: make(map[uint64]*wait), LateGrace: DefaultLateGrace}
+}
+
+// Join notes a node's agent address; a node that joins again (its agent
+// restarted) replaces it, also in the tables, which other agents fetch
+// again when its old address fails.
+func (c *Coordinator) Join(node, addr string) {
+	if old, ok := c.nodes[node]; ok && old != addr {
+		c.nodes[node] = addr
+		c.refreshAddrs()
+		return
+	}
+	c.nodes[node] = addr
+}
+
+// Publish adds request req's shard to its round at now. It returns the
+// replies of the requests whose round ended with it (req's own among
+// them), or none when req waits for more ranks: until then its round
+// fails when req's deadline passes (Expire, Tick).
+func (c *Coordinator) Publish(now time.Time, req uint64, sh wire.Shard, deadline time.Time) []Reply {
+	if _, ok := c.tables[sh.Name]; ok {
+		return []Reply{{Req: req, Err: base.Errorf(base.ErrExists, "variable %q already exists", sh.Name)}}
+	}
+	// Ranks that never came may never come (a crashed job, a killed
+	// client): a round that timed out long ago is forgotten, so that a
+	// later job's first Add is not refused with its error and rounds of
+	// names never used again do not pile up for the agent's life.
+	for k, p := range c.pending {
+		if !p.timedOut.IsZero() && now.Sub(p.timedOut) > c.LateGrace {
+			delete(c.pending, k)
+		}
+	}
+	key := roundKey{sh.Name, sh.Attempt}
+	r := c.pending[key]
+	if r == nil {
+		r = &round{key: key, size: sh.Size, first: sh, shards: make(map[int64]wire.Shard), seen: make(map[int64]bool)}
+		c.pending[key] = r
+	}
+	r.want = max(r.want, sh.Size, r.size)
+	if sh.Rank >= 0 {
+		r.seen[sh.Rank] = true
+	}
+	var out []Reply
+	err := r.check(sh)
+	if _, dup := r.shards[sh.Rank]; dup && err == nil {
+		err = base.Errorf(base.ErrExists, "variable %q: rank %d published twice", sh.Name, sh.Rank)
+	}
+	if err != nil {
+		out = c.fail(r, err, out)
+	}
+	if sh.Rank >= 0 && sh.Rank < r.size {
+		r.shards[sh.Rank] = sh
+	}
+	if r.err != nil {
+		if r.allSeen() {
+			delete(c.pending, key)
+		}
+		return append(out, Reply{Req: req, Err: r.err})
+	}
+	if int64(len(r.shards)) < r.size {
+		r.waiters = append(r.waiters, req)
+		c.waits[req] = &wait{round: r, deadline: deadline}
+		return out
+	}
+	delete(c.pending, key)
+	t, err := c.table(r)
+	if err != nil {
+		out = c.fail(r, err, out)
+		return append(out, Reply{Req: req, Err: r.err})
+	}
+	r.table = t
+	c.tables[sh.Name] = t
+	for _, w := range r.waiters {
+		delete(c.waits, w)
+		out = append(out, Reply{Req: w, Table: t})
+	}
+	r.waiters = nil
+	return append(out, Reply{Req: req, Table: t})
+}
+
+// Expire ends request req's wait at now (its deadline passed, or its asker
+// gave up): its round fails for missing ranks, and every request waiting
+// for it gets that error. Nothing happens for a request not waiting.
+func (c *Coordinator) Expire(now time.Time, req uint64) []Reply {
+	w := c.waits[req]
+	if w == nil {
+		return nil
+	}
+	r := w.round
+	out := c.fail(r, base.Errorf(base.ErrTimeout, "variable %q: %s", r.first.Name, r.missing()), nil)
+	r.timedOut = now
+	return out
+}
+
+// Tick expires every wait whose deadline is not after now, earliest first.
+func (c *Coordinator) Tick(now time.Time) []Reply {
+	var due []uint64
+	for req, w := range c.waits {
+		if !w.deadline.After(now) {
+			due = append(due, req)
+		}
+	}
+	slices.SortFunc(due, func(x, y uint64) int {
+		if d := c.waits[x].deadline.Compare(c.waits[y].deadline); d != 0 {
+			return d
+		}
+		return cmp.Compare(x, y)
+	})
+	var out []Reply
+	for _, req := range due {
+		out = append(out, c.Expire(now, req)...)
+	}
+	return out
+}
+
+// NextDeadline is the earliest deadline of a waiting request: when the
+// driver must call Tick next; false when nothing waits.
+func (c *Coordinator) NextDeadline() (time.Time, bool) {
+	var next time.Time
+	for _, w := range c.waits {
+		if next.IsZero() || w.deadline.Before(next) {
+			next = w.deadline
+		}
+	}
+	return next, !next.IsZero()
+}
+
+// Round says how many ranks the pending round of (name, attempt) holds and
+// whether it failed; ok is false when there is no such round (never
+// started, completed, or forgotten).
+func (c *Coordinator) Round(name string, attempt int64) (ranks int, failed, ok bool) {
+	r := c.pending[roundKey{name, attempt}]
+	if r == nil {
+		return 0, false, false
+	}
+	return len(r.shards), r.err != nil, true
+}
+
+// Rounds is how many rounds are pending.
+func (c *Coordinator) Rounds() int { return len(c.pending) }
+
+// fail sets a round's error, unless it ended already, and appends the
+// replies of its waiting requests.
+func (c *Coordinator) fail(r *round, err error, out []Reply) []Reply {
+	if r.err != nil || r.table != nil {
+		return out
+	}
+	r.err = err
+	for _, w := range r.waiters {
+		delete(c.waits, w)
+		out = append(out, Reply{Req: w, Err: err})
+	}
+	r.waiters = nil
+	return out
+}
+
+// check compares a shard with the round's first: every rank must agree
+// on the world size and the row shape.
+func (r *round) check(sh wire.Shard) error {
+	f := r.first
+	switch {
+	case sh.Failed:
+		return base.Errorf(base.ErrGeometry, "variable %q: rank %d could not create its shard (%d rows of disp %d, itemsize %d)", sh.Name, sh.Rank, sh.Rows, sh.Disp, sh.ItemSize)
+	case f.Failed:
+		return base.Errorf(base.ErrGeometry, "variable %q: rank %d could not create its shard (%d rows of disp %d, itemsize %d)", f.Name, f.Rank, f.Rows, f.Disp, f.ItemSize)
+	case sh.Rank < 0 || sh.Rank >= r.size:
+		return base.Errorf(base.ErrArgument, "variable %q: rank %d not in [0, %d)", sh.Name, sh.Rank, r.size)
+	case sh.Size != f.Size:
+		return base.Errorf(base.ErrGeometry, "variable %q: rank %d says the world has %d ranks, rank %d says %d", sh.Name, sh.Rank, sh.Size, f.Rank, f.Size)
+	case sh.Dtype != f.Dtype:
+		return base.Errorf(base.ErrGeometry, "variable %q: rank %d has items of type %q but rank %d has %q", sh.Name, sh.Rank, sh.Dtype, f.Rank, f.Dtype)
+	case sh.Backing != f.Backing || sh.Total != f.Total:
+		return base.Errorf(base.ErrGeometry, "variable %q: rank %d has backing file %q of %d rows but rank %d has %q of %d rows",
+			sh.Name, sh.Rank, sh.Backing, sh.Total, f.Rank, f.Backing, f.Total)
+	case sh.Disp != f.Disp || sh.ItemSize != f.ItemSize:
+		return base.Errorf(base.ErrGeometry, "variable %q: rank %d has rows of disp %d, itemsize %d but rank %d has disp %d, itemsize %d",
+			sh.Name, sh.Rank, sh.Disp, sh.ItemSize, f.Rank, f.Disp, f.ItemSize)
+	}
+	return nil
+}
+
+func (r *round) allSeen() bool {
+	for k := range r.want {
+		if !r.seen[k] {
+			return false
+		}
+	}
+	return true
+}
+
+func (r *round) missing() string {
+	var miss []string
+	for k := int64(0); k < r.size && len(miss) < 16; k++ {
+		if _, ok := r.shards[k]; !ok {
+			miss = append(miss, fmt.Sprint(k))
+		}
+	}
+	return fmt.Sprintf("%d of %d ranks published before the timeout; missing ranks %s (on several nodes, set a handshake directory or a rendezvous address so that agents meet)",
+		len(r.shards), r.size, strings.Join(miss, ", "))
+}
+
+func (c *Coordinator) table(r *round) (*wire.Table, error) {
+	f := r.first
+	c.lastID++
+	t := &wire.Table{Name: f.Name, Disp: f.Disp, ItemSize: f.ItemSize, Dtype: f.Dtype, ID: c.lastID, Backing: f.Backing, Total: f.Total,
+		ShardRows: make([]int64, r.size), RankNode: make([]int64, r.size)}
+	nodeIndex := map[string]int64{}
+	for k := int64(0); k < r.size; k++ {
+		sh := r.shards[k]
+		t.ShardRows[k] = sh.Rows
+		i, ok := nodeIndex[sh.Node]
+		if !ok {
+			i = int64(len(t.Nodes))
+			nodeIndex[sh.Node] = i
+			addr, known := c.nodes[sh.Node]
+			if !known {
+				return nil, base.Errorf(base.ErrInternal, "variable %q: node %q of rank %d never joined", f.Name, sh.Node, k)
+			}
+			t.Nodes = append(t.Nodes, sh.Node)
+			t.Addrs = append(t.Addrs, addr)
+		}
+		t.RankNode[k] = i
+	}
+	if _, err := layout.NewBacked(layout.Row{Disp: t.Disp, ItemSize: t.ItemSize}, t.ShardRows, t.Total); err != nil {
+		return nil, fmt.Errorf("variable %q: %w", f.Name, err)
+	}
+	return t, nil
+}
+
+// Lookup is a published variable's table.
+func (c *Coordinator) Lookup(name string) (*wire.Table, error) {
+	if t, ok := c.tables[name]; ok {
+		return t, nil
+	}
+	names := slices.Sorted(maps.Keys(c.tables))
+	if len(names) > 20 {
+		names = append(names[:20], "...")
+	}
+	return nil, base.Errorf(base.ErrUnknown, "no variable %q (variables: %s)", name, strings.Join(names, ", "))
+}
+
+// Free notes that a rank is done with a variable. Once every rank is, the
+// variable is gone: Free returns its table, whose nodes must drop their
+// shards, and the name can be used again. Until then every shard stays, so
+// a rank that frees early never takes rows from under the others.
+func (c *Coordinator) Free(name string, rank int64) *wire.Table {
+	t, ok := c.tables[name]
+	if !ok || rank < 0 || rank >= int64(len(t.ShardRows)) {
+		return nil
+	}
+	f := c.freed[name]
+	if f == nil {
+		f = map[int64]bool{}
+		c.freed[name] = f
+	}
+	f[rank] = true
+	if len(f) < len(t.ShardRows) {
+		return nil
+	}
+	delete(c.tables, name)
+	delete(c.freed, name)
+	return t
+}
+
+// Nodes are the nodes that have joined, sorted, and their addresses.
+func (c *Coordinator) Nodes() (ids, addrs []string) {
+	ids = slices.Sorted(maps.Keys(c.nodes))
+	for _, id := range ids {
+		addrs = append(addrs, c.nodes[id])
+	}
+	return ids, addrs
+}
+
+// Addr is a node's address, "" if it never joined.
+func (c *Coordinator) Addr(node string) string { return c.nodes[node] }
+
+// State is the coordinator's state that outlives a restart, as the
+// agent's manifest keeps it: the nodes' addresses, the tables, which ranks
+// freed what, the last table id.
+type State struct {
+	Nodes  map[string]string         `json:"nodes"`
+	Tables []*wire.Table             `json:"tables"`
+	Freed  map[string]map[int64]bool `json:"freed,omitempty"`
+	LastID int64                     `json:"last_id"`
+}
+
+// Snapshot is the state for the manifest.
+func (c *Coordinator) Snapshot() *State {
+	s := &State{Nodes: maps.Clone(c.nodes), LastID: c.lastID, Freed: make(map[string]map[int64]bool, len(c.freed))}
+	for _, t := range c.tables {
+		s.Tables = append(s.Tables, t)
+	}
+	sort.Slice(s.Tables, func(i, j int) bool { return s.Tables[i].ID < s.Tables[j].ID })
+	for name, ranks := range c.freed {
+		s.Freed[name] = maps.Clone(ranks)
+	}
+	return s
+}
+
+// Restore takes back a previous coordinator's state; nodes that joined
+// already keep their addresses.
+func (c *Coordinator) Restore(s *State) {
+	if s == nil {
+		return
+	}
+	for node, addr := range s.Nodes {
+		if _, ok := c.nodes[node]; !ok {
+			c.nodes[node] = addr
+		}
+	}
+	for _, t := range s.Tables {
+		if t != nil && t.Check() == nil {
+			c.tables[t.Name] = t
+		}
+	}
+	for name, ranks := range s.Freed {
+		c.freed[name] = maps.Clone(ranks)
+	}
+	c.lastID = max(c.lastID, s.LastID)
+	c.refreshAddrs()
+}
+
+// refreshAddrs gives every table the nodes' current addresses, as new
+// tables (readers may hold the old ones).
+func (c *Coordinator) refreshAddrs() {
+	for name, t := range c.tables {
+		var nt *wire.Table
+		for i, node := range t.Nodes {
+			if addr, ok := c.nodes[node]; ok && addr != t.Addrs[i] {
+				if nt == nil {
+					cp := *t
+					cp.Addrs = slices.Clone(t.Addrs)
+					nt = &cp
+				}
+				nt.Addrs[i] = addr
+			}
+		}
+		if nt != nil {
+			c.tables[name] = nt
+		}
+	}
+}
