@@ -28,11 +28,11 @@ import (
 const manifestVersion = 1
 
 type manifest struct {
-	Version     int            `json:"version"`
-	Namespace   string         `json:"namespace"`
-	Node        string         `json:"node"`
-	Vars        []manifestVar  `json:"vars"`
-	Coordinator *coord.State   `json:"coordinator,omitempty"`
+	Version     int           `json:"version"`
+	Namespace   string        `json:"namespace"`
+	Node        string        `json:"node"`
+	Vars        []manifestVar `json:"vars"`
+	Coordinator *coord.State  `json:"coordinator,omitempty"`
 }
 
 type manifestVar struct {
