@@ -162,3 +162,46 @@ func TestCoordinatorAskerGivesUp(t *testing.T) {
 		checkErr(t, []string{"rank 0 (waiting)", "rank 1 (gave up)"}[i], r.err, base.ErrTimeout, want)
 	}
 }
+
+// PeerNodes answers every node that joined, or the one asked for (none if
+// it never joined); PeerWindow of an agent of the tcp transport is refused.
+func TestCoordinatorPeerNodes(t *testing.T) {
+	a := startAgent(t, Config{})
+	a.coord.Load().join("n0", "10.0.0.9:7")
+	h := (*peerHandler)(a)
+	ask := func(node string) wire.Table {
+		t.Helper()
+		m := wire.PeerNodes{Node: node}
+		var e wire.Encoder
+		m.Encode(&e)
+		fill, err := h.Control(context.Background(), wire.OpPeerNodes, e.Bytes())
+		if err != nil {
+			t.Fatalf("PeerNodes %q: %v", node, err)
+		}
+		var r wire.Encoder
+		fill(&r)
+		tab, err := wire.DecodeTable(r.Bytes())
+		if err != nil {
+			t.Fatalf("PeerNodes %q reply: %v", node, err)
+		}
+		return tab
+	}
+	if tab := ask(""); strings.Join(tab.Nodes, ",") != "n0,n1" || strings.Join(tab.Addrs, ",") != "10.0.0.9:7,"+a.PeerAddr() {
+		t.Errorf("every node: %v at %v", tab.Nodes, tab.Addrs)
+	}
+	if tab := ask("n0"); strings.Join(tab.Nodes, ",") != "n0" || strings.Join(tab.Addrs, ",") != "10.0.0.9:7" {
+		t.Errorf("node n0: %v at %v", tab.Nodes, tab.Addrs)
+	}
+	if tab := ask("nowhere"); len(tab.Nodes) != 0 || len(tab.Addrs) != 0 {
+		t.Errorf("a node that never joined: %v at %v", tab.Nodes, tab.Addrs)
+	}
+	if _, err := h.Control(context.Background(), wire.OpPeerNodes, []byte{1}); !errors.Is(err, base.ErrProtocol) {
+		t.Errorf("a PeerNodes body that does not decode: %v, want ErrProtocol", err)
+	}
+	m := wire.PeerWindow{Name: "x", ID: 1}
+	var e wire.Encoder
+	m.Encode(&e)
+	if _, err := h.Control(context.Background(), wire.OpPeerWindow, e.Bytes()); !errors.Is(err, base.ErrUnknown) {
+		t.Errorf("PeerWindow of an unknown variable: %v, want ErrUnknown", err)
+	}
+}
