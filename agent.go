@@ -8,6 +8,7 @@ import (
 
 	"github.com/ddstore-go/ddstore/internal/agent"
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/naming"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
@@ -26,9 +27,9 @@ func StartAgent(cfg AgentConfig) (*Agent, error) { return agent.Start(cfg) }
 // runDir ("" for the default, DDSTORE_RUN_DIR or /tmp/ddstore-UID).
 func SocketPath(runDir, namespace, node string) string {
 	if runDir == "" {
-		runDir = agent.DefaultRunDir()
+		runDir = naming.DefaultRunDir()
 	}
-	return agent.SocketPath(runDir, namespace, node)
+	return naming.SocketPath(runDir, namespace, node)
 }
 
 // AgentInfo is what an agent reports about itself and its variables.

@@ -5,7 +5,7 @@ import (
 	"path/filepath"
 
 	"github.com/ddstore-go/ddstore/internal/base"
-	"github.com/ddstore-go/ddstore/internal/source"
+	"github.com/ddstore-go/ddstore/internal/naming"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
@@ -59,7 +59,7 @@ func (b Backing) check(name string, nrows int64) (Backing, error) {
 	if b.Rows < 1 || b.Rows < nrows {
 		return b, base.Errorf(base.ErrGeometry, "variable %q: backing file %s of %d rows: want at least 1 and at least this rank's %d", name, b.File, b.Rows, nrows)
 	}
-	sp, err := source.ParseSpec(b.File, source.Options{RowBytes: 1})
+	sp, err := naming.ParseSpec(b.File, true)
 	if err != nil {
 		return b, fmt.Errorf("variable %q: %w", name, err)
 	}

@@ -11,9 +11,9 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/ddstore-go/ddstore/internal/agent"
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/layout"
+	"github.com/ddstore-go/ddstore/internal/naming"
 	"github.com/ddstore-go/ddstore/internal/rendezvous"
 	"github.com/ddstore-go/ddstore/internal/shm"
 	"github.com/ddstore-go/ddstore/internal/transport"
@@ -188,17 +188,17 @@ func Open(cfg Config) (*Store, error) {
 		return nil, err
 	}
 	cfg.Namespace = namespace(cfg.Namespace)
-	if err := agent.CheckName("namespace", cfg.Namespace); err != nil {
+	if err := naming.CheckName("namespace", cfg.Namespace); err != nil {
 		return nil, err
 	}
-	if err := agent.CheckName("node", id.Node); err != nil {
+	if err := naming.CheckName("node", id.Node); err != nil {
 		return nil, err
 	}
 	if cfg.RunDir == "" {
-		cfg.RunDir = agent.DefaultRunDir()
+		cfg.RunDir = naming.DefaultRunDir()
 	}
 	if cfg.Socket == "" {
-		cfg.Socket = agent.SocketPath(cfg.RunDir, cfg.Namespace, id.Node)
+		cfg.Socket = naming.SocketPath(cfg.RunDir, cfg.Namespace, id.Node)
 	}
 	if cfg.AgentWait <= 0 {
 		cfg.AgentWait = 60 * time.Second
@@ -474,7 +474,7 @@ func (s *Store) Add(name string, rows []byte, disp, itemsize int64) error {
 // A rank that cannot take part (bad, its local error) still tells the
 // coordinator, so that the other ranks fail at once instead of waiting.
 func (s *Store) create(name string, rows []byte, nrows, disp, itemsize int64, dtype string, bad error, backing ...Backing) error {
-	if err := checkName(name); err != nil {
+	if err := naming.CheckVariable(name); err != nil {
 		return err
 	}
 	if s.cfg.Reader {
@@ -545,14 +545,6 @@ func (s *Store) create(name string, rows []byte, nrows, disp, itemsize int64, dt
 	return nil
 }
 
-// checkName bounds a variable's name as the agent does, before it is sent.
-func checkName(name string) error {
-	if name == "" || len(name) > 1024 {
-		return base.Errorf(base.ErrArgument, "variable name of %d bytes: want 1 to 1024", len(name))
-	}
-	return nil
-}
-
 // install maps the node-local shards of a table and records the variable
 // under name (the table's, less its replica group).
 func (s *Store) install(t *wire.Table, name string) (*variable, error) {
@@ -614,7 +606,7 @@ func (s *Store) release(v *variable) {
 // acquire returns a variable read-locked (the caller RUnlocks it), asking
 // the agent for its table the first time this rank uses it.
 func (s *Store) acquire(name string) (*variable, error) {
-	if err := checkName(name); err != nil {
+	if err := naming.CheckVariable(name); err != nil {
 		return nil, err
 	}
 	s.mu.RLock()

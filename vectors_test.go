@@ -19,9 +19,9 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/ddstore-go/ddstore/internal/agent"
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/layout"
+	"github.com/ddstore-go/ddstore/internal/naming"
 	"github.com/ddstore-go/ddstore/internal/rendezvous"
 	"github.com/ddstore-go/ddstore/internal/schedule"
 	"github.com/ddstore-go/ddstore/internal/shm"
@@ -502,7 +502,7 @@ func vectorEscape(t *testing.T) obj {
 	}
 	var sockets []obj
 	for _, p := range pairs {
-		path := agent.SocketPath(runDir, p[0], p[1])
+		path := naming.SocketPath(runDir, p[0], p[1])
 		plain := filepath.Join(runDir, shm.Escape(p[0])+"."+shm.Escape(p[1])+".sock")
 		if len(path) > 100 || filepath.Dir(path) != runDir {
 			t.Errorf("SocketPath(%q, %q) = %q", p[0], p[1], path)
