@@ -1,4 +1,4 @@
-package ddstore
+package client
 
 import (
 	"errors"
