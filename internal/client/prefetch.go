@@ -1,5 +1,7 @@
 package client
 
+// Prefetch: rows of a backing file read ahead into the agent's staging.
+
 import (
 	"fmt"
 

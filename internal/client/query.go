@@ -1,5 +1,7 @@
 package client
 
+// What `ddstore info` asks an agent, on a session that holds no shard.
+
 import (
 	"encoding/json"
 	"fmt"

@@ -1,5 +1,8 @@
 package naming
 
+// The lock that keeps one agent per namespace and node, and the exit
+// status that tells a rank its agent lost the race to another.
+
 import (
 	"fmt"
 	"os"

@@ -1,16 +1,23 @@
 package naming
 
+// Which namespace, node and variable names the agent and its clients
+// accept.
+
 import (
 	"strings"
 
 	"github.com/ddstore-go/ddstore/internal/base"
 )
 
+// MaxName bounds a namespace or node name.
+const MaxName = 255
+
 // CheckName rejects a namespace or node name that cannot name files and
-// sockets unambiguously: empty, longer than 255 bytes, or holding NUL.
+// sockets unambiguously: empty, longer than MaxName bytes, or holding NUL
+// (hashed socket paths join the two with one).
 func CheckName(what, name string) error {
-	if name == "" || len(name) > 255 || strings.IndexByte(name, 0) >= 0 {
-		return base.Errorf(base.ErrArgument, "%s %q: want 1 to 255 bytes without NUL", what, name)
+	if name == "" || len(name) > MaxName || strings.IndexByte(name, 0) >= 0 {
+		return base.Errorf(base.ErrArgument, "%s %q: want 1 to %d bytes without NUL", what, name, MaxName)
 	}
 	return nil
 }

@@ -1,5 +1,8 @@
 package naming
 
+// How a backing or ingest file names its dataset: FILE.npy, FILE:DATASET
+// for HDF5, or raw rows.
+
 import (
 	"bytes"
 	"errors"

@@ -1,5 +1,7 @@
 package wire
 
+// The JSON an agent answers OpInfo with.
+
 // AgentInfo is an agent's reply to OpInfo, as JSON in a Text: what
 // `ddstore info` shows of the agent and its variables.
 type AgentInfo struct {
