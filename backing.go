@@ -5,8 +5,8 @@ import (
 	"path/filepath"
 
 	"github.com/ddstore-go/ddstore/internal/base"
-	"github.com/ddstore-go/ddstore/internal/source"
-	"github.com/ddstore-go/ddstore/internal/wire"
+	"github.com/ddstore-go/ddstore/internal/client"
+	"github.com/ddstore-go/ddstore/internal/naming"
 )
 
 // Backing is a file that holds every row of a variable, for a dataset
@@ -37,7 +37,7 @@ func (s *Store) AddBacked(name string, rows []byte, disp int64, dtype Dtype, b B
 	if err == nil {
 		b, err = b.check(name, nrows)
 	}
-	return s.create(name, rows, nrows, disp, size, string(dtype), err, b)
+	return s.c.Create(name, rows, nrows, disp, size, string(dtype), err, (*client.Backing)(&b))
 }
 
 // InitBacked is InitAs for a variable with a backing file: this rank's
@@ -48,7 +48,7 @@ func (s *Store) InitBacked(name string, nrows, disp int64, dtype Dtype, b Backin
 	if err == nil {
 		b, err = b.check(name, nrows)
 	}
-	return s.create(name, nil, nrows, disp, size, string(dtype), err, b)
+	return s.c.Create(name, nil, nrows, disp, size, string(dtype), err, (*client.Backing)(&b))
 }
 
 // check validates a Backing and makes its file name absolute.
@@ -59,7 +59,7 @@ func (b Backing) check(name string, nrows int64) (Backing, error) {
 	if b.Rows < 1 || b.Rows < nrows {
 		return b, base.Errorf(base.ErrGeometry, "variable %q: backing file %s of %d rows: want at least 1 and at least this rank's %d", name, b.File, b.Rows, nrows)
 	}
-	sp, err := source.ParseSpec(b.File, source.Options{RowBytes: 1})
+	sp, err := naming.ParseSpec(b.File, true)
 	if err != nil {
 		return b, fmt.Errorf("variable %q: %w", name, err)
 	}
@@ -83,30 +83,5 @@ func (b Backing) check(name string, nrows int64) (Backing, error) {
 // hold are skipped; rows beyond the staging room are read on demand. It
 // returns without waiting for the reads.
 func (s *Store) Prefetch(name string, indices []int64) error {
-	v, err := s.acquire(name)
-	if err != nil {
-		return err
-	}
-	defer v.mu.RUnlock()
-	if v.backing == "" {
-		return base.Errorf(base.ErrArgument, "variable %q has no backing file: its rows are all in memory, there is nothing to prefetch", name)
-	}
-	if err := v.lay.CheckAll(indices); err != nil {
-		return fmt.Errorf("variable %q: %w", name, err)
-	}
-	held := v.lay.Held()
-	m := wire.Fetch{Name: v.name, ID: v.id}
-	for _, g := range indices {
-		if g >= held {
-			m.Globals = append(m.Globals, g)
-		}
-	}
-	if len(m.Globals) == 0 {
-		return nil
-	}
-	_, err = s.request(wire.OpPrefetch, m.Encode, s.cfg.Timeout)
-	if err != nil {
-		return fmt.Errorf("variable %q: %w", name, err)
-	}
-	return nil
+	return s.c.Prefetch(name, indices)
 }

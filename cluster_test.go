@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ddstore-go/ddstore"
+	"github.com/ddstore-go/ddstore/agent"
 )
 
 // cluster is a job on loopback: one in-process agent per node, each a
@@ -45,7 +46,7 @@ func freeAddr(t testing.TB) string {
 }
 
 // startCluster starts the agents and opens the stores; opts are
-// func(*ddstore.AgentConfig) and func(*ddstore.Config), applied to every
+// func(*agent.Config) and func(*ddstore.Config), applied to every
 // agent's and every store's configuration. The agents run the transport
 // DDSTORE_TEST_TRANSPORT names (clusterTransport): tcp, in this process,
 // or mpi, as the ranks of one mpirun launch of the ddstore binary.
@@ -66,10 +67,10 @@ func startCluster(t testing.TB, ranksPerNode []int, mode meetMode, opts ...any) 
 	for _, n := range ranksPerNode {
 		size += n
 	}
-	var cfgs []ddstore.AgentConfig
+	var cfgs []agent.Config
 	for i := range ranksPerNode {
 		node := fmt.Sprintf("node%d", i)
-		cfg := ddstore.AgentConfig{
+		cfg := agent.Config{
 			Namespace: c.ns, Node: node, Socket: ddstore.SocketPath(filepath.Join(dir, "run"), c.ns, node),
 			Rendezvous: rdv, HandshakeDir: hs, Timeout: 5 * time.Second, JoinTimeout: 10 * time.Second,
 			PeerListen: "127.0.0.1:0",
@@ -78,7 +79,7 @@ func startCluster(t testing.TB, ranksPerNode []int, mode meetMode, opts ...any) 
 			cfg.Transport = "fabric" // in this process (fabriccluster_test.go)
 		}
 		for _, o := range opts {
-			if o, ok := o.(func(*ddstore.AgentConfig)); ok {
+			if o, ok := o.(func(*agent.Config)); ok {
 				o(&cfg)
 			}
 		}
@@ -88,7 +89,7 @@ func startCluster(t testing.TB, ranksPerNode []int, mode meetMode, opts ...any) 
 		c.agents = startMPIAgents(t, cfgs)
 	}
 	for _, cfg := range cfgs[len(c.agents):] {
-		a, err := ddstore.StartAgent(cfg)
+		a, err := agent.Start(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -22,6 +22,10 @@
 //	dst := make([]byte, 4*3*4)
 //	err = s.GetBatch("coords", dst, []int64{17, 4020, 3, 17})
 //
+// A Go program may instead run the agent itself, with package
+// github.com/ddstore-go/ddstore/agent; one that imports only this package
+// links no agent.
+//
 // Errors wrap the sentinels of this package (ErrIndex, ErrGeometry, ...);
 // match them with errors.Is.
 package ddstore

@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/client"
 )
 
 // Dtype names the type of a variable's items, the way numpy and torch name
@@ -49,14 +50,14 @@ func (d Dtype) ItemSize() (int64, error) {
 // of type dtype.
 func (s *Store) InitAs(name string, nrows, disp int64, dtype Dtype) error {
 	size, err := typedInit(name, nrows, disp, dtype)
-	return s.create(name, nil, nrows, disp, size, string(dtype), err)
+	return s.c.Create(name, nil, nrows, disp, size, string(dtype), err, nil)
 }
 
 // typedInit checks InitAs's geometry: the item size of dtype, or why not.
 func typedInit(name string, nrows, disp int64, dtype Dtype) (int64, error) {
 	size, err := dtype.ItemSize()
 	if err == nil {
-		err = rowError(name, disp, size)
+		err = client.RowError(name, disp, size)
 	}
 	if err == nil && nrows < 0 {
 		err = base.Errorf(base.ErrGeometry, "variable %q: %d rows: want >= 0", name, nrows)
@@ -67,7 +68,7 @@ func typedInit(name string, nrows, disp int64, dtype Dtype) (int64, error) {
 // AddAs is Add for a typed variable: rows of disp items of type dtype.
 func (s *Store) AddAs(name string, rows []byte, disp int64, dtype Dtype) error {
 	nrows, size, err := typedAdd(name, rows, disp, dtype)
-	return s.create(name, rows, nrows, disp, size, string(dtype), err)
+	return s.c.Create(name, rows, nrows, disp, size, string(dtype), err, nil)
 }
 
 // typedAdd checks AddAs's rows: how many there are and the item size of
@@ -75,7 +76,7 @@ func (s *Store) AddAs(name string, rows []byte, disp int64, dtype Dtype) error {
 func typedAdd(name string, rows []byte, disp int64, dtype Dtype) (nrows, size int64, err error) {
 	size, err = dtype.ItemSize()
 	if err == nil {
-		err = rowError(name, disp, size)
+		err = client.RowError(name, disp, size)
 	}
 	if err == nil && int64(len(rows))%(disp*size) != 0 {
 		err = base.Errorf(base.ErrBuffer, "variable %q: %d bytes is not a whole number of %d-byte rows (disp %d x %s)", name, len(rows), disp*size, disp, dtype)

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/ddstore-go/ddstore"
+	"github.com/ddstore-go/ddstore/agent"
 )
 
 // A one-rank job with an agent inside the process: add rows, read a batch.
@@ -14,7 +15,7 @@ func Example() {
 	dir, _ := os.MkdirTemp("", "ddstore-example-")
 	defer os.RemoveAll(dir)
 	socket := ddstore.SocketPath(filepath.Join(dir, "run"), "example", "node0")
-	a, err := ddstore.StartAgent(ddstore.AgentConfig{Namespace: "example", Node: "node0", Socket: socket})
+	a, err := agent.Start(agent.Config{Namespace: "example", Node: "node0", Socket: socket})
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/ddstore-go/ddstore"
+	"github.com/ddstore-go/ddstore/agent"
 	"github.com/ddstore-go/ddstore/internal/mpirun"
 	"github.com/ddstore-go/ddstore/internal/shm"
 )
@@ -69,7 +70,7 @@ func (a *mpiAgent) Close() error {
 // startMPIAgents runs `mpirun -np 1 ddstore agent --transport mpi --node
 // NODE ... : -np 1 ...`, one application context per agent configuration,
 // and waits until every agent serves.
-func startMPIAgents(t testing.TB, cfgs []ddstore.AgentConfig) []testAgent {
+func startMPIAgents(t testing.TB, cfgs []agent.Config) []testAgent {
 	t.Helper()
 	launcher, err := mpirun.Find()
 	if err != nil {
@@ -147,7 +148,7 @@ func startMPIAgents(t testing.TB, cfgs []ddstore.AgentConfig) []testAgent {
 }
 
 // mpiAgentArgs are the flags of `ddstore agent` that give cfg.
-func mpiAgentArgs(cfg ddstore.AgentConfig) []string {
+func mpiAgentArgs(cfg agent.Config) []string {
 	args := []string{"agent", "--transport", "mpi", "--namespace", cfg.Namespace, "--node", cfg.Node, "--socket", cfg.Socket}
 	add := func(flag, v string) {
 		if v != "" {

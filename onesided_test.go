@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/ddstore-go/ddstore"
+	"github.com/ddstore-go/ddstore/internal/client"
 )
 
 // TestMethodErrors: a read method that does not exist, or that this build
@@ -34,5 +35,12 @@ func TestMethodErrors(t *testing.T) {
 		if !errors.Is(err, ddstore.ErrArgument) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("method %q (reader %v): %v, want ErrArgument saying %q", c.cfg.Method, c.cfg.Reader, err, c.want)
 		}
+	}
+}
+
+// TestMethodNames: the public method names are the ones the engine checks.
+func TestMethodNames(t *testing.T) {
+	if ddstore.MethodAgent != client.MethodAgent || ddstore.MethodMPI != client.MethodMPI {
+		t.Fatalf("methods %q, %q; the engine's %q, %q", ddstore.MethodAgent, ddstore.MethodMPI, client.MethodAgent, client.MethodMPI)
 	}
 }

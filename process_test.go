@@ -3,6 +3,7 @@ package ddstore_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,8 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ddstore-go/ddstore"
 	"github.com/ddstore-go/ddstore/internal/mpirun"
+	"github.com/ddstore-go/ddstore/internal/naming"
 )
 
 // ddstoreBin is the real binary, built once for the tests that run agents
@@ -221,5 +225,47 @@ func TestEmbeddedAgent(t *testing.T) {
 	})
 	if s := segments(ns); len(s) != 0 {
 		t.Errorf("segments left: %v", s)
+	}
+}
+
+// TestSpawnLosesRace: an agent started while another holds the namespace's
+// lock (here the test holds it, as an agent still starting would) exits
+// with naming.ExitAgentRuns, with --daemon too, and the rank that started
+// it takes that as the race lost, not as a failure: it waits for the
+// winner's socket. A start that fails otherwise fails Open with the
+// binary's exit status.
+func TestSpawnLosesRace(t *testing.T) {
+	runDir := filepath.Join(t.TempDir(), "run")
+	if err := os.Mkdir(runDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ns := fmt.Sprintf("race%d", os.Getpid())
+	sock := ddstore.SocketPath(runDir, ns, "n0")
+	fd, err := naming.LockFile(sock + ".lock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	for _, daemon := range []bool{false, true} {
+		args := []string{"agent", "--namespace", ns, "--node", "n0", "--socket", sock}
+		if daemon {
+			args = append(args, "--daemon")
+		}
+		err := exec.Command(ddstoreBin, args...).Run()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != naming.ExitAgentRuns {
+			t.Fatalf("ddstore %s while the lock is held: %v, want exit status %d", strings.Join(args, " "), err, naming.ExitAgentRuns)
+		}
+	}
+	cfg := ddstore.Config{Namespace: ns, Rank: 0, Size: 1, LocalRank: 0, LocalSize: 1, Node: "n0", RunDir: runDir, AgentWait: 500 * time.Millisecond}
+	_, err = ddstore.Open(cfg)
+	var exit *exec.ExitError
+	if !errors.Is(err, ddstore.ErrNoAgent) || errors.As(err, &exit) {
+		t.Fatalf("Open while another agent holds the lock: %v, want ErrNoAgent from waiting for its socket, not from starting one", err)
+	}
+	cfg.AgentArgs = []string{"--no-such-flag"}
+	_, err = ddstore.Open(cfg)
+	if !errors.Is(err, ddstore.ErrNoAgent) || !errors.As(err, &exit) || exit.ExitCode() != 2 {
+		t.Fatalf("Open with an agent that cannot start: %v, want ErrNoAgent with the binary's exit status 2", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/ddstore-go/ddstore"
+	"github.com/ddstore-go/ddstore/agent"
 )
 
 // writeNPY writes n patterned rows of rb bytes as a .npy array of uint8 of
@@ -242,7 +243,7 @@ func TestTierStagingUnderPressure(t *testing.T) {
 	const n, rb = 600, 512
 	file := filepath.Join(t.TempDir(), "d.raw")
 	writeRaw(t, file, n, rb)
-	c := startCluster(t, []int{2, 1}, viaRendezvous, func(cfg *ddstore.AgentConfig) { cfg.StagingBytes = 12 * rb })
+	c := startCluster(t, []int{2, 1}, viaRendezvous, func(cfg *agent.Config) { cfg.StagingBytes = 12 * rb })
 	c.addBacked(t, "x", file, n, 30, rb)
 	c.mustEach(t, func(r int, s *ddstore.Store) error {
 		rng := rand.New(rand.NewPCG(uint64(r), 9))

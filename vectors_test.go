@@ -19,9 +19,9 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/ddstore-go/ddstore/internal/agent"
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/layout"
+	"github.com/ddstore-go/ddstore/internal/naming"
 	"github.com/ddstore-go/ddstore/internal/rendezvous"
 	"github.com/ddstore-go/ddstore/internal/schedule"
 	"github.com/ddstore-go/ddstore/internal/shm"
@@ -57,6 +57,7 @@ func TestVectors(t *testing.T) {
 		"status_codes":  vectorStatusCodes(t),
 		"layout":        vectorLayout(t),
 		"escape":        vectorEscape(t),
+		"naming":        vectorNaming(t),
 		"env":           vectorEnv(t),
 		"permutations":  vectorPermutations(t),
 		"auth":          vectorAuth(t),
@@ -502,7 +503,7 @@ func vectorEscape(t *testing.T) obj {
 	}
 	var sockets []obj
 	for _, p := range pairs {
-		path := agent.SocketPath(runDir, p[0], p[1])
+		path := naming.SocketPath(runDir, p[0], p[1])
 		plain := filepath.Join(runDir, shm.Escape(p[0])+"."+shm.Escape(p[1])+".sock")
 		if len(path) > 100 || filepath.Dir(path) != runDir {
 			t.Errorf("SocketPath(%q, %q) = %q", p[0], p[1], path)
@@ -510,6 +511,46 @@ func vectorEscape(t *testing.T) obj {
 		sockets = append(sockets, obj{"namespace": p[0], "node": p[1], "path": path, "hashed": path != plain})
 	}
 	return obj{"run_dir": runDir, "names": escaped, "sockets": sockets}
+}
+
+// ---- names, dataset specs, agent exit status -------------------------------
+
+// vectorNaming pins the rules of internal/naming that every client checks
+// as the agent does: which namespace, node and variable names are taken
+// (with the wire code of a refusal), how a FILE:DATASET spec splits (the
+// cases that need no file on disk), and the exit status of an agent that
+// lost the race to another.
+func vectorNaming(t *testing.T) obj {
+	code := func(err error) int { return int(base.Code(err)) }
+	var names []obj
+	for _, c := range []struct{ what, name string }{
+		{"namespace", "ns"}, {"namespace", ""}, {"node", "a\x00b"}, {"node", strings.Repeat("n", naming.MaxName)},
+		{"node", strings.Repeat("n", naming.MaxName+1)}, {"namespace", "héllo/日本"},
+	} {
+		names = append(names, obj{"what": c.what, "name": c.name, "code": code(naming.CheckName(c.what, c.name))})
+	}
+	var variables []obj
+	for _, n := range []string{"v", "", strings.Repeat("v", naming.MaxVariableName), strings.Repeat("v", naming.MaxVariableName+1)} {
+		variables = append(variables, obj{"name": n, "code": code(naming.CheckVariable(n))})
+	}
+	var specs []obj
+	for _, c := range []struct {
+		spec string
+		raw  bool
+	}{
+		{"a.npy", false}, {"A.NPY", false}, {"a.h5:/data", false}, {"dir:x/a.hdf5:g/data", false},
+		{"a.h5:/a:b", false}, {"a.h5", false}, {"b.hdf:/x", false}, {"c.he5:/y", false}, {"rows.bin", true},
+		{"a.h5:", false}, {"", false},
+	} {
+		sp, err := naming.ParseSpec(c.spec, c.raw)
+		o := obj{"spec": c.spec, "raw": c.raw, "code": code(err)}
+		if err == nil {
+			o["kind"], o["file"], o["dataset"] = sp.Kind.String(), sp.File, sp.Dataset
+		}
+		specs = append(specs, o)
+	}
+	return obj{"max_name": naming.MaxName, "max_variable_name": naming.MaxVariableName, "names": names, "variables": variables,
+		"specs": specs, "agent_runs_exit": naming.ExitAgentRuns}
 }
 
 // ---- launcher environments -------------------------------------------------

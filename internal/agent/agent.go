@@ -22,10 +22,12 @@ import (
 
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/coord"
+	"github.com/ddstore-go/ddstore/internal/naming"
 	"github.com/ddstore-go/ddstore/internal/rendezvous"
 	"github.com/ddstore-go/ddstore/internal/shm"
 	"github.com/ddstore-go/ddstore/internal/tier"
 	"github.com/ddstore-go/ddstore/internal/transport"
+	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
 // Config is what an agent needs to know.
@@ -179,10 +181,10 @@ func Start(cfg Config) (*Agent, error) {
 	if cfg.Namespace == "" || cfg.Node == "" || cfg.Socket == "" {
 		return nil, base.Errorf(base.ErrArgument, "agent needs a namespace, a node and a socket (got %q, %q, %q)", cfg.Namespace, cfg.Node, cfg.Socket)
 	}
-	if err := CheckName("namespace", cfg.Namespace); err != nil {
+	if err := naming.CheckName("namespace", cfg.Namespace); err != nil {
 		return nil, err
 	}
-	if err := CheckName("node", cfg.Node); err != nil {
+	if err := naming.CheckName("node", cfg.Node); err != nil {
 		return nil, err
 	}
 	switch cfg.Transport {
@@ -227,9 +229,9 @@ func (a *Agent) start() error {
 	if err := checkPrivateDir(filepath.Dir(cfg.Socket)); err != nil {
 		return err
 	}
-	lock, err := lockFile(cfg.Socket + ".lock")
+	lock, err := naming.LockFile(cfg.Socket + ".lock")
 	if err != nil {
-		return base.Errorf(base.ErrExists, "an agent for namespace %q node %q already runs (lock %s.lock held)", cfg.Namespace, cfg.Node, cfg.Socket)
+		return fmt.Errorf("%w: an agent for namespace %q node %q already runs (lock %s.lock held)", naming.ErrAgentRuns, cfg.Namespace, cfg.Node, cfg.Socket)
 	}
 	a.lock = lock
 	// The key file goes before the socket: a client that reaches the
@@ -414,7 +416,7 @@ func (a *Agent) shutdown() {
 			}
 		}
 		if a.lock >= 0 {
-			// Unlink while still holding the lock: lockFile checks that the
+			// Unlink while still holding the lock: naming.LockFile checks that the
 			// file it locked is still the one at the path.
 			os.Remove(a.cfg.Socket + ".lock")
 			a.removeKeyFile()
@@ -460,48 +462,13 @@ func (a *Agent) drain(d time.Duration) {
 	}
 }
 
-// Info is what `ddstore info` shows.
-type Info struct {
-	Namespace   string `json:"namespace"`
-	Node        string `json:"node"`
-	Pid         int    `json:"pid"`
-	Socket      string `json:"socket"`
-	PeerAddr    string `json:"peer_addr"`
-	Coordinator bool   `json:"coordinator"`
-	Clients     int    `json:"clients"`
-	Regions     int    `json:"recv_regions"`
-	MemoryBytes int64  `json:"memory_bytes"`
-	// MemoryBudget is the --memory cap on MemoryBytes; 0: none.
-	MemoryBudget int64          `json:"memory_budget_bytes"`
-	Variables    []VarInfo      `json:"variables"`
-	Counters     map[string]int `json:"counters"`
-	Nodes        []string       `json:"nodes,omitempty"`
-	// Auth says where the keys come from (never the keys): see authSource.
-	Auth string `json:"auth"`
-	// Transport is how this agent reads rows of other nodes: tcp, mpi or
-	// fabric.
-	Transport string `json:"transport"`
-}
-
-// VarInfo describes one variable as this node sees it.
-type VarInfo struct {
-	Name       string   `json:"name"`
-	Published  bool     `json:"published"`
-	TotalRows  int64    `json:"total_rows"`
-	Disp       int64    `json:"disp"`
-	ItemSize   int64    `json:"itemsize"`
-	Dtype      string   `json:"dtype,omitempty"`
-	RowBytes   int64    `json:"row_bytes"`
-	ShardRows  []int64  `json:"shard_rows,omitempty"`
-	Owners     []string `json:"owners,omitempty"` // node of each rank
-	LocalRanks []int    `json:"local_ranks"`
-	LocalBytes int64    `json:"local_bytes"`
-	// Backing is the file holding every row, HeldRows how many of them
-	// the shards hold (the rest are read from the file); "" and TotalRows
-	// without one.
-	Backing  string `json:"backing,omitempty"`
-	HeldRows int64  `json:"held_rows"`
-}
+// Info is what `ddstore info` shows; VarInfo one variable in it. The
+// types are the protocol's (the JSON of an Info reply), which clients
+// decode without linking the agent.
+type (
+	Info    = wire.AgentInfo
+	VarInfo = wire.AgentVariable
+)
 
 func (a *Agent) info() Info {
 	in := Info{Namespace: a.cfg.Namespace, Node: a.cfg.Node, Pid: os.Getpid(), Socket: a.cfg.Socket,
@@ -549,27 +516,6 @@ func (a *Agent) info() Info {
 func (a *Agent) infoJSON() string {
 	b, _ := json.Marshal(a.info())
 	return string(b)
-}
-
-// lockFile takes an exclusive lock on path, which exists only while an
-// agent holds it: after locking, the file must still be the one named path
-// (not one an exiting agent just unlinked), else it tries again.
-func lockFile(path string) (int, error) {
-	for {
-		fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
-		if err != nil {
-			return -1, err
-		}
-		if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
-			unix.Close(fd)
-			return -1, err
-		}
-		var held, named unix.Stat_t
-		if unix.Fstat(fd, &held) == nil && unix.Stat(path, &named) == nil && held.Ino == named.Ino && held.Dev == named.Dev {
-			return fd, nil
-		}
-		unix.Close(fd)
-	}
 }
 
 func checkPrivateDir(dir string) error {

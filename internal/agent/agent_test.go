@@ -20,6 +20,7 @@ import (
 
 	"github.com/ddstore-go/ddstore/internal/auth"
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/naming"
 	"github.com/ddstore-go/ddstore/internal/shm"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
@@ -626,7 +627,7 @@ func TestAgentCreateChecks(t *testing.T) {
 		sentinel error
 	}{
 		{"empty name", func(s *wire.Shard) { s.Name = "" }, base.ErrArgument},
-		{"long name", func(s *wire.Shard) { s.Name = strings.Repeat("n", maxName+1) }, base.ErrArgument},
+		{"long name", func(s *wire.Shard) { s.Name = strings.Repeat("n", naming.MaxVariableName+1) }, base.ErrArgument},
 		{"rank = size", func(s *wire.Shard) { s.Rank = 2 }, base.ErrArgument},
 		{"negative rank", func(s *wire.Shard) { s.Rank = -1 }, base.ErrArgument},
 		{"size 0", func(s *wire.Shard) { s.Size, s.Rank = 0, 0 }, base.ErrArgument},
@@ -734,8 +735,8 @@ func TestAgentStartTwice(t *testing.T) {
 		a.Close()
 		t.Fatal("a second agent started on the same socket")
 	}
-	if !errors.Is(err, base.ErrExists) || !strings.Contains(err.Error(), "already runs") {
-		t.Fatalf("second Start: %v, want ErrExists (already runs)", err)
+	if !errors.Is(err, naming.ErrAgentRuns) || !errors.Is(err, base.ErrExists) {
+		t.Fatalf("second Start: %v, want ErrAgentRuns (an ErrExists)", err)
 	}
 	// The first one still serves, on its socket.
 	r := dialRaw(t, a)
@@ -890,66 +891,10 @@ func TestCheckPrivateDir(t *testing.T) {
 	}
 }
 
-func TestSocketPath(t *testing.T) {
-	run := "/tmp/ddstore-1000"
-	long := strings.Repeat("L", 300)
-	cases := [][2]string{
-		{"ns", "node"},
-		{"ns.x", "node"},
-		{"ns", "x.node"},
-		{"ns/x", "node"},
-		{"a.b", "c"},
-		{"a", "b.c"},
-		{long, "node"},
-		{long, "node2"},
-		{"ns", long},
-		{long + "x", "node"},
-		{strings.Repeat("é", 100), strings.Repeat("/", 100)},
-	}
-	seen := map[string][2]string{}
-	for _, c := range cases {
-		p := SocketPath(run, c[0], c[1])
-		if len(p) > 107 {
-			t.Errorf("SocketPath(%.20q, %.20q) = %s: %d bytes, want <= 107", c[0], c[1], p, len(p))
-		}
-		if filepath.Dir(p) != run || !strings.HasSuffix(p, ".sock") {
-			t.Errorf("SocketPath(%.20q, %.20q) = %s: not RUN/*.sock", c[0], c[1], p)
-		}
-		if prev, dup := seen[p]; dup {
-			t.Errorf("SocketPath gives %s for both %.20q/%.20q and %.20q/%.20q", p, prev[0], prev[1], c[0], c[1])
-		}
-		seen[p] = c
-		if p != SocketPath(run, c[0], c[1]) {
-			t.Errorf("SocketPath is not stable")
-		}
-	}
-	if got := SocketPath(run, "ns", "n1"); got != run+"/ns.n1.sock" {
-		t.Errorf("short path %s", got)
-	}
-	if got := SocketPath(run, "ns.1", "n"); got != run+"/ns%2E1.n.sock" {
-		t.Errorf("escaped path %s", got)
-	}
-	t.Run("names with NUL are refused", func(t *testing.T) {
-		// Hashed paths join namespace and node with a NUL, so names holding
-		// one must never reach SocketPath: Start and Open refuse them.
-		for _, name := range []string{"a\x00b", "", strings.Repeat("n", 256)} {
-			if err := CheckName("node", name); !errors.Is(err, base.ErrArgument) {
-				t.Errorf("CheckName(%q) = %v, want ErrArgument", name, err)
-			}
-		}
-		if _, err := Start(Config{Namespace: "a\x00b", Node: "n", Socket: filepath.Join(t.TempDir(), "s")}); !errors.Is(err, base.ErrArgument) {
-			t.Errorf("Start with a NUL in the namespace: %v, want ErrArgument", err)
-		}
-	})
-}
-
-func TestDefaultRunDir(t *testing.T) {
-	t.Setenv("DDSTORE_RUN_DIR", "/some/where")
-	if d := DefaultRunDir(); d != "/some/where" {
-		t.Errorf("DefaultRunDir with DDSTORE_RUN_DIR = %s", d)
-	}
-	t.Setenv("DDSTORE_RUN_DIR", "")
-	if d := DefaultRunDir(); d != filepath.Join(os.TempDir(), fmt.Sprintf("ddstore-%d", os.Geteuid())) {
-		t.Errorf("DefaultRunDir = %s", d)
+// TestStartChecksNames: names that cannot name a socket unambiguously
+// (naming.CheckName) never reach the agent's paths.
+func TestStartChecksNames(t *testing.T) {
+	if _, err := Start(Config{Namespace: "a\x00b", Node: "n", Socket: filepath.Join(t.TempDir(), "s")}); !errors.Is(err, base.ErrArgument) {
+		t.Errorf("Start with a NUL in the namespace: %v, want ErrArgument", err)
 	}
 }

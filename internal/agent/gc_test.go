@@ -1,36 +1,28 @@
 package agent
 
 import (
+	"errors"
 	"os"
-	"path/filepath"
 	"testing"
+
+	"github.com/ddstore-go/ddstore/internal/naming"
 )
 
+// TestProbeLock: a running agent holds the lock naming.ProbeLock looks at,
+// and removes it on Close; while a probe (gc) holds it, no agent starts.
+// ProbeLock on its own is tested in internal/naming.
 func TestProbeLock(t *testing.T) {
 	dir := privateTempDir(t)
 	ns := testNamespace()
-	lock := LockPath(dir, ns, "n1")
-	if want := SocketPath(dir, ns, "n1") + ".lock"; lock != want {
-		t.Fatalf("LockPath = %q, want %q", lock, want)
-	}
+	lock := naming.LockPath(dir, ns, "n1")
+	a := startAgent(t, Config{Namespace: ns, Node: "n1", Socket: naming.SocketPath(dir, ns, "n1")})
 	for _, take := range []bool{false, true} {
-		held, release, err := ProbeLock(lock, take)
-		if held || err != nil {
-			t.Fatalf("no agent, take %v: held %v, %v", take, held, err)
-		}
-		release(true)
-	}
-	if held, release, err := ProbeLock(filepath.Join(dir, "missing", "x.lock"), true); held || err != nil {
-		t.Fatalf("missing directory: held %v, %v", held, err)
-	} else {
-		release(true)
-	}
-
-	a := startAgent(t, Config{Namespace: ns, Node: "n1", Socket: SocketPath(dir, ns, "n1")})
-	for _, take := range []bool{false, true} {
-		if held, _, err := ProbeLock(lock, take); !held || err != nil {
+		if held, _, err := naming.ProbeLock(lock, take); !held || err != nil {
 			t.Fatalf("running agent, take %v: held %v, %v", take, held, err)
 		}
+	}
+	if _, err := Start(Config{Namespace: ns, Node: "n1", Socket: naming.SocketPath(dir, ns, "n1")}); !errors.Is(err, naming.ErrAgentRuns) {
+		t.Fatalf("a second agent: %v, want ErrAgentRuns", err)
 	}
 	a.Close()
 	if _, err := os.Stat(lock); !os.IsNotExist(err) {
@@ -41,16 +33,13 @@ func TestProbeLock(t *testing.T) {
 	if err := os.WriteFile(lock, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	held, release, err := ProbeLock(lock, true)
+	held, release, err := naming.ProbeLock(lock, true)
 	if held || err != nil {
 		t.Fatalf("stale lock: held %v, %v", held, err)
 	}
-	// While gc holds it, no agent starts and another probe sees it held.
-	if _, err := Start(Config{Namespace: ns, Node: "n1", Socket: SocketPath(dir, ns, "n1")}); err == nil {
-		t.Fatal("an agent started while the lock was taken")
-	}
-	if held, _, _ := ProbeLock(lock, false); !held {
-		t.Fatal("taken lock not seen as held")
+	// While gc holds it, no agent starts.
+	if _, err := Start(Config{Namespace: ns, Node: "n1", Socket: naming.SocketPath(dir, ns, "n1")}); !errors.Is(err, naming.ErrAgentRuns) {
+		t.Fatalf("an agent started while the lock was taken: %v", err)
 	}
 	release(true)
 	if _, err := os.Stat(lock); !os.IsNotExist(err) {

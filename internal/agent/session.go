@@ -12,6 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/layout"
+	"github.com/ddstore-go/ddstore/internal/naming"
 	"github.com/ddstore-go/ddstore/internal/shm"
 	"github.com/ddstore-go/ddstore/internal/tier"
 	"github.com/ddstore-go/ddstore/internal/wire"
@@ -300,9 +302,6 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 	return nil, base.Errorf(base.ErrProtocol, "unknown client op %d", op)
 }
 
-// maxName bounds a variable's name.
-const maxName = 1024
-
 // createShard makes the segment of one rank's shard, for its client to fill.
 func (a *Agent) createShard(m wire.Shard) (string, error) {
 	if err := checkShard(m); err != nil {
@@ -364,8 +363,8 @@ func (v *variable) heldBytes() int64 {
 }
 
 func checkShard(m wire.Shard) error {
-	if m.Name == "" || len(m.Name) > maxName {
-		return base.Errorf(base.ErrArgument, "variable name of %d bytes: want 1 to %d", len(m.Name), maxName)
+	if err := naming.CheckVariable(m.Name); err != nil {
+		return err
 	}
 	if m.Size < 1 || m.Rank < 0 || m.Rank >= m.Size {
 		return base.Errorf(base.ErrArgument, "rank %d of %d: want 0 <= rank < size", m.Rank, m.Size)
@@ -373,11 +372,8 @@ func checkShard(m wire.Shard) error {
 	if m.Rows < 0 {
 		return base.Errorf(base.ErrGeometry, "variable %q: %d rows: want >= 0", m.Name, m.Rows)
 	}
-	if m.Disp < 1 {
-		return base.Errorf(base.ErrGeometry, "variable %q: disp %d: want >= 1", m.Name, m.Disp)
-	}
-	if m.ItemSize < 1 || m.ItemSize > 64 {
-		return base.Errorf(base.ErrGeometry, "variable %q: itemsize %d: want 1..64", m.Name, m.ItemSize)
+	if err := (layout.Row{Disp: m.Disp, ItemSize: m.ItemSize}).Validate(); err != nil {
+		return fmt.Errorf("variable %q: %w", m.Name, err)
 	}
 	if m.Rows > 0 && m.Disp*m.ItemSize > (1<<46)/m.Rows {
 		return base.Errorf(base.ErrGeometry, "variable %q: %d rows of %d bytes is too large for one shard", m.Name, m.Rows, m.Disp*m.ItemSize)
@@ -404,7 +400,7 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) 
 		// rather than let the others wait for it until their timeout, and
 		// take back a shard it created before failing (a retry creates it
 		// again).
-		if m.Size >= 1 && m.Rank >= 0 && m.Rank < m.Size && m.Name != "" && len(m.Name) <= maxName {
+		if m.Size >= 1 && m.Rank >= 0 && m.Rank < m.Size && naming.CheckVariable(m.Name) == nil {
 			a.mu.Lock()
 			v := a.mu.vars[m.Name]
 			a.mu.Unlock()

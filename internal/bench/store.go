@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ddstore-go/ddstore"
+	"github.com/ddstore-go/ddstore/internal/agent"
 	"github.com/ddstore-go/ddstore/internal/auth"
 )
 
@@ -167,7 +168,7 @@ func runTransport(opts Options, rep *Report, tr string, first bool, src []byte, 
 
 // job is two ranks on two nodes of one machine.
 type job struct {
-	agents []*ddstore.Agent
+	agents []*agent.Agent
 	stores [2]*ddstore.Store
 	dir    string
 	mpi    *mpiLaunch // the agents' mpirun (transport mpi)
@@ -199,7 +200,7 @@ func startJob(inProcess bool, tr string) (*job, error) {
 		cfg := ddstore.Config{Namespace: ns, Rank: rank, Size: 2, LocalRank: 0, LocalSize: 1, Node: node,
 			RunDir: runDir, AgentArgs: []string{"--rendezvous", rdv, "--transport", tr}}
 		if inProcess {
-			a, err := ddstore.StartAgent(ddstore.AgentConfig{Namespace: ns, Node: node, Rendezvous: rdv,
+			a, err := agent.Start(agent.Config{Namespace: ns, Node: node, Rendezvous: rdv,
 				Socket: ddstore.SocketPath(runDir, ns, node), Transport: tr})
 			if err != nil {
 				j.close()

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/ddstore-go/ddstore"
+	"github.com/ddstore-go/ddstore/internal/agent"
+	"github.com/ddstore-go/ddstore/internal/naming"
 )
 
 const agentSynopsis = `
@@ -95,7 +97,7 @@ func runAgent(args []string, stdout, stderr io.Writer) error {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	a, err := ddstore.StartAgent(ddstore.AgentConfig{
+	a, err := agent.Start(agent.Config{
 		Namespace: *ns, Node: *node, Socket: *socket, PeerListen: *peer, Advertise: *adv,
 		Rendezvous: *rdv, HandshakeDir: *hs, Timeout: *timeout, JoinTimeout: *joinTimeout,
 		IdleExit: *idle, ConnsPerPeer: *conns, MemoryBytes: budget, StagingBytes: stagingBytes, Persist: *persist, MetricsAddr: *metricsAddr, Logger: log,
@@ -163,7 +165,11 @@ func daemonize(args []string, socket string) error {
 		var ws syscall.WaitStatus
 		if p, _ := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil); p == pid {
 			tail, _ := os.ReadFile(logPath)
-			return fmt.Errorf("ddstore agent exited (%v): %s", ws, lastLines(string(tail), 5))
+			err := fmt.Errorf("ddstore agent exited (%v): %s", ws, lastLines(string(tail), 5))
+			if ws.Exited() && ws.ExitStatus() == naming.ExitAgentRuns {
+				return agentRuns{err}
+			}
+			return err
 		}
 		if c, err := net.Dial("unix", socket); err == nil {
 			c.Close()
@@ -173,6 +179,14 @@ func daemonize(args []string, socket string) error {
 	}
 	return errors.New("ddstore agent: socket " + socket + " did not answer within 30s; see " + logPath)
 }
+
+// agentRuns is a daemonized agent that exited because another agent of
+// its namespace and node runs: it matches naming.ErrAgentRuns, so that
+// this command exits with the same status.
+type agentRuns struct{ err error }
+
+func (e agentRuns) Error() string   { return e.err.Error() }
+func (e agentRuns) Unwrap() []error { return []error{e.err, naming.ErrAgentRuns} }
 
 func dirOf(p string) string {
 	if i := strings.LastIndexByte(p, '/'); i > 0 {

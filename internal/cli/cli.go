@@ -10,6 +10,8 @@ import (
 	"os"
 	"sort"
 	"strings"
+
+	"github.com/ddstore-go/ddstore/internal/naming"
 )
 
 type command struct {
@@ -53,6 +55,11 @@ func Main(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		fmt.Fprintln(stderr, err)
+		if errors.Is(err, naming.ErrAgentRuns) {
+			// The rank that started this agent learns from the status,
+			// not the text, that another agent serves its namespace.
+			return naming.ExitAgentRuns
+		}
 		return 1
 	}
 	return 0

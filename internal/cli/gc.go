@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/ddstore-go/ddstore/internal/agent"
+	"github.com/ddstore-go/ddstore/internal/naming"
 	"github.com/ddstore-go/ddstore/internal/shm"
 )
 
@@ -89,7 +89,7 @@ func runGC(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if *runDir == "" {
-		*runDir = agent.DefaultRunDir()
+		*runDir = naming.DefaultRunDir()
 	}
 	rep := gc(*runDir, *ns, *dry, *unattributed)
 	if *asJSON {
@@ -153,7 +153,7 @@ func gc(runDir, namespace string, dry, unattributed bool) *gcReport {
 				continue
 			}
 			f.Namespace, f.Node = ns, node
-			g := group(agent.SocketPath(runDir, ns, node), ns, node)
+			g := group(naming.SocketPath(runDir, ns, node), ns, node)
 			g.files = append(g.files, f)
 		}
 	}
@@ -207,7 +207,7 @@ func gc(runDir, namespace string, dry, unattributed bool) *gcReport {
 			keep("log written in the last minute; its agent may be starting")
 			continue
 		}
-		held, release, err := agent.ProbeLock(k+".lock", !dry)
+		held, release, err := naming.ProbeLock(k+".lock", !dry)
 		if err != nil {
 			fail(k+".lock", err)
 			keep("lock could not be tried")

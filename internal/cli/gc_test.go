@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ddstore-go/ddstore/internal/agent"
+	"github.com/ddstore-go/ddstore/internal/naming"
 	"github.com/ddstore-go/ddstore/internal/shm"
 )
 
@@ -93,7 +94,7 @@ func TestGC(t *testing.T) {
 	shmDir, runDir := gcDirs(t)
 
 	// A dead agent: segments, socket, lock and log left behind.
-	deadSock := agent.SocketPath(runDir, "dead.ns", "n1")
+	deadSock := naming.SocketPath(runDir, "dead.ns", "n1")
 	dead := []string{
 		fakeSegment(t, "dead.ns", "n1", "x", 0),
 		fakeSegment(t, "dead.ns", "n1", "x", 1),
@@ -107,19 +108,19 @@ func TestGC(t *testing.T) {
 	}
 	staleSocket(t, deadSock)
 	// A dead agent that had no segment: only its lock file is left.
-	goneLock := agent.LockPath(runDir, "gone", "n2")
+	goneLock := naming.LockPath(runDir, "gone", "n2")
 	if err := os.WriteFile(goneLock, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	dead = append(dead, goneLock)
 
 	// A log just written, nothing else: an agent --daemon may be starting.
-	freshLog := agent.SocketPath(runDir, "starting", "n1") + ".log"
+	freshLog := naming.SocketPath(runDir, "starting", "n1") + ".log"
 	if err := os.WriteFile(freshLog, []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	// An old one, left by an agent that stopped: removed.
-	oldLog := agent.SocketPath(runDir, "stopped", "n1") + ".log"
+	oldLog := naming.SocketPath(runDir, "stopped", "n1") + ".log"
 	if err := os.WriteFile(oldLog, []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +131,7 @@ func TestGC(t *testing.T) {
 
 	// A live agent, and segment files of its namespace (not mapped here:
 	// only its lock says it is alive).
-	live, err := agent.Start(agent.Config{Namespace: "live", Node: "n1", Socket: agent.SocketPath(runDir, "live", "n1")})
+	live, err := agent.Start(agent.Config{Namespace: "live", Node: "n1", Socket: naming.SocketPath(runDir, "live", "n1")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,7 +267,7 @@ func TestGCHelperAgent(t *testing.T) {
 		t.Skip("helper process only")
 	}
 	shm.Dir = os.Getenv("DDSTORE_GC_SHM")
-	a, err := agent.Start(agent.Config{Namespace: "killed", Node: "n1", Socket: agent.SocketPath(runDir, "killed", "n1")})
+	a, err := agent.Start(agent.Config{Namespace: "killed", Node: "n1", Socket: naming.SocketPath(runDir, "killed", "n1")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -305,7 +306,7 @@ func TestGCKilledAgent(t *testing.T) {
 		t.Fatal("helper agent did not start")
 	}
 	seg := shm.SegmentPath("killed", "n1", "x", 0)
-	sock := agent.SocketPath(runDir, "killed", "n1")
+	sock := naming.SocketPath(runDir, "killed", "n1")
 	rep := gcJSON(t, "--run-dir", runDir)
 	if len(rep.Removed) != 0 || !exists(seg) || !exists(sock) {
 		t.Fatalf("gc removed files of a running agent: %+v", rep.Removed)

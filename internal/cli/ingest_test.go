@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ddstore-go/ddstore"
+	"github.com/ddstore-go/ddstore/internal/agent"
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/source"
 )
@@ -48,7 +49,7 @@ func writeNPY(t *testing.T, path string, rows int64) []byte {
 
 // node is an agent in this process and the flags that reach it.
 type node struct {
-	a     *ddstore.Agent
+	a     *agent.Agent
 	name  string
 	flags []string
 }
@@ -72,7 +73,7 @@ func startNodes(t *testing.T, n int) (string, []node) {
 	for i := range n {
 		name := fmt.Sprintf("n%d", i)
 		sock := filepath.Join(dir, name+".sock")
-		a, err := ddstore.StartAgent(ddstore.AgentConfig{Namespace: ns, Node: name, Socket: sock, Rendezvous: rdv,
+		a, err := agent.Start(agent.Config{Namespace: ns, Node: name, Socket: sock, Rendezvous: rdv,
 			PeerListen: "127.0.0.1:0", Timeout: 5 * time.Second, JoinTimeout: 10 * time.Second,
 			Secret: "ingest-test-secret-0123456789"})
 		if err != nil {
@@ -569,7 +570,7 @@ with h5py.File(sys.argv[1], 'r') as f:
 				b.Fatal(err)
 			}
 			sock := filepath.Join(runDir, "a.sock")
-			a, err := ddstore.StartAgent(ddstore.AgentConfig{Namespace: ns, Node: "n0", Socket: sock})
+			a, err := agent.Start(agent.Config{Namespace: ns, Node: "n0", Socket: sock})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/naming"
 )
 
 // flat is a file whose rows lie one after another from an offset on: a
@@ -39,7 +40,7 @@ func (s *flat) ReadRows(start, count int64, dst []byte) error {
 			s.name, start, start+count, s.off+(start+count)*s.rowBytes, size)
 	}
 	if err != nil {
-		return fileError(s.name, err)
+		return naming.FileError(s.name, err)
 	}
 	return nil
 }
@@ -74,12 +75,12 @@ func openRaw(name string, opts Options) (Source, error) {
 func openRegular(name string) (*os.File, int64, error) {
 	f, err := os.Open(name)
 	if err != nil {
-		return nil, 0, fileError(name, err)
+		return nil, 0, naming.FileError(name, err)
 	}
 	fi, err := f.Stat()
 	if err != nil {
 		f.Close()
-		return nil, 0, fileError(name, err)
+		return nil, 0, naming.FileError(name, err)
 	}
 	if !fi.Mode().IsRegular() {
 		f.Close()

@@ -267,6 +267,7 @@ import (
 	"unsafe"
 
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/naming"
 )
 
 // HDF5 says whether this build reads HDF5 files.
@@ -326,7 +327,7 @@ func openHDF5(file, dataset string, opts Options) (Source, error) {
 	name := file + ":" + dataset
 	fi, err := os.Stat(file)
 	if err != nil {
-		return nil, fileError(file, err)
+		return nil, naming.FileError(file, err)
 	}
 	if !fi.Mode().IsRegular() {
 		return nil, base.Errorf(base.ErrArgument, "source %s is not a regular file (%v)", file, fi.Mode().Type())
@@ -450,7 +451,7 @@ func (s *h5Source) planDirect(file string) error {
 	}
 	f, err := os.Open(file)
 	if err != nil {
-		return fileError(file, err)
+		return naming.FileError(file, err)
 	}
 	s.f = f
 	if in.userblock == 0 {
@@ -653,7 +654,7 @@ func (s *h5Source) pread(dst []byte, off int64) error {
 		if errors.Is(err, io.EOF) {
 			return base.Errorf(base.ErrArgument, "source %s: %d bytes at offset %d run past the end of the file (truncated?)", s.name, len(dst), off)
 		}
-		return fileError(s.name, err)
+		return naming.FileError(s.name, err)
 	}
 	return nil
 }
@@ -718,7 +719,7 @@ func datasetList(file string) string {
 // noDataset is the error for an HDF5 file named without a dataset.
 func noDataset(file string) error {
 	if _, err := os.Stat(file); err != nil {
-		return fileError(file, err)
+		return naming.FileError(file, err)
 	}
 	return base.Errorf(base.ErrArgument, "source %s: name the dataset as FILE:DATASET%s", file, datasetList(file))
 }

@@ -10,17 +10,12 @@
 package source
 
 import (
-	"bytes"
-	"errors"
-	"fmt"
-	"io"
 	"math"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/naming"
 )
 
 // geometry is what every source knows of its rows, and the Source methods
@@ -84,103 +79,9 @@ type Options struct {
 // over several readers.
 const DefaultChunkBytes = 4 << 20
 
-// Kind is a file format.
-type Kind int
-
-const (
-	KindNPY Kind = iota + 1
-	KindRaw
-	KindHDF5
-)
-
-func (k Kind) String() string {
-	switch k {
-	case KindNPY:
-		return "npy"
-	case KindRaw:
-		return "raw"
-	case KindHDF5:
-		return "hdf5"
-	}
-	return fmt.Sprintf("Kind(%d)", int(k))
-}
-
-// Spec is a parsed source specification.
-type Spec struct {
-	Kind    Kind
-	File    string
-	Dataset string // HDF5: the dataset's path inside the file
-}
-
-// hdf5Magic opens every HDF5 file that has no user block.
-var hdf5Magic = []byte("\x89HDF\r\n\x1a\n")
-
-var hdf5Exts = []string{".h5", ".hdf5", ".hdf", ".he5"}
-
-// ParseSpec says what spec names: FILE:DATASET for HDF5 (a file ending in
-// .h5, .hdf5, .hdf or .he5, or one that starts with HDF5's signature),
-// FILE.npy, or any other FILE as raw rows when opts.RowBytes is set.
-// File names may hold colons: the split is at the first colon whose left
-// side is an HDF5 file name.
-func ParseSpec(spec string, opts Options) (Spec, error) {
-	if spec == "" {
-		return Spec{}, base.Errorf(base.ErrArgument, "source: empty file name")
-	}
-	for i := 0; i < len(spec); i++ {
-		if spec[i] != ':' {
-			continue
-		}
-		if file := spec[:i]; file != "" && isHDF5(file) {
-			ds := spec[i+1:]
-			if ds == "" {
-				return Spec{}, base.Errorf(base.ErrArgument, "source %s: empty dataset name after the colon: want FILE:DATASET, e.g. %s:/data", spec, file)
-			}
-			return Spec{Kind: KindHDF5, File: file, Dataset: ds}, nil
-		}
-	}
-	if isHDF5(spec) {
-		return Spec{Kind: KindHDF5, File: spec}, nil
-	}
-	if strings.EqualFold(filepath.Ext(spec), ".npy") {
-		return Spec{Kind: KindNPY, File: spec}, nil
-	}
-	if opts.RowBytes > 0 {
-		return Spec{Kind: KindRaw, File: spec}, nil
-	}
-	if _, err := os.Stat(spec); err != nil {
-		return Spec{}, fileError(spec, err)
-	}
-	return Spec{}, base.Errorf(base.ErrArgument,
-		"source %s: unknown format: want a .npy file, an HDF5 dataset as FILE:DATASET (FILE ending in .h5 or .hdf5), or a raw file of fixed-size rows with a row size (--row-bytes)", spec)
-}
-
-// isHDF5 says whether name is an HDF5 file by its extension or, for a file
-// that exists, by its first bytes.
-func isHDF5(name string) bool {
-	ext := strings.ToLower(filepath.Ext(name))
-	for _, e := range hdf5Exts {
-		if ext == e {
-			return true
-		}
-	}
-	f, err := os.Open(name)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
-		return false
-	}
-	head := make([]byte, len(hdf5Magic))
-	if _, err := io.ReadFull(f, head); err != nil {
-		return false
-	}
-	return bytes.Equal(head, hdf5Magic)
-}
-
-// Open opens the dataset spec names (see ParseSpec).
+// Open opens the dataset spec names (see naming.ParseSpec).
 func Open(spec string, opts Options) (Source, error) {
-	sp, err := ParseSpec(spec, opts)
+	sp, err := naming.ParseSpec(spec, opts.RowBytes > 0)
 	if err != nil {
 		return nil, err
 	}
@@ -197,11 +98,11 @@ func Open(spec string, opts Options) (Source, error) {
 	}
 	var src Source
 	switch sp.Kind {
-	case KindNPY:
+	case naming.KindNPY:
 		src, err = openNPY(sp.File, opts)
-	case KindRaw:
+	case naming.KindRaw:
 		src, err = openRaw(sp.File, opts)
-	case KindHDF5:
+	case naming.KindHDF5:
 		if sp.Dataset == "" {
 			// Say which datasets there are when we can.
 			return nil, noDataset(sp.File)
@@ -314,14 +215,4 @@ func chunkRowsFor(rowBytes, chunkBytes int64) int64 {
 		chunkBytes = DefaultChunkBytes
 	}
 	return max(1, chunkBytes/rowBytes)
-}
-
-// fileError names the file in an error opening it; it still matches
-// fs.ErrNotExist and the like.
-func fileError(name string, err error) error {
-	var pe *os.PathError
-	if errors.As(err, &pe) {
-		err = pe.Err
-	}
-	return fmt.Errorf("%w: source %s: %w", base.ErrArgument, name, err)
 }

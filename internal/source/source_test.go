@@ -395,44 +395,6 @@ func TestRaw(t *testing.T) {
 	}
 }
 
-func TestParseSpec(t *testing.T) {
-	dir := t.TempDir()
-	h5 := filepath.Join(dir, "odd:name")
-	if err := os.WriteFile(h5, append([]byte(hdf5Magic), make([]byte, 100)...), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	for _, tc := range []struct {
-		spec string
-		opts Options
-		want Spec
-		err  string
-	}{
-		{"a.npy", Options{}, Spec{Kind: KindNPY, File: "a.npy"}, ""},
-		{"A.NPY", Options{}, Spec{Kind: KindNPY, File: "A.NPY"}, ""},
-		{"a.h5:/data", Options{}, Spec{Kind: KindHDF5, File: "a.h5", Dataset: "/data"}, ""},
-		{"dir:x/a.hdf5:g/data", Options{}, Spec{Kind: KindHDF5, File: "dir:x/a.hdf5", Dataset: "g/data"}, ""},
-		{"a.h5:/a:b", Options{}, Spec{Kind: KindHDF5, File: "a.h5", Dataset: "/a:b"}, ""},
-		{"a.h5", Options{}, Spec{Kind: KindHDF5, File: "a.h5"}, ""},
-		{h5 + ":/x", Options{}, Spec{Kind: KindHDF5, File: h5, Dataset: "/x"}, ""},
-		{h5, Options{}, Spec{Kind: KindHDF5, File: h5}, ""},
-		{"rows.bin", Options{RowBytes: 8}, Spec{Kind: KindRaw, File: "rows.bin"}, ""},
-		{"a.h5:", Options{}, Spec{}, "empty dataset name"},
-		{"", Options{}, Spec{}, "empty file name"},
-		{filepath.Join(dir, "nothing"), Options{}, Spec{}, "no such file"},
-	} {
-		got, err := ParseSpec(tc.spec, tc.opts)
-		if tc.err != "" {
-			if !errors.Is(err, base.ErrArgument) || !strings.Contains(err.Error(), tc.err) {
-				t.Errorf("ParseSpec(%q): %v, want an error saying %q", tc.spec, err, tc.err)
-			}
-			continue
-		}
-		if err != nil || got != tc.want {
-			t.Errorf("ParseSpec(%q) = %+v, %v; want %+v", tc.spec, got, err, tc.want)
-		}
-	}
-}
-
 // TestNoHDF5: a build without the hdf5 tag says so and how to get it.
 func TestNoHDF5(t *testing.T) {
 	if HDF5 {

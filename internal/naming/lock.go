@@ -1,52 +1,47 @@
-package agent
+package naming
+
+// The lock that keeps one agent per namespace and node, and the exit
+// status that tells a rank its agent lost the race to another.
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"os"
-	"path/filepath"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/ddstore-go/ddstore/internal/base"
-	"github.com/ddstore-go/ddstore/internal/shm"
 )
 
-// DefaultRunDir is where agents put their sockets: DDSTORE_RUN_DIR, else a
-// per-user directory under /tmp (made 0700 by the agent).
-func DefaultRunDir() string {
-	if d := os.Getenv("DDSTORE_RUN_DIR"); d != "" {
-		return d
-	}
-	return filepath.Join(os.TempDir(), fmt.Sprintf("ddstore-%d", os.Geteuid()))
-}
+// ErrAgentRuns is what an agent that finds its lock held fails with: an
+// agent of the same namespace and node already runs. It matches
+// base.ErrExists.
+var ErrAgentRuns = base.Alias("ddstore: agent exists", base.ErrExists)
 
-// CheckName rejects a namespace or node name that cannot name files and
-// sockets unambiguously: empty, longer than 255 bytes, or holding NUL.
-func CheckName(what, name string) error {
-	if name == "" || len(name) > 255 || strings.IndexByte(name, 0) >= 0 {
-		return base.Errorf(base.ErrArgument, "%s %q: want 1 to 255 bytes without NUL", what, name)
-	}
-	return nil
-}
+// ExitAgentRuns is the exit status of `ddstore agent` (also with --daemon)
+// that failed with ErrAgentRuns. A rank that started an agent and sees it
+// is content: it lost the race to another rank's agent, which serves it.
+const ExitAgentRuns = 3
 
-// SocketPath is the client socket of the agent of a namespace on a node.
-// Unix socket paths are limited to 107 bytes; a long name is hashed.
-func SocketPath(runDir, namespace, node string) string {
-	p := filepath.Join(runDir, shm.Escape(namespace)+"."+shm.Escape(node)+".sock")
-	if len(p) > 100 {
-		sum := sha256.Sum256([]byte(namespace + "\x00" + node))
-		p = filepath.Join(runDir, hex.EncodeToString(sum[:12])+".sock")
+// LockFile takes an exclusive lock on path, which exists only while an
+// agent holds it: after locking, the file must still be the one named path
+// (not one an exiting agent just unlinked), else it tries again. It fails
+// with unix.EWOULDBLOCK while another process holds the lock.
+func LockFile(path string) (int, error) {
+	for {
+		fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return -1, err
+		}
+		if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			unix.Close(fd)
+			return -1, err
+		}
+		var held, named unix.Stat_t
+		if unix.Fstat(fd, &held) == nil && unix.Stat(path, &named) == nil && held.Ino == named.Ino && held.Dev == named.Dev {
+			return fd, nil
+		}
+		unix.Close(fd)
 	}
-	return p
-}
-
-// LockPath is the file the agent of a namespace on a node keeps locked
-// (flock) while it runs.
-func LockPath(runDir, namespace, node string) string {
-	return SocketPath(runDir, namespace, node) + ".lock"
 }
 
 // ProbeLock tells whether a running agent holds the lock file at path.
@@ -59,7 +54,7 @@ func LockPath(runDir, namespace, node string) string {
 func ProbeLock(path string, take bool) (held bool, release func(remove bool), err error) {
 	noop := func(bool) {}
 	if take {
-		fd, err := lockFile(path)
+		fd, err := LockFile(path)
 		switch {
 		case err == unix.EWOULDBLOCK:
 			return true, nil, nil

@@ -1,4 +1,4 @@
-package ddstore
+package client
 
 import (
 	"errors"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/naming"
 )
 
 // connect reaches the node's agent. When none answers, the first local rank
@@ -86,12 +87,12 @@ func (s *Store) spawn() error {
 	args = append(args, s.cfg.AgentArgs...)
 	cmd := exec.Command(bin, args...)
 	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) && exit.ExitCode() == naming.ExitAgentRuns {
+		return nil // another rank won the race: its agent serves us
+	}
 	if err != nil {
-		msg := strings.TrimSpace(string(out))
-		if strings.Contains(msg, "already runs") {
-			return nil // another rank won the race: its agent serves us
-		}
-		return fmt.Errorf("%w: starting `%s %s`: %v: %s", base.ErrNoAgent, bin, strings.Join(args, " "), err, msg)
+		return fmt.Errorf("%w: starting `%s %s`: %w: %s", base.ErrNoAgent, bin, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }

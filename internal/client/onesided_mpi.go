@@ -1,6 +1,6 @@
 //go:build mpi && cgo
 
-package ddstore
+package client
 
 import (
 	"context"

@@ -1,6 +1,6 @@
 //go:build !mpi || !cgo
 
-package ddstore
+package client
 
 // mpiReadsBuilt says whether this build has MethodMPI (tag mpi).
 const mpiReadsBuilt = false

@@ -1,0 +1,47 @@
+package wire
+
+// The JSON an agent answers OpInfo with.
+
+// AgentInfo is an agent's reply to OpInfo, as JSON in a Text: what
+// `ddstore info` shows of the agent and its variables.
+type AgentInfo struct {
+	Namespace   string `json:"namespace"`
+	Node        string `json:"node"`
+	Pid         int    `json:"pid"`
+	Socket      string `json:"socket"`
+	PeerAddr    string `json:"peer_addr"`
+	Coordinator bool   `json:"coordinator"`
+	Clients     int    `json:"clients"`
+	Regions     int    `json:"recv_regions"`
+	MemoryBytes int64  `json:"memory_bytes"`
+	// MemoryBudget is the --memory cap on MemoryBytes; 0: none.
+	MemoryBudget int64           `json:"memory_budget_bytes"`
+	Variables    []AgentVariable `json:"variables"`
+	Counters     map[string]int  `json:"counters"`
+	Nodes        []string        `json:"nodes,omitempty"`
+	// Auth says where the keys come from (never the keys).
+	Auth string `json:"auth"`
+	// Transport is how this agent reads rows of other nodes: tcp, mpi or
+	// fabric.
+	Transport string `json:"transport"`
+}
+
+// AgentVariable describes one variable as the agent's node sees it.
+type AgentVariable struct {
+	Name       string   `json:"name"`
+	Published  bool     `json:"published"`
+	TotalRows  int64    `json:"total_rows"`
+	Disp       int64    `json:"disp"`
+	ItemSize   int64    `json:"itemsize"`
+	Dtype      string   `json:"dtype,omitempty"`
+	RowBytes   int64    `json:"row_bytes"`
+	ShardRows  []int64  `json:"shard_rows,omitempty"`
+	Owners     []string `json:"owners,omitempty"` // node of each rank
+	LocalRanks []int    `json:"local_ranks"`
+	LocalBytes int64    `json:"local_bytes"`
+	// Backing is the file holding every row, HeldRows how many of them
+	// the shards hold (the rest are read from the file); "" and TotalRows
+	// without one.
+	Backing  string `json:"backing,omitempty"`
+	HeldRows int64  `json:"held_rows"`
+}
