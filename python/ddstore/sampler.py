@@ -81,25 +81,26 @@ def read_plan(args, epoch, hits):
     try:
         r = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True)
     except OSError as e:
-        raise InternalError(f"ddstore: cannot run {args[0]}: {e}") from None
+        raise InternalError(f"ddstore: internal error: cannot run {args[0]}: {e}") from None
     err = r.stderr.decode(errors="replace").strip()
     if r.returncode != 0:
         if r.returncode == 1 and "bad argument" in err:
             raise ArgumentError(err)
         if "emit-rank" in err and "not defined" in err:
-            raise InternalError(f"ddstore: {args[0]} has no `schedule --emit-rank`: it is older than this "
-                                f"package; rebuild it (make build) or set DDSTORE_BIN")
-        raise InternalError(f"ddstore: `{' '.join(args)}` failed ({r.returncode}): {err}")
+            raise InternalError(f"ddstore: internal error: {args[0]} has no `schedule --emit-rank`: it is "
+                                f"older than this package; rebuild it (make build) or set DDSTORE_BIN")
+        raise InternalError(f"ddstore: internal error: `{' '.join(args)}` failed ({r.returncode}): {err}")
     f = io.BytesIO(r.stdout)
     try:
         samples = np.lib.format.read_array(f)
         sizes = np.lib.format.read_array(f)
         flags = np.lib.format.read_array(f) if hits else None
     except (ValueError, EOFError) as e:
-        raise InternalError(f"ddstore: `{' '.join(args)}` wrote no plan ({e})") from None
+        raise InternalError(f"ddstore: internal error: `{' '.join(args)}` wrote no plan ({e})") from None
     if (samples.ndim != 1 or sizes.ndim != 1 or (flags is not None and flags.shape != samples.shape)
             or f.read(1) or int(sizes.sum()) != samples.shape[0]):
-        raise InternalError(f"ddstore: `{' '.join(args)}` wrote a malformed plan: samples {samples.shape}, "
+        raise InternalError(f"ddstore: internal error: `{' '.join(args)}` wrote a malformed plan: "
+                            f"samples {samples.shape}, "
                             f"sizes {sizes.shape} summing to {int(sizes.sum())}, "
                             f"hits {None if flags is None else flags.shape}")
     return EpochPlan(epoch, samples.astype(np.int64, copy=False), sizes.astype(np.int64, copy=False),

@@ -80,7 +80,7 @@ class _Schema:
     @classmethod
     def from_json(cls, name, meta):
         if meta.get("format") != _FORMAT:
-            raise BadDataset(f"ddstore: bad dataset: {name!r}: metadata of format {meta.get('format')!r}: "
+            raise BadDataset(f"ddstore: bad geometry: dataset {name!r}: metadata of format {meta.get('format')!r}: "
                              f"want {_FORMAT!r}")
         return cls(meta["kind"], [_Field(f["key"], f"{name}/{f['key']}", f["shape"], f["dtype"], f["torch"])
                                   for f in meta["fields"]])
@@ -94,7 +94,7 @@ class _Schema:
         want = [keys] if single else list(keys)
         missing = [k for k in want if k not in self.by_key]
         if missing:
-            raise UnknownField(f"ddstore: unknown field {missing[0]!r}: fields are {list(self.by_key)}")
+            raise UnknownField(f"ddstore: bad argument: unknown field {missing[0]!r}: fields are {list(self.by_key)}")
         fields = [self.by_key[k] for k in want]
         return _Schema("bare" if single or self.kind == "tensor" else self.kind, fields)
 
@@ -112,14 +112,14 @@ class _Schema:
         against the schema (every row of a variable has one shape)."""
         kind, items = _items(sample)
         if kind != self.kind or [k for k, _ in items] != [f.key for f in self.fields]:
-            raise ArgumentError(f"ddstore: bad sample: index {index}: its structure ({kind}, fields "
+            raise ArgumentError(f"ddstore: bad argument: sample at index {index}: its structure ({kind}, fields "
                                 f"{[k for k, _ in items]}) differs from sample 0's ({self.kind}, fields "
                                 f"{[f.key for f in self.fields]})")
         out = []
         for f, (_, v) in zip(self.fields, items):
             a, dt, _ = _field_array(v)
             if a.shape != f.shape or dt != f.dtype:
-                raise ArgumentError(f"ddstore: bad sample: index {index}, field {f.key!r}: {dt} of shape "
+                raise ArgumentError(f"ddstore: bad argument: sample at index {index}, field {f.key!r}: {dt} of shape "
                                     f"{a.shape}, sample 0 has {f.dtype} of shape {f.shape}: samples must have fixed shapes")
             out.append(a)
         return out
@@ -164,7 +164,7 @@ def _field_array(v):
     if isinstance(v, (np.ndarray, np.generic, int, float, bool)):
         a, dt = as_array(np.asarray(v))
         return a, dt, False
-    raise ArgumentTypeError(f"ddstore: bad sample: a field of type {type(v).__name__}: want a tensor, a numpy "
+    raise ArgumentTypeError(f"ddstore: bad argument: a sample's field of type {type(v).__name__}: want a tensor, a numpy "
                             f"array, or a tuple, list or dict of them")
 
 

@@ -401,14 +401,14 @@ class DistDatasetReader(_StoredDataset):
                 elif d["itemsize"] in (1, 2, 4, 8):  # untyped rows: their bytes as unsigned items
                     fields.append(_Field(k, f"{name}/{k}", (d["disp"],), f"uint{8 * d['itemsize']}", False))
                 else:
-                    raise BadDataset(f"ddstore: bad dataset: {name}/{k} holds untyped items of {d['itemsize']} bytes")
+                    raise BadDataset(f"ddstore: bad geometry: dataset variable {name}/{k} holds untyped items of {d['itemsize']} bytes")
             schema, n = _Schema(kind, fields), None
         for f in schema.fields:
             total, _, _ = store.info(f.var)
             if n is None:
                 n = total
             if total != n:
-                raise BadDataset(f"ddstore: bad dataset: {f.var} holds {total} rows, the dataset {n}")
+                raise BadDataset(f"ddstore: bad geometry: dataset variable {f.var} holds {total} rows, the dataset {n}")
         return schema, n
 
 

@@ -324,7 +324,7 @@ class _LoaderIter:
                 ok, value = shared.results.pop(seq)
         if timed_out:
             self.close()
-            raise LoaderTimeout(f"DataLoader timed out after {self._timeout} seconds")
+            raise LoaderTimeout(f"ddstore: timed out: DataLoader timed out after {self._timeout} seconds")
         self._received += 1
         if not ok:
             self.close()
