@@ -19,5 +19,5 @@ __version__ = "0.1.0.dev0"
 
 __all__ = ["Store", "FileComm", "Error", "IndexOutOfRange", "GeometryError", "UnknownVariable", "VariableExists",
            "BadBuffer", "FreedVariable", "ClosedError", "Timeout", "PeerError", "ProtocolError", "NoAgent",
-           "ArgumentError", "InternalError", "AuthError", "ArgumentTypeError", "UnknownField", "Unsupported", "BadDataset",
-           "LoaderTimeout", "__version__"]
+           "ArgumentError", "InternalError", "AuthError", "ArgumentTypeError", "UnknownField", "Unsupported",
+           "BadDataset", "LoaderTimeout", "__version__"]

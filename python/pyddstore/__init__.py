@@ -227,11 +227,11 @@ class PyDDStore:
         method = default_method() if method is None else int(method)
         if method not in (0, 1, 2):
             raise _dd.ArgumentError(f"pyddstore: bad argument: method {method}: want 0 (MPI), 1 (libfabric) or 2 (file "
-                             f"handshake)")
+                                    f"handshake)")
         hs = os.fspath(handshake_dir) if handshake_dir else os.environ.get("DDSTORE_HANDSHAKE_DIR", "")
         if method == 2 and not hs:
             raise _dd.ArgumentError(f"pyddstore: bad argument: method=2 requires handshake_dir (got handshake_dir="
-                             f"{handshake_dir!r}; DDSTORE_HANDSHAKE_DIR is not set)")
+                                    f"{handshake_dir!r}; DDSTORE_HANDSHAKE_DIR is not set)")
         n_core = int(n_core or 0)
         if n_core < 0:
             raise _dd.ArgumentError(f"pyddstore: bad argument: n_core {n_core}: want >= 0")
@@ -401,8 +401,8 @@ class PyDDStore:
                 time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
                 wait = min(2 * wait, 0.1)
         if self.n_core and len(d["shard_rows"]) != self.n_core:
-            raise _dd.ArgumentError(f"pyddstore: bad argument: variable {name!r} has {len(d['shard_rows'])} shards (core "
-                             f"ranks), n_core is {self.n_core}")
+            raise _dd.ArgumentError(f"pyddstore: bad argument: variable {name!r} has {len(d['shard_rows'])} shards "
+                                    f"(core ranks), n_core is {self.n_core}")
 
     # -- describing ---------------------------------------------------------------
 

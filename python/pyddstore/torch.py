@@ -48,7 +48,7 @@ def _as_stores(store):
     if isinstance(store, Store):
         return None, store
     raise ArgumentTypeError(f"pyddstore: bad argument: store of type {type(store).__name__}: want a PyDDStore or a "
-                    f"ddstore.Store")
+                            f"ddstore.Store")
 
 
 class _Compat:
@@ -89,7 +89,7 @@ def _group_store(comm, width, method, handshake_dir):
         if not hasattr(comm, "Get_size") or width >= comm.Get_size():
             return PyDDStore(comm, method=method, handshake_dir=hs)
         raise Unsupported(f"pyddstore: ddstore_width {width} needs an mpi4py communicator or the "
-                                  f"launcher's environment, not a {type(comm).__name__}")
+                          f"launcher's environment, not a {type(comm).__name__}")
     from ddstore import _env
     e = _env.from_env()
     if width >= e.size:

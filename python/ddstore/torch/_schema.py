@@ -120,7 +120,8 @@ class _Schema:
             a, dt, _ = _field_array(v)
             if a.shape != f.shape or dt != f.dtype:
                 raise ArgumentError(f"ddstore: bad argument: sample at index {index}, field {f.key!r}: {dt} of shape "
-                                    f"{a.shape}, sample 0 has {f.dtype} of shape {f.shape}: samples must have fixed shapes")
+                                    f"{a.shape}, sample 0 has {f.dtype} of shape {f.shape}: samples must have fixed "
+                                    f"shapes")
             out.append(a)
         return out
 
@@ -164,8 +165,8 @@ def _field_array(v):
     if isinstance(v, (np.ndarray, np.generic, int, float, bool)):
         a, dt = as_array(np.asarray(v))
         return a, dt, False
-    raise ArgumentTypeError(f"ddstore: bad argument: a sample's field of type {type(v).__name__}: want a tensor, a numpy "
-                            f"array, or a tuple, list or dict of them")
+    raise ArgumentTypeError(f"ddstore: bad argument: a sample's field of type {type(v).__name__}: want a tensor, "
+                            f"a numpy array, or a tuple, list or dict of them")
 
 
 def _check_indices(indices, n, name):

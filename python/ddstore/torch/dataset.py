@@ -32,23 +32,23 @@ def _backing_specs(name, schema, backing):
     if isinstance(backing, (str, os.PathLike)):
         if len(keys) != 1:
             raise ArgumentError(f"ddstore: bad argument: dataset {name!r}: one backing file {backing!r} for fields "
-                             f"{keys}: give a dict field key -> file, or a list in field order")
+                                f"{keys}: give a dict field key -> file, or a list in field order")
         return {keys[0]: os.fspath(backing)}
     if isinstance(backing, dict):
         specs = dict(backing)
     elif isinstance(backing, (list, tuple)):
         if len(backing) != len(keys):
             raise ArgumentError(f"ddstore: bad argument: dataset {name!r}: {len(backing)} backing files for fields "
-                             f"{keys}")
+                                f"{keys}")
         specs = dict(zip(keys, backing))
     else:
-        raise ArgumentTypeError(f"ddstore: bad argument: dataset {name!r}: backing of type {type(backing).__name__}: want "
-                        f"a file name, a dict or a list")
+        raise ArgumentTypeError(f"ddstore: bad argument: dataset {name!r}: backing of type {type(backing).__name__}: "
+                                f"want a file name, a dict or a list")
     missing = [k for k in keys if specs.get(k) is None]
     extra = [k for k in specs if k not in keys]
     if missing or extra:
         raise ArgumentError(f"ddstore: bad argument: dataset {name!r}: backing files for {list(specs)}, fields are "
-                         f"{keys}")
+                            f"{keys}")
     return {k: os.fspath(specs[k]) for k in keys}
 
 
@@ -221,12 +221,13 @@ class DistDataset(_StoredDataset):
         if capacity is None:
             capacity = n
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or not 0 <= capacity <= n:
-            raise ArgumentError(f"ddstore: bad argument: dataset {name!r}: capacity {capacity!r}: want 0 to {n} samples")
+            raise ArgumentError(f"ddstore: bad argument: dataset {name!r}: capacity {capacity!r}: want 0 to {n} "
+                                f"samples")
         self.capacity = int(capacity)
         self._backing = _backing_specs(name, schema, backing) if backing is not None else None
         if self.capacity < n and self._backing is None:
             raise ArgumentError(f"ddstore: bad argument: dataset {name!r}: capacity {capacity} below its {n} samples "
-                             f"needs backing files for the others (backing=...)")
+                                f"needs backing files for the others (backing=...)")
         owns = store is None
         if owns:
             store = Store(comm, width=ddstore_width if ddstore_width and ddstore_width > 0 else None,
@@ -235,8 +236,8 @@ class DistDataset(_StoredDataset):
             whole = store.group is None
             if not owns and ddstore_width is not None and ddstore_width > 0 and (
                     (whole and ddstore_width < store.size) or (not whole and store.size > ddstore_width)):
-                raise ArgumentError(f"ddstore: bad argument: ddstore_width {ddstore_width} but the store given is a group "
-                                 f"of {store.size} ranks: open it with width={ddstore_width}")
+                raise ArgumentError(f"ddstore: bad argument: ddstore_width {ddstore_width} but the store given is a "
+                                    f"group of {store.size} ranks: open it with width={ddstore_width}")
             self.rank, self.size = store.rank, store.size
             held = self.capacity if self._backing is not None else n
             self.lo, self.hi = self.rank * held // self.size, (self.rank + 1) * held // self.size
@@ -401,7 +402,8 @@ class DistDatasetReader(_StoredDataset):
                 elif d["itemsize"] in (1, 2, 4, 8):  # untyped rows: their bytes as unsigned items
                     fields.append(_Field(k, f"{name}/{k}", (d["disp"],), f"uint{8 * d['itemsize']}", False))
                 else:
-                    raise BadDataset(f"ddstore: bad geometry: dataset variable {name}/{k} holds untyped items of {d['itemsize']} bytes")
+                    raise BadDataset(f"ddstore: bad geometry: dataset variable {name}/{k} holds untyped items of "
+                                     f"{d['itemsize']} bytes")
             schema, n = _Schema(kind, fields), None
         for f in schema.fields:
             total, _, _ = store.info(f.var)
@@ -440,7 +442,7 @@ class WindowedDataset(_tud.Dataset):
             if bad.any():
                 k = int(np.flatnonzero(bad)[0])
                 raise ArgumentError(f"ddstore: bad argument: starts[{k}] = {int(s[k])}: a window of {span} rows must "
-                                 f"lie in [0, {n})")
+                                    f"lie in [0, {n})")
             self.starts = s
             self._len = s.shape[0]
         else:

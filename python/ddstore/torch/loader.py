@@ -76,7 +76,8 @@ class ThreadDataLoader:
                                     "and drop_last")
             batch_size, drop_last = None, False
         elif batch_size is None and drop_last:
-            raise ArgumentError("batch_size=None option disables auto-batching and is mutually exclusive with drop_last")
+            raise ArgumentError("batch_size=None option disables auto-batching and is mutually exclusive with "
+                                "drop_last")
         if sampler is None:
             sampler = (_tud.RandomSampler(dataset, generator=generator) if shuffle
                        else _tud.SequentialSampler(dataset))

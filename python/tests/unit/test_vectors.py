@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# The ddstore package of this checkout, whatever directory pytest runs from.
-sys.path.insert(0, os.path.dirname(HERE))
+# python/, two folders up: the package under test.
+PY = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, PY)
 
 import ddstore  # noqa: E402
 from ddstore import _agent, _auth, _env, _errors, _lanes, _vars, _wire, store  # noqa: E402
 
-VECTORS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "testdata", "vectors.json")
+VECTORS = os.path.join(os.path.dirname(PY), "testdata", "vectors.json")
 
 with open(VECTORS, encoding="utf-8") as _f:
     V = json.load(_f)
@@ -195,7 +196,7 @@ def _made_up_messages():
     ddstore.torch included."""
     names = sorted((c.__name__ for c in ERRORS), key=len, reverse=True)
     pat = re.compile(r"\b(" + "|".join(names) + r')\(f?"(ddstore: [^:"]*)[:"]')
-    src = os.path.join(os.path.dirname(HERE), "ddstore")
+    src = os.path.join(PY, "ddstore")
     out = []
     for d, _, files in sorted(os.walk(src)):
         for fn in sorted(files):
