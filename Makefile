@@ -153,26 +153,26 @@ bench-quick: build ## run the short store benchmark (bin/ddstore bench --quick)
 bench-mpi: build-mpi ## cross-node reads over tcp and mpi side by side, next to DDStore's figures (docs/benchmarks.md)
 	$(MPI_BIN) bench --sizes 64,4K,64K --transports tcp,mpi
 
-# COSMOFLOW_ARGS: more options of `python -m ddstore.cosmoflow train|io`
+# COSMOFLOW_ARGS: more options of `python -m ddstore_bench.cosmoflow train|io`
 # (--help), e.g. --cold, --json, or a larger size. deps first, then build in
 # a new make, so that a libhdf5-dev just installed is seen by HDF5_TAGS.
-cosmoflow: deps ## the main job: CosmoFlow-like DDP training with each loader (2 ranks, ~2 min), SOLAR's report, a comparison
+cosmoflow: deps ## the training benchmark: CosmoFlow-like DDP training with each loader (2 ranks, ~2 min), SOLAR's report, a comparison
 	@$(MAKE) --no-print-directory build
-	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore.cosmoflow train $(COSMOFLOW_ARGS)
+	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore_bench.cosmoflow train $(COSMOFLOW_ARGS)
 
 cosmoflow-io: deps ## SOLAR's I/O evaluation (4 ranks, batch 16, 3 epochs, no model), page cache dropped before every epoch
 	@$(MAKE) --no-print-directory build
-	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore.cosmoflow io --cold $(COSMOFLOW_ARGS)
+	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore_bench.cosmoflow io --cold $(COSMOFLOW_ARGS)
 
 micro: build ## DDStore's microbenchmark from Python: µs per row of get() and get_batch(128), 3 KiB and 1 MiB rows
-	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore.microbench
+	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore_bench.microbench
 
 micro-mpi: build ## the same cross-node, 2 ranks of mpirun: through the agents and by MPI gets from the rank (Store(method="mpi"))
-	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore.microbench --mpi
+	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore_bench.microbench --mpi
 
 # REPORT_ARGS: e.g. --replot (plot the saved JSON again) or --quick.
 report: build ## measure, then plot docs/figures/*.png (loading time, hit rate, throughput); needs python3-matplotlib
-	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore.report --out $(CURDIR)/docs/figures $(REPORT_ARGS)
+	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore_bench.report --out $(CURDIR)/docs/figures $(REPORT_ARGS)
 
 gobench: ## run the Go benchmarks of every package (1 s each)
 	$(GO) test -run '^$$' -bench . -benchtime 1s ./...

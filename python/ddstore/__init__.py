@@ -8,9 +8,9 @@ rank reads any sample by its global index.
     s.get_batch("x", out, [7, 2])
 """
 
-from ._errors import (ArgumentError, AuthError, BadBuffer, ClosedError, Error, FreedVariable, GeometryError,
-                      IndexOutOfRange, InternalError, NoAgent, PeerError, ProtocolError, Timeout, UnknownVariable,
-                      VariableExists)
+from ._errors import (ArgumentError, ArgumentTypeError, AuthError, BadBuffer, BadDataset, ClosedError, Error,
+                      FreedVariable, GeometryError, IndexOutOfRange, InternalError, LoaderTimeout, NoAgent, PeerError,
+                      ProtocolError, Timeout, UnknownField, UnknownVariable, Unsupported, VariableExists)
 from . import schedule
 from .comm import FileComm
 from .store import Store
@@ -19,4 +19,5 @@ __version__ = "0.1.0.dev0"
 
 __all__ = ["Store", "FileComm", "Error", "IndexOutOfRange", "GeometryError", "UnknownVariable", "VariableExists",
            "BadBuffer", "FreedVariable", "ClosedError", "Timeout", "PeerError", "ProtocolError", "NoAgent",
-           "ArgumentError", "InternalError", "AuthError", "__version__"]
+           "ArgumentError", "InternalError", "AuthError", "ArgumentTypeError", "UnknownField", "Unsupported",
+           "BadDataset", "LoaderTimeout", "__version__"]

@@ -3,7 +3,7 @@ before anything else on a connection, the client and its agent each prove they
 hold the key, by an HMAC-SHA256 over both sides' fresh nonces; the key never
 crosses the socket. The key is the one derived from DDSTORE_SECRET when it is
 set, else the one in the agent's key file beside its socket.
-tests/test_vectors.py checks this module against the Go code."""
+tests/unit/test_vectors.py checks this module against the Go code."""
 
 import functools
 import hashlib

@@ -1,5 +1,5 @@
 """Rank, size, local rank and node from a launcher's environment: the same
-rules as the Go side (internal/rendezvous/env.go); tests/test_vectors.py checks
+rules as the Go side (internal/rendezvous/env.go); tests/unit/test_vectors.py checks
 both against vectors Go writes."""
 
 import os

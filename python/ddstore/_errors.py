@@ -2,7 +2,13 @@
 wire status code) and also derives from the builtin a Python user expects:
 IndexError for indices, ValueError for shapes and dtypes, KeyError for unknown
 variables, TimeoutError and ConnectionError for peers and agents,
-PermissionError for a refused key."""
+PermissionError for a refused key.
+
+Errors only the Python side raises (the torch layer, the sampler, pyddstore)
+are subclasses of these, so that `except ddstore.Error` catches every error
+of the package; where PyTorch or DDStore raise another builtin for the same
+mistake (TypeError, KeyError, RuntimeError, NotImplementedError), the
+subclass derives from that builtin too."""
 
 import builtins
 
@@ -72,6 +78,29 @@ class AuthError(Error, builtins.PermissionError):
     """A connection that did not prove it belongs to the job (DDSTORE_SECRET,
     or the agent's key file)."""
     code = 14
+
+
+class ArgumentTypeError(ArgumentError, builtins.TypeError):
+    """An argument of the wrong type (PyTorch and numpy raise TypeError)."""
+
+
+class UnknownField(ArgumentError, builtins.KeyError):
+    """A field key a dataset's samples do not have."""
+
+
+class Unsupported(ArgumentError, builtins.NotImplementedError):
+    """A combination of DDStore's arguments this implementation does not
+    offer (DDStore raises NotImplementedError)."""
+
+
+class BadDataset(GeometryError):
+    """A dataset in the store that is not what the torch layer publishes:
+    metadata of another format, or variables of unequal rows."""
+
+
+class LoaderTimeout(Timeout, builtins.RuntimeError):
+    """A loader batch not ready within the loader's timeout (PyTorch's
+    DataLoader raises RuntimeError)."""
 
 
 _BY_CODE = {c.code: c for c in (IndexOutOfRange, GeometryError, UnknownVariable, VariableExists, BadBuffer,

@@ -5,7 +5,7 @@ import struct
 
 import numpy as np
 
-from ._errors import ProtocolError, from_status
+from ._errors import ArgumentError, ProtocolError, from_status
 
 MAGIC = 0xDD5E
 VERSION = 1
@@ -45,7 +45,7 @@ class Encoder:
     def string(self, s):
         e = s.encode()
         if len(e) > 0xFFFF:
-            raise ValueError(f"name of {len(e)} bytes: want at most 65535")
+            raise ArgumentError(f"ddstore: bad argument: name of {len(e)} bytes: want at most 65535")
         self.b += _U16.pack(len(e))
         self.b += e
         return self

@@ -39,6 +39,8 @@ import threading
 import time
 import uuid
 
+from ._errors import ArgumentError
+
 __all__ = ["main", "launch", "free_port", "agent_pids"]
 
 
@@ -114,7 +116,7 @@ def launch(cmd, nproc, nodes=1, namespace=None, grace=5.0, stdout=None, stderr=N
     """Run `cmd` (a list, e.g. [sys.executable, "train.py", ...]) as nproc
     ranks; returns the exit status of the job (0, or the first failure)."""
     if nproc < 1 or nodes < 1 or nodes > nproc:
-        raise ValueError(f"ddstore.launch: -n {nproc} --nodes {nodes}: want 1 <= nodes <= n")
+        raise ArgumentError(f"ddstore: bad argument: launch -n {nproc} --nodes {nodes}: want 1 <= nodes <= n")
     stdout = stdout or sys.stdout.buffer
     stderr = stderr or sys.stderr.buffer
     namespace = namespace or os.environ.get("DDSTORE_NAMESPACE") or "launch-" + uuid.uuid4().hex[:12]

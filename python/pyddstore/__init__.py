@@ -156,7 +156,7 @@ def _env_float(name, default):
     try:
         return float(v)
     except ValueError:
-        raise ValueError(f"pyddstore: bad environment: {name}={v!r}: want a number") from None
+        raise _dd.ArgumentError(f"pyddstore: bad environment: {name}={v!r}: want a number") from None
 
 
 def _env_int(name, default):
@@ -166,7 +166,7 @@ def _env_int(name, default):
     try:
         return int(v)
     except ValueError:
-        raise ValueError(f"pyddstore: bad environment: {name}={v!r}: want an integer") from None
+        raise _dd.ArgumentError(f"pyddstore: bad environment: {name}={v!r}: want an integer") from None
 
 
 def default_method():
@@ -226,18 +226,18 @@ class PyDDStore:
                  exchange_ns="", **store_kw):
         method = default_method() if method is None else int(method)
         if method not in (0, 1, 2):
-            raise ValueError(f"pyddstore: bad argument: method {method}: want 0 (MPI), 1 (libfabric) or 2 (file "
-                             f"handshake)")
+            raise _dd.ArgumentError(f"pyddstore: bad argument: method {method}: want 0 (MPI), 1 (libfabric) or 2 (file "
+                                    f"handshake)")
         hs = os.fspath(handshake_dir) if handshake_dir else os.environ.get("DDSTORE_HANDSHAKE_DIR", "")
         if method == 2 and not hs:
-            raise ValueError(f"pyddstore: bad argument: method=2 requires handshake_dir (got handshake_dir="
-                             f"{handshake_dir!r}; DDSTORE_HANDSHAKE_DIR is not set)")
+            raise _dd.ArgumentError(f"pyddstore: bad argument: method=2 requires handshake_dir (got handshake_dir="
+                                    f"{handshake_dir!r}; DDSTORE_HANDSHAKE_DIR is not set)")
         n_core = int(n_core or 0)
         if n_core < 0:
-            raise ValueError(f"pyddstore: bad argument: n_core {n_core}: want >= 0")
+            raise _dd.ArgumentError(f"pyddstore: bad argument: n_core {n_core}: want >= 0")
         explicit = rank is not None or (size or 0) > 0
         if explicit and (rank is None or not size or not 0 <= rank < size):
-            raise ValueError(f"pyddstore: bad argument: rank {rank} of size {size}: want both, 0 <= rank < size")
+            raise _dd.ArgumentError(f"pyddstore: bad argument: rank {rank} of size {size}: want both, 0 <= rank < size")
         if comm_or_none is None and not explicit and method == 2 and n_core == 0:
             n_core = _env_int("DDSTORE_N_CORE", 0)
         reader = store_kw.pop("reader", None)
@@ -381,7 +381,7 @@ class PyDDStore:
         if key not in self._recv:
             if self.method == 0:
                 return
-            raise ValueError(f"pyddstore: bad argument: buffer is not registered for {name!r}")
+            raise _dd.ArgumentError(f"pyddstore: bad argument: buffer is not registered for {name!r}")
         del self._recv[key]
 
     def join(self, name, timeout=None):
@@ -401,8 +401,8 @@ class PyDDStore:
                 time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
                 wait = min(2 * wait, 0.1)
         if self.n_core and len(d["shard_rows"]) != self.n_core:
-            raise ValueError(f"pyddstore: bad argument: variable {name!r} has {len(d['shard_rows'])} shards (core "
-                             f"ranks), n_core is {self.n_core}")
+            raise _dd.ArgumentError(f"pyddstore: bad argument: variable {name!r} has {len(d['shard_rows'])} shards "
+                                    f"(core ranks), n_core is {self.n_core}")
 
     # -- describing ---------------------------------------------------------------
 

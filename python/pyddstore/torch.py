@@ -29,7 +29,7 @@ caller's) and have DDStore's `len()`, `get(i)` and `total_ns`.
 import os
 
 import ddstore.torch as _dt
-from ddstore import Error, Store, UnknownVariable
+from ddstore import ArgumentError, ArgumentTypeError, Error, Store, UnknownVariable, Unsupported
 from ddstore.torch import ThreadDataLoader, WindowedDataset, row_of
 
 from . import PyDDStore, _is_mpi_comm, _world, default_method, handshake_timeout
@@ -47,8 +47,8 @@ def _as_stores(store):
         return store, store.store
     if isinstance(store, Store):
         return None, store
-    raise TypeError(f"pyddstore: bad argument: store of type {type(store).__name__}: want a PyDDStore or a "
-                    f"ddstore.Store")
+    raise ArgumentTypeError(f"pyddstore: bad argument: store of type {type(store).__name__}: want a PyDDStore or a "
+                            f"ddstore.Store")
 
 
 class _Compat:
@@ -75,27 +75,27 @@ def _group_store(comm, width, method, handshake_dir):
         return PyDDStore(comm, method=method, handshake_dir=hs)
     width = int(width)
     if width < 1:
-        raise ValueError(f"pyddstore: bad argument: ddstore_width {width}: want >= 1")
+        raise ArgumentError(f"pyddstore: bad argument: ddstore_width {width}: want >= 1")
     if _is_mpi_comm(comm):
         rank, size = comm.Get_rank(), comm.Get_size()
         if width >= size:
             return PyDDStore(comm, method=method, handshake_dir=hs)
         if method == 2:
-            raise NotImplementedError("pyddstore: method=2 does not support ddstore_width < comm size")
+            raise Unsupported("pyddstore: method=2 does not support ddstore_width < comm size")
         group = rank // width
         sub = comm.Split(group, rank)
         return PyDDStore(sub, method=method, exchange_ns=f"w{width}g{group}")
     if comm is not None:
         if not hasattr(comm, "Get_size") or width >= comm.Get_size():
             return PyDDStore(comm, method=method, handshake_dir=hs)
-        raise NotImplementedError(f"pyddstore: ddstore_width {width} needs an mpi4py communicator or the "
-                                  f"launcher's environment, not a {type(comm).__name__}")
+        raise Unsupported(f"pyddstore: ddstore_width {width} needs an mpi4py communicator or the "
+                          f"launcher's environment, not a {type(comm).__name__}")
     from ddstore import _env
     e = _env.from_env()
     if width >= e.size:
         return PyDDStore(None, method=method, handshake_dir=hs)
     if method == 2:
-        raise NotImplementedError("pyddstore: method=2 does not support ddstore_width < the job's size")
+        raise Unsupported("pyddstore: method=2 does not support ddstore_width < the job's size")
     group = e.rank // width
     first = group * width
     return PyDDStore(None, method=method, rank=e.rank - first, size=min(width, e.size - first),

@@ -1,4 +1,4 @@
-"""The main job (`python -m ddstore.cosmoflow train|io`) at a toy size: two
+"""The CosmoFlow-like training benchmark (`python -m ddstore_bench.cosmoflow train|io`) at a toy size: two
 ranks run every loader; each rank must see exactly the samples its sampler
 promised, in order, with the right content; every global batch must be the
 same set under every loader; the losses must be finite and, for the loaders
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from ddstore.cosmoflow import train
-from ddstore.cosmoflow.loaders import LOADERS, FifoBuffer
+from ddstore_bench.cosmoflow import train
+from ddstore_bench.cosmoflow.loaders import LOADERS, FifoBuffer
 from ddstore.schedule import permutation
 
 pytest.importorskip("h5py")
@@ -36,7 +36,7 @@ def _agent_has_hdf5(binary):
 def run_job(job, data, mode, *args):
     if not _agent_has_hdf5(job["DDSTORE_BIN"]):
         pytest.skip("this ddstore binary is built without HDF5 (make build with libhdf5-dev installed)")
-    cmd = [sys.executable, "-m", "ddstore.cosmoflow", mode, "--json", "--samples", str(N), "--size", str(S),
+    cmd = [sys.executable, "-m", "ddstore_bench.cosmoflow", mode, "--json", "--samples", str(N), "--size", str(S),
            "--epochs", str(E), "--batch", str(B), "--ranks", str(P), "--data", str(data), *args]
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "python")}
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)

@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+# python/, two folders up: the package under test.
+PY = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, PY)
 
 import ddstore  # noqa: E402
 from ddstore import schedule  # noqa: E402
 
-VECTORS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "testdata", "vectors.json")
+VECTORS = os.path.join(os.path.dirname(PY), "testdata", "vectors.json")
 
 with open(VECTORS, encoding="utf-8") as _f:
     CASES = json.load(_f)["permutations"]

@@ -1,16 +1,16 @@
-"""The main job: the same CosmoFlow-like training (or, in I/O mode, the same
+"""The training benchmark: the same CosmoFlow-like training (or, in I/O mode, the same
 reads without a model) run with each loader, and SOLAR's report for each
 plus a comparison with the baseline. The loaders take turns epoch by epoch
 (epoch 1 of each, then epoch 2 of each, ...), so that whatever else runs on
 the machine meanwhile weighs on all of them alike; --sequential runs one
 loader after another instead (one dataset in memory at a time).
 
-    python -m ddstore.cosmoflow train [--json] [--cold] [--loaders L ...] [--samples N]
+    python -m ddstore_bench.cosmoflow train [--json] [--cold] [--loaders L ...] [--samples N]
         [--size S] [--epochs E] [--batch B] [--ranks P] [--capacity C] [--data DIR]
-    python -m ddstore.cosmoflow io ...      # no model: 4 ranks, batch 16, 3 epochs by default
+    python -m ddstore_bench.cosmoflow io ...      # no model: 4 ranks, batch 16, 3 epochs by default
 
 The command generates the dataset under DIR when it is missing (see
-ddstore.cosmoflow.data), starts P ranks on this machine (ddstore.launch:
+ddstore_bench.cosmoflow.data), starts P ranks on this machine (ddstore.launch:
 torchrun's variables, one ddstore agent started by the first rank) and
 prints the report. Run under a launcher of your own (torchrun, srun,
 mpirun: RANK and WORLD_SIZE set), it is one rank of that job instead and
@@ -175,8 +175,8 @@ def check_binary(cfg):
     tiered = [n for n in cfg["loaders"] if n in ("ddstore-solar", "ddstore-locality")]
     if not tiered:
         return
-    from .. import _agent
-    from .._errors import Error
+    from ddstore import _agent
+    from ddstore import Error
     try:
         b = _agent.find_binary()
     except Error as e:
@@ -196,7 +196,7 @@ def _under_launcher():
 
 
 def run(a, mode):
-    """`python -m ddstore.cosmoflow train|io`: returns the exit status."""
+    """`python -m ddstore_bench.cosmoflow train|io`: returns the exit status."""
     if _under_launcher():
         cfg = config(a, mode, int(os.environ["WORLD_SIZE"]))
         check_binary(cfg)
@@ -207,7 +207,7 @@ def run(a, mode):
     cfg = config(a, mode, a.ranks)
     check_binary(cfg)
     ensure_data(cfg)
-    from ..launch import launch
+    from ddstore.launch import launch
     pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with tempfile.TemporaryDirectory(prefix="ddstore-cosmoflow-") as tmp:
         cfg["result"] = os.path.join(tmp, "result.json")
@@ -218,7 +218,7 @@ def run(a, mode):
         os.environ["PYTHONPATH"] = pkg_root + (os.pathsep + old if old else "")
         try:
             say(f"cosmoflow {mode}: starting {cfg['ranks']} ranks ({', '.join(cfg['loaders'])})")
-            rc = launch([sys.executable, "-m", "ddstore.cosmoflow.train", path], cfg["ranks"], a.nodes,
+            rc = launch([sys.executable, "-m", "ddstore_bench.cosmoflow.train", path], cfg["ranks"], a.nodes,
                         stdout=sys.stderr.buffer, stderr=sys.stderr.buffer)
         finally:
             if old is None:
@@ -252,7 +252,7 @@ class _Agent:
             "storage_errors")
 
     def __init__(self, store, local_rank):
-        from .. import _agent
+        from ddstore import _agent
         self.store, self.on = store, local_rank == 0
         self.binary = _agent.find_binary() if self.on else None
 

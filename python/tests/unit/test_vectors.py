@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# The ddstore package of this checkout, whatever directory pytest runs from.
-sys.path.insert(0, os.path.dirname(HERE))
+# python/, two folders up: the package under test.
+PY = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, PY)
 
 import ddstore  # noqa: E402
-from ddstore import _agent, _auth, _env, _errors, _wire, store  # noqa: E402
+from ddstore import _agent, _auth, _env, _errors, _lanes, _vars, _wire, store  # noqa: E402
 
-VECTORS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "testdata", "vectors.json")
+VECTORS = os.path.join(os.path.dirname(PY), "testdata", "vectors.json")
 
 with open(VECTORS, encoding="utf-8") as _f:
     V = json.load(_f)
@@ -147,11 +148,11 @@ def test_create_reply_decode():
 
 
 def test_register_reply_decode():
-    """store.register() reads the region id out of the reply."""
+    """_lanes.register() reads the region id out of the reply."""
     v = V["bodies"]["register_reply"]
     body = bytes.fromhex(v["hex"])
     lane = types.SimpleNamespace(call=lambda op, enc, fds=None, timeout=None: body)
-    assert store.register(lane, types.SimpleNamespace(size=0, fd=-1), None) == v["fields"]["id"]
+    assert _lanes.register(lane, types.SimpleNamespace(size=0, fd=-1), None) == v["fields"]["id"]
 
 
 # ---- status codes -------------------------------------------------------------
@@ -183,18 +184,38 @@ def test_status_codes():
 _SENTINEL_TEXT = {CLASSES[s["sentinel"]]: s["text"] for s in V["status_codes"].values()}
 
 
+# Every exception class of the package: the sentinels' and the Python-only
+# subclasses of them (ddstore.torch's, the sampler's, pyddstore's).
+ERRORS = [getattr(ddstore, n) for n in ddstore.__all__
+          if isinstance(getattr(ddstore, n), type) and issubclass(getattr(ddstore, n), ddstore.Error)]
+
+
 def _made_up_messages():
     """(file, line, exception class name, message up to its first colon) of
-    every `Cls("ddstore: ...` and `Cls(f"ddstore: ...` in the client."""
-    pat = re.compile(r"\b(" + "|".join(c.__name__ for c in CLASSES.values()) + r')\(f?"(ddstore: [^:"]*)[:"]')
-    src = os.path.join(os.path.dirname(HERE), "ddstore")
+    every `Cls("ddstore: ...` and `Cls(f"ddstore: ...` in the client,
+    ddstore.torch included."""
+    names = sorted((c.__name__ for c in ERRORS), key=len, reverse=True)
+    pat = re.compile(r"\b(" + "|".join(names) + r')\(f?"(ddstore: [^:"]*)[:"]')
+    src = os.path.join(PY, "ddstore")
     out = []
-    for fn in sorted(os.listdir(src)):
-        if fn.endswith(".py"):
-            with open(os.path.join(src, fn), encoding="utf-8") as f:
-                for lineno, line in enumerate(f, 1):
-                    out.extend((fn, lineno, cls, prefix) for cls, prefix in pat.findall(line))
+    for d, _, files in sorted(os.walk(src)):
+        for fn in sorted(files):
+            if fn.endswith(".py"):
+                rel = os.path.relpath(os.path.join(d, fn), src)
+                with open(os.path.join(d, fn), encoding="utf-8") as f:
+                    for lineno, line in enumerate(f, 1):
+                        out.extend((rel, lineno, cls, prefix) for cls, prefix in pat.findall(line))
     return out
+
+
+def test_every_error_is_a_sentinels():
+    """Each exception class of the package is, or derives from, the class of
+    one Go sentinel, whose code it carries."""
+    for c in ERRORS:
+        if c is ddstore.Error:
+            continue
+        base = next((b for b in c.__mro__ if b in _SENTINEL_TEXT), None)
+        assert base is not None and c.code == base.code, c
 
 
 MESSAGES = _made_up_messages()
@@ -210,7 +231,8 @@ def test_message_prefix(fn, lineno, cls_name, prefix):
     text, as Go's base.Errorf writes it (or, for ArgumentError, with the
     text of Go's rendezvous.ErrBadEnv, which _env mirrors)."""
     cls = getattr(ddstore, cls_name)
-    ok = (_SENTINEL_TEXT[cls],) + ((V["env"]["error_text"],) if cls is ddstore.ArgumentError else ())
+    sentinel = next(b for b in cls.__mro__ if b in _SENTINEL_TEXT)
+    ok = (_SENTINEL_TEXT[sentinel],) + ((V["env"]["error_text"],) if sentinel is ddstore.ArgumentError else ())
     assert prefix.startswith(ok), f"{fn}:{lineno}: {cls_name}({prefix!r}...), want a message starting with {ok}"
 
 
@@ -224,7 +246,7 @@ def test_layout(case):
     t = types.SimpleNamespace(name="x", disp=1, itemsize=1, dtype="", shard_rows=rows,
                               rank_node=np.zeros(p, dtype=np.int64), nodes=["n"], addrs=["a"], paths=[], id=1,
                               backing="", total=0)
-    v = store._Var(t, 0)  # builds the prefix sums the way a Store does
+    v = _vars.Var(t, 0)  # builds the prefix sums the way a Store does
     assert v.total == case["total"]
     assert v.prefix.tolist() == case["first"] + [case["total"]]
     idx = np.array(case["globals"], dtype=np.int64)

@@ -1,7 +1,7 @@
-"""python -m ddstore.cosmoflow COMMAND ...
+"""python -m ddstore_bench.cosmoflow COMMAND ...
 
-    generate   write the synthetic CosmoFlow-like dataset (see ddstore.cosmoflow.data)
-    train      the main job: the same DDP training with each loader, SOLAR's report and a comparison
+    generate   write the synthetic CosmoFlow-like dataset (see ddstore_bench.cosmoflow.data)
+    train      the training benchmark: the same DDP training with each loader, SOLAR's report and a comparison
     io         the same reads without a model (SOLAR's I/O evaluation: 4 ranks, batch 16, 3 epochs)
 """
 
@@ -17,7 +17,7 @@ def _generate(a):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m ddstore.cosmoflow", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m ddstore_bench.cosmoflow", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="write the synthetic CosmoFlow-like dataset (reused if it exists)",
@@ -30,7 +30,7 @@ def main(argv=None):
     g.add_argument("--format", default="both", help="chunked | files | both (default both)")
     g.set_defaults(func=_generate)
     from . import train
-    for mode, what in (("train", "the main job: DDP training with each loader, SOLAR's report, a comparison"),
+    for mode, what in (("train", "the training benchmark: DDP training with each loader, SOLAR's report, a comparison"),
                        ("io", "the same reads without a model (SOLAR's I/O evaluation)")):
         t = sub.add_parser(mode, help=what, description=train.__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -2,7 +2,7 @@
 order, batches of B, from a chunked HDF5 file (one sample per chunk, as
 CosmoFlow's), the job's memory holding the first C = N/4 samples.
 
-    python -m ddstore.bench_tier [--samples 2048] [--batch 16] [--cube 16] [--reps 5] [--cold] [--json]
+    python -m ddstore_bench.bench_tier [--samples 2048] [--batch 16] [--cube 16] [--reps 5] [--cold] [--json]
 
 Side by side, in one run, medians of --reps epochs:
 
@@ -33,7 +33,7 @@ from .cosmoflow.loaders import drop_page_cache
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m ddstore.bench_tier", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m ddstore_bench.bench_tier", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--samples", type=int, default=2048)
     p.add_argument("--batch", type=int, default=16)

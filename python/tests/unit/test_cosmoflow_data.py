@@ -1,5 +1,5 @@
-"""The CosmoFlow-like dataset generator (ddstore.cosmoflow.data and
-`python -m ddstore.cosmoflow generate`): deterministic samples, the chunked
+"""The CosmoFlow-like dataset generator (ddstore_bench.cosmoflow.data and
+`python -m ddstore_bench.cosmoflow generate`): deterministic samples, the chunked
 file and the per-sample files hold them, the targets follow the documented
 formulas, existing files are reused, bad arguments are refused."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from ddstore.cosmoflow import data
+from ddstore_bench.cosmoflow import data
 
 PY = os.path.join(ROOT, "python")
 N, S, C = 8, 8, 4
@@ -82,7 +82,7 @@ def test_chunked_and_files_hold_the_samples(made):
 
 
 def documented_targets(x):
-    # The formulas of ddstore.cosmoflow.data's doc, written again here.
+    # The formulas of ddstore_bench.cosmoflow.data's doc, written again here.
     c = x.shape[0]
     m = np.array([x[k].astype(np.float64).mean() for k in range(c)])
     v = np.array([x[k].astype(np.float64).var() for k in range(c)])
@@ -151,7 +151,7 @@ def test_bad_arguments(tmp_path, kw, value):
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "ddstore.cosmoflow", "generate", *args], cwd=PY,
+    return subprocess.run([sys.executable, "-m", "ddstore_bench.cosmoflow", "generate", *args], cwd=PY,
                           env={**os.environ, "PYTHONPATH": PY}, capture_output=True, text=True, timeout=120)
 
 

@@ -1,9 +1,9 @@
-"""`python -m ddstore.bench`: the Python client's read figures next to the
+"""`python -m ddstore_bench.bench`: the Python client's read figures next to the
 Go client's, measured in the same run on two nodes of this machine (two
 agents on loopback): get_batch GB/s of node-local and other-node rows, and
 get() latency of single rows.
 
-    python -m ddstore.bench [--quick] [--json]
+    python -m ddstore_bench.bench [--quick] [--json]
 """
 
 import argparse
@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 
-from . import _agent
-from .store import Store
+from ddstore import _agent
+from ddstore import Store
 
 
 def _both(stores, f):
@@ -142,7 +142,7 @@ def go_figures(binary, row_sizes, batch, shard_bytes, dur):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m ddstore.bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m ddstore_bench.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="short figures (about 30 s)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args(argv)

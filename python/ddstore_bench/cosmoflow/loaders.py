@@ -1,4 +1,4 @@
-"""The four loaders the main job compares (python -m ddstore.cosmoflow train|io).
+"""The four loaders the CosmoFlow-like benchmark compares (python -m ddstore_bench.cosmoflow train|io).
 Each hands the loop this rank's batches of every epoch as (x, y) tensors,
 x int16 (b, C, S, S, S) and y float32 (b, 4), and says which samples it
 promised (promised(epoch), in order) and what it read (take_stats()).
@@ -34,7 +34,7 @@ import os
 
 import numpy as np
 
-from ..schedule import permutation
+from ddstore.schedule import permutation
 
 __all__ = ["LOADERS", "make_loader", "drop_page_cache", "resident_fraction", "ChunkedSource", "SampleFiles",
            "permutation_sampler", "FifoBuffer"]
@@ -244,7 +244,7 @@ class _Stored(_Loader):
     policy_capacity = None  # None: the whole set in memory
 
     def setup(self):
-        from ..torch import DistDataset, ScheduledSampler, ThreadDataLoader
+        from ddstore.torch import DistDataset, ScheduledSampler, ThreadDataLoader
         c = self.cfg
         self.var = f"cosmoflow-{self.name}"
         src = ChunkedSource(c["chunked"])
@@ -330,7 +330,7 @@ class Solar(_Loader):
     name = "ddstore-solar"
 
     def setup(self):
-        from ..torch import DistDataset, ScheduledSampler
+        from ddstore.torch import DistDataset, ScheduledSampler
         c = self.cfg
         self.var = f"cosmoflow-{self.name}"
         src = ChunkedSource(c["chunked"])

@@ -2,7 +2,7 @@
 (default 4 x 32^3; CosmoFlow's own is 4 x 128^3) and 4 float32 targets
 computed from the cube, so that a model can learn them.
 
-    python -m ddstore.cosmoflow generate --out DIR [--samples N] [--size 32]
+    python -m ddstore_bench.cosmoflow generate --out DIR [--samples N] [--size 32]
         [--channels 4] [--seed S] [--format chunked|files|both]
 
 Sample i of seed s is made by ``numpy.random.default_rng([s, i])`` alone, so

@@ -1,12 +1,12 @@
-"""`python -m ddstore.report`: the figures of docs/benchmarks.md as PNG.
+"""`python -m ddstore_bench.report`: the figures of docs/benchmarks.md as PNG.
 
-    python -m ddstore.report --out docs/figures            # measure, then plot
-    python -m ddstore.report --out docs/figures --replot   # plot the saved JSON again
+    python -m ddstore_bench.report --out docs/figures            # measure, then plot
+    python -m ddstore_bench.report --out docs/figures --replot   # plot the saved JSON again
 
 Three figures, each from a JSON file that the run writes next to it:
 
   loading.png     data loading time per epoch per loader
-                  (io.json: `python -m ddstore.cosmoflow io --json --cold
+                  (io.json: `python -m ddstore_bench.cosmoflow io --json --cold
                   --epochs 5`; skipped, with a message, where that command
                   does not exist)
   hit_rate.png    hit rate per epoch per schedule policy against the bound C/N
@@ -16,7 +16,7 @@ Three figures, each from a JSON file that the run writes next to it:
                   node-local and cross-node, the gather and loopback TCP
                   limits of the same run (bench.json: `ddstore bench --json`,
                   three runs, medians),
-                  the Python client (micro.json: `python -m ddstore.microbench
+                  the Python client (micro.json: `python -m ddstore_bench.microbench
                   --json`), and DDStore's figures (REFERENCE.md §1)
 
 --io FILE plots a loading-time JSON made elsewhere instead of running the
@@ -29,7 +29,7 @@ import os
 import subprocess
 import sys
 
-from . import _agent
+from ddstore import _agent
 
 POLICIES = ("random", "solar", "locality")
 # ddstore schedule: the docs' small job (N = 2048, P = 4 with 2 per node,
@@ -78,7 +78,7 @@ def _size_label(b):
 
 def plot_loading(io, path):
     """Data loading time per epoch per loader (and storage reads per epoch
-    where the JSON has them), from `python -m ddstore.cosmoflow io --json`."""
+    where the JSON has them), from `python -m ddstore_bench.cosmoflow io --json`."""
     plt = _plt()
     loaders = io["loaders"]
     reads = any(v.get("storage_reads_per_epoch") for v in loaders.values())
@@ -221,12 +221,12 @@ def measure_bench(binary, quick=False, rounds=None):
 
 
 def io_command():
-    """`python -m ddstore.cosmoflow io --json` if this tree has it, else None."""
-    cmd = [sys.executable, "-m", "ddstore.cosmoflow", "io", "--help"]
+    """`python -m ddstore_bench.cosmoflow io --json` if this tree has it, else None."""
+    cmd = [sys.executable, "-m", "ddstore_bench.cosmoflow", "io", "--help"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         return None
-    return [sys.executable, "-m", "ddstore.cosmoflow", "io", "--json"]
+    return [sys.executable, "-m", "ddstore_bench.cosmoflow", "io", "--json"]
 
 
 def _write(path, obj):
@@ -242,15 +242,15 @@ def _read(path):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m ddstore.report", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m ddstore_bench.report", description=__doc__.split("\n\n")[0],
                                  epilog=__doc__.split("\n\n", 2)[2],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="docs/figures", help="directory of the PNG and JSON files (default docs/figures)")
     ap.add_argument("--replot", action="store_true", help="plot the JSON files already in --out; measure nothing")
     ap.add_argument("--quick", action="store_true", help="short measurements (a first look, not for the docs)")
-    ap.add_argument("--io", help="loading-time JSON to plot instead of running `ddstore.cosmoflow io`")
+    ap.add_argument("--io", help="loading-time JSON to plot instead of running `ddstore_bench.cosmoflow io`")
     ap.add_argument("--io-args", default=IO_ARGS,
-                    help=f"arguments for `python -m ddstore.cosmoflow io --json` (default {IO_ARGS!r})")
+                    help=f"arguments for `python -m ddstore_bench.cosmoflow io --json` (default {IO_ARGS!r})")
     ap.add_argument("--skip", default="", help="comma-separated figures not to measure: loading,hit_rate,throughput")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
@@ -264,7 +264,7 @@ def main(argv=None):
     if not a.replot and "throughput" not in skip:
         print(f"measuring: ddstore bench --json --sizes {BENCH_SIZES} --batch 128", flush=True)
         _write(j("bench.json"), measure_bench(binary, a.quick))
-        print("measuring: python -m ddstore.microbench --json", flush=True)
+        print("measuring: python -m ddstore_bench.microbench --json", flush=True)
         from . import microbench
         _write(j("micro.json"), microbench.measure(a.quick, binary))
     if a.io:
@@ -273,7 +273,7 @@ def main(argv=None):
     elif not a.replot and "loading" not in skip:
         cmd = io_command()
         if cmd is None:
-            print("loading.png: `python -m ddstore.cosmoflow io` does not exist yet; kept what was there", flush=True)
+            print("loading.png: `python -m ddstore_bench.cosmoflow io` does not exist yet; kept what was there", flush=True)
         else:
             cmd += a.io_args.split()
             print("measuring: python", " ".join(cmd[1:]), flush=True)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from ddstore import microbench, report
+from ddstore_bench import microbench, report
 
 IO = {"mode": "io", "cold": True, "ranks": 2, "epochs": 3, "batch": 4, "samples": 64,
       "loaders": {name: {"loading_seconds": sum(ys), "loading_seconds_per_epoch": ys,

@@ -1,4 +1,4 @@
-"""The main job's model: a small 3D CNN in CosmoFlow's shape (blocks of
+"""The CosmoFlow-like benchmark's model: a small 3D CNN in CosmoFlow's shape (blocks of
 convolution, leaky ReLU and 2x max pooling, then fully connected layers
 regressing the 4 targets), sized to train on CPUs.
 

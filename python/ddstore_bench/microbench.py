@@ -1,10 +1,10 @@
-"""`python -m ddstore.microbench`: DDStore's microbenchmark from Python:
+"""`python -m ddstore_bench.microbench`: DDStore's microbenchmark from Python:
 microseconds per row of a single get() and of a get_batch of 128 random
 rows, for 3 KiB and 1 MiB rows, node-local and cross-node, next to DDStore's
 published figures and the limits of this machine measured in the same run.
 
 Two simulated nodes of this machine (two agents meeting on loopback, one
-Store each, as in ddstore.bench); rank 0 reads. Node-local rows come straight
+Store each, as in ddstore_bench.bench); rank 0 reads. Node-local rows come straight
 from shared memory; cross-node rows through the node's agent and the other
 agent over TCP, into a buffer from alloc_recv (DDStore's register_recv) and,
 as `copy`, into a plain numpy array.
@@ -19,7 +19,7 @@ the row at the TCP rate. The whole measurement runs three times (one with
 --quick); figures are medians over the rounds, ratios medians of the ratios
 within each round, because this machine's limits move from minute to minute.
 
-    python -m ddstore.microbench [--quick] [--rounds R] [--json]
+    python -m ddstore_bench.microbench [--quick] [--rounds R] [--json]
 
 With --mpi, the cross-node figures of two ranks launched by mpirun (each
 its own simulated node), read through the agents and by MPI one-sided gets
@@ -40,10 +40,10 @@ import time
 
 import numpy as np
 
-from . import _agent
+from ddstore import _agent
 from .bench import _both, _free_port, _rate
-from .launch import agent_pids
-from .store import Store
+from ddstore.launch import agent_pids
+from ddstore import Store
 
 ROW_SIZES = (3072, 1 << 20)
 BATCH = 128
@@ -420,7 +420,7 @@ def measure_mpi(quick=False, launcher="mpirun"):
                   "DDSTORE_BIN", "DDSTORE_RUN_DIR", "PYTHONPATH"):
             if k in env:
                 cmd += ["-x", k]
-        cmd += [sys.executable, "-m", "ddstore.microbench", "--mpi-rank", method, "--shard", str(shard),
+        cmd += [sys.executable, "-m", "ddstore_bench.microbench", "--mpi-rank", method, "--shard", str(shard),
                 "--duration", str(dur)]
         try:
             r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
@@ -451,7 +451,7 @@ def table_mpi(res):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m ddstore.microbench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m ddstore_bench.microbench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="64 MiB per rank, 0.3 s per figure (about 20 s)")
     ap.add_argument("--rounds", type=int, help="repeat the whole measurement (default 3; 1 with --quick)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")

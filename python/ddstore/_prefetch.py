@@ -1,0 +1,83 @@
+"""Prefetch: telling the node's agent which rows of a variable with a backing
+file this rank reads soon, so that it reads them from the file into staging
+memory before the get_batch that wants them. The requests go from a
+background thread of the store, so that prefetch() returns at once."""
+
+import queue
+import threading
+
+import numpy as np
+
+from . import _wire
+from ._errors import ArgumentError, Error, IndexOutOfRange
+
+
+def request(v, indices):
+    """The Prefetch request for rows `indices` of v (a _Var), or None when
+    none of them is only in the backing file. Bad arguments raise here."""
+    if not v.backing:
+        raise ArgumentError(f"ddstore: bad argument: variable {v.name!r} has no backing file: its rows are all in "
+                            f"memory, there is nothing to prefetch")
+    idx = np.asarray(indices)
+    if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+        raise ArgumentError(f"ddstore: bad argument: indices of shape {idx.shape} and type {idx.dtype}: "
+                            f"want a 1-d sequence of integers")
+    idx = idx.astype(np.int64, copy=False)
+    if idx.size and (idx.min() < 0 or idx.max() >= v.total):
+        i = int(np.flatnonzero((idx < 0) | (idx >= v.total))[0])
+        raise IndexOutOfRange(f"ddstore: index out of range: variable {v.name!r}: indices[{i}] = {int(idx[i])} "
+                              f"not in [0, {v.total})")
+    idx = idx[idx >= v.held]
+    if not idx.size:
+        return None
+    return _wire.Encoder().string(v.name).i64(v.id).i64s(idx)
+
+
+class Prefetcher:
+    """The background sender of one store's Prefetch requests, started on
+    first use. An error the agent answers is kept and raised by the next
+    prefetch (take_error)."""
+
+    def __init__(self, name):
+        self.name = name
+        self.queue, self.thread, self.error = None, None, None
+
+    def take_error(self):
+        err, self.error = self.error, None
+        return err
+
+    def submit(self, enc, lock, send):
+        """Queue enc, starting the thread under lock (the store's) if it is
+        not running yet; the thread sends each request with send(enc) (on a
+        lane of the store's pool), and keeps the store alive until close."""
+        with lock:
+            if self.queue is None:
+                self.queue = queue.SimpleQueue()
+                self.thread = threading.Thread(target=self._run, args=(self.queue, send), daemon=True,
+                                               name=self.name)
+                self.thread.start()
+            q = self.queue
+        q.put(enc)
+
+    def _run(self, q, send):
+        """Sends the requests submit queues, until close()."""
+        while True:
+            enc = q.get()
+            if enc is None:
+                return
+            try:
+                send(enc)
+            except Error as e:
+                self.error = e
+
+    def close(self, timeout):
+        """Send what was queued, then end the thread (waiting at most
+        timeout seconds for it)."""
+        q, t = self.queue, self.thread
+        if q is not None:
+            q.put(None)
+            t.join(timeout)
+
+    def forked(self):
+        """A forked child: the parent's thread is not in it."""
+        self.queue = self.thread = None

@@ -1,0 +1,117 @@
+"""A variable as one rank sees it (its table, the shards mapped on this
+node, its MPI window), and the copying of its rows out of mapped shards."""
+
+import numpy as np
+
+from ._shm import Segment
+from .dtypes import numpy_dtype
+
+
+class Var:
+    """A variable as this rank sees it."""
+
+    __slots__ = ("name", "id", "disp", "itemsize", "rb", "dtype", "npdtype", "total", "held", "backing", "prefix",
+                 "bounds", "shard_rows", "nodes", "local", "typed", "own", "segs", "single", "single_first", "profile",
+                 "win")
+
+    def __init__(self, t, own_rank):
+        self.name, self.id, self.disp, self.itemsize, self.dtype = t.name, t.id, t.disp, t.itemsize, t.dtype
+        self.rb = t.disp * t.itemsize
+        self.shard_rows = t.shard_rows
+        self.prefix = np.concatenate(([0], np.cumsum(t.shard_rows))).astype(np.int64)
+        # Rows [held, total) are only in the backing file: the agent reads
+        # them (owner index P below, like a rank on no node).
+        self.held = int(self.prefix[-1])
+        self.total = int(t.total) or self.held
+        self.backing = t.backing
+        self.nodes = [t.nodes[i] for i in t.rank_node]
+        self.local, self.segs, self.own = [None] * len(t.shard_rows), [], None
+        try:
+            for r, path in enumerate(t.paths):
+                if not path:
+                    continue
+                seg = Segment(path, writable=(r == own_rank))
+                self.segs.append(seg)
+                self.local[r] = seg.rows
+                if r == own_rank:
+                    self.own = seg.rows
+        except BaseException:
+            self.unmap()
+            raise
+        # The one local rank holding every row, when there is one: a batch
+        # then needs no owner lookup at all.
+        nonempty = [r for r, n in enumerate(t.shard_rows) if n > 0]
+        self.single = self.local[nonempty[0]] if len(nonempty) == 1 and self.local[nonempty[0]] is not None \
+            and self.total == self.held else None
+        self.single_first = int(self.prefix[nonempty[0]]) if self.single is not None else 0
+        # The fast path of get(): prefix sums as a list (bisect), and each
+        # local shard as items of the variable's own type.
+        self.bounds = [int(x) for x in self.prefix] + [self.total]
+        self.npdtype = numpy_dtype(self.dtype) if self.dtype else None
+        self.typed = [None] * len(self.local)
+        if self.npdtype is not None:
+            for r, rows in enumerate(self.local):
+                if rows is not None:
+                    self.typed[r] = rows.view(self.npdtype).reshape(rows.shape[0], self.disp)
+        # Past the last rank: the backing file's rows, never local.
+        self.local.append(None)
+        self.typed.append(None)
+        self.profile = {"calls": 0, "rows": 0, "bytes": 0, "local_rows": 0, "remote_rows": 0, "storage_rows": 0,
+                        "remote_calls": 0, "wait_s": 0.0, "onesided_rows": 0}
+        # The MPI window over the job's shards (Store(method="mpi")), or None.
+        self.win = None
+
+    def unmap(self):
+        self.local = [None] * len(self.local)
+        self.typed = [None] * len(self.local)
+        self.own = self.single = None
+        for s in self.segs:
+            s.close()
+        self.segs = []
+
+
+def copy_rows(dst, src, loc, pos=None):
+    """dst[i] = src[loc[i]] (dst[pos[i]] = src[loc[i]] when pos is given),
+    as fast as numpy goes: rows under 1 KiB are taken as single items of a
+    row-sized void dtype (numpy copies an item with one memcpy, not byte by
+    byte); fancy indexing through a temporary beats take(out=) while the
+    temporary stays small (hot in cache and allocator); past 32 KiB a row is
+    large enough for a loop of copies, each row copied once, straight into
+    its place."""
+    rb = src.shape[1]
+    if rb < 1024:
+        row = np.dtype((np.void, rb))
+        s, d = src.view(row).reshape(-1), dst.view(row).reshape(-1)
+        if pos is None:
+            s.take(loc, out=d[:loc.shape[0]])
+        else:
+            d[pos] = s.take(loc)
+        return
+    if rb >= (32 << 10):
+        if pos is None:
+            for i, j in enumerate(loc.tolist()):
+                dst[i] = src[j]
+        else:
+            for i, j in zip(pos.tolist(), loc.tolist()):
+                dst[i] = src[j]
+        return
+    step = max(1, (1 << 20) // rb)
+    for a in range(0, loc.shape[0], step):
+        if pos is None:
+            dst[a:a + step] = src[loc[a:a + step]]
+        else:
+            dst[pos[a:a + step]] = src[loc[a:a + step]]
+
+
+def count(v, rows, remote, wait):
+    """Count one read of rows rows (remote of them through the agent or MPI,
+    waited for wait seconds) in v's profile."""
+    p = v.profile
+    p["calls"] += 1
+    p["rows"] += rows
+    p["bytes"] += rows * v.rb
+    p["local_rows"] += rows - remote
+    if remote:
+        p["remote_rows"] += remote
+        p["remote_calls"] += 1
+        p["wait_s"] += wait

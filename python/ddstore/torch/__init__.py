@@ -1,0 +1,28 @@
+"""The PyTorch layer of ddstore (DDStore's `pyddstore.torch`): a map-style
+dataset whose samples live sharded in the memory of the job's nodes, readers
+that attach to it by name, windows over it, a DataLoader whose workers are
+threads, and a batch sampler that follows `ddstore schedule`.
+
+    import torch, ddstore
+    from ddstore.torch import DistDataset, DistDatasetReader, ThreadDataLoader
+
+    source = torch.utils.data.TensorDataset(features, labels)  # fixed-shape samples
+    ds = DistDataset(source, "train")         # collective: each rank loads its share
+    x, y = ds[12345]                          # any rank reads any sample
+    loader = ThreadDataLoader(ds, batch_size=256, shuffle=True, num_workers=4)
+    for x, y in loader:                       # one get_batch per field per batch
+        ...
+    # elsewhere, in a process that loaded nothing:
+    rd = DistDatasetReader("train", store=ddstore.Store())
+
+Modules: dataset (DistDataset, DistDatasetReader, WindowedDataset, row_of,
+and how a dataset is stored), loader (ThreadDataLoader), sampler
+(ScheduledSampler). Every name is also importable from ddstore.torch.
+"""
+
+from ._schema import _FIELDS, _META  # noqa: F401  (the reserved variables, for pyddstore)
+from .dataset import DistDataset, DistDatasetReader, WindowedDataset, row_of
+from .loader import ThreadDataLoader
+from .sampler import ScheduledSampler
+
+__all__ = ["DistDataset", "DistDatasetReader", "WindowedDataset", "row_of", "ThreadDataLoader", "ScheduledSampler"]

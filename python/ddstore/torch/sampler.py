@@ -1,0 +1,329 @@
+"""ScheduledSampler: a torch batch sampler that reads the plan of `ddstore schedule`
+(internal/schedule, the one implementation of the policies) instead of
+dealing samples itself, and resumes mid-epoch exactly.
+
+    from ddstore.torch import DistDataset, ScheduledSampler, ThreadDataLoader
+
+    ds = DistDataset(source, "train")
+    sampler = ScheduledSampler(ds, batch_size=32, seed=7)      # policy "locality"
+    loader = ThreadDataLoader(ds, batch_sampler=sampler, num_workers=4)
+    for epoch in range(start_epoch, epochs):
+        sampler.set_epoch(epoch)
+        for batch in loader:
+            train(batch)
+            sampler.consumed()              # one more batch done (see below)
+            if time_to_checkpoint:
+                save({"model": ..., "sampler": sampler.state_dict()})
+
+    # after a restart, with any number of loader workers:
+    sampler.load_state_dict(ckpt["sampler"])   # the loop above then goes on
+                                               # from the saved epoch and step
+
+What each rank reads comes from the `ddstore` binary (`ddstore schedule
+--emit-rank R --epoch E`, see `ddstore schedule --help`), run once per epoch
+the sampler needs; the current epoch's plan is cached. The job's geometry is
+n = len(dataset), ranks and this rank from the dataset's store (DistDataset,
+DistDatasetReader, or anything with a `.store`, also through `.ds` or
+`.dataset`), ranks per node from the store's local_size; pass rank, ranks and
+ranks_per_node to override (without a store: torch.distributed when it is
+initialized, else one rank). Nodes are taken to hold consecutive ranks, as
+DistDataset's layout does.
+
+Steps and resuming. A batch sampler is iterated in the main process: loader
+workers, threads or processes, only read the batches it yields, in its order,
+so the number of workers never changes which samples a rank gets. But a
+loader asks for batches ahead of the training loop (prefetching), so the
+number of batches the sampler has yielded runs ahead of the number the loop
+has trained on. state_dict()["step"] is, in this order of preference: the
+`step` passed to state_dict(step=...); the batches counted by consumed() in
+this epoch (plus the step the epoch resumed from); the batches yielded in this
+epoch. With a prefetching loader, call consumed() after each trained batch or
+pass step; with a plain loop over the sampler, neither is needed.
+load_state_dict(d, step=None) takes the seed, epoch and step of d (or the
+given step) and checks that d describes the same plan (n, ranks, batch_size,
+policy, drop_last, and what else the policy's deal depends on), raising
+ValueError naming both values otherwise. The next iteration starts at that
+step; set_epoch with the same epoch keeps it, another epoch starts at 0.
+"""
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from .. import _agent
+from ..sampler import _MAX_SAMPLES, _MAX_SEED, POLICIES, EpochPlan, _bad, _int, read_plan
+
+__all__ = ["ScheduledSampler", "EpochPlan"]
+
+# The state keys that fix the deal, per policy: a state saved under other
+# values describes another plan. random deals by position alone; locality
+# also pins `capacity` samples over nodes of ranks_per_node ranks; solar
+# re-deals by its buffers (capacity) and orders the job's epochs with a swarm.
+_SAME = ("n", "ranks", "batch_size", "policy", "drop_last")
+_SAME_BY_POLICY = {
+    "random": _SAME,
+    "locality": _SAME + ("capacity", "ranks_per_node"),
+    "solar": _SAME + ("capacity", "epochs", "swarm_population", "swarm_iterations"),
+}
+
+
+def _find_store(dataset):
+    """The store of a store-backed dataset, looking through the wrappers of
+    this package (WindowedDataset's .ds) and torch's (Subset's .dataset)."""
+    d = dataset
+    for _ in range(8):
+        store = getattr(d, "store", None)
+        if store is not None and hasattr(store, "rank") and hasattr(store, "size"):
+            return store
+        nxt = getattr(d, "ds", None)
+        if nxt is None:
+            nxt = getattr(d, "dataset", None)
+        if nxt is None or nxt is d:
+            return None
+        d = nxt
+    return None
+
+
+def _identity(dataset):
+    """(rank, ranks, ranks per node) of this process, or None for each part
+    nothing tells."""
+    store = _find_store(dataset)
+    if store is not None:
+        return store.rank, store.size, getattr(store, "local_size", None)
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size(), None
+    except ImportError:  # pragma: no cover
+        pass
+    return None, None, None
+
+
+class ScheduledSampler(Sampler):
+    """A batch sampler (DataLoader(batch_sampler=...), ThreadDataLoader
+    likewise) yielding this rank's batches, lists of dataset indices, under a
+    schedule of `ddstore schedule`.
+
+    dataset: a DistDataset, DistDatasetReader or other store-backed dataset
+    (n = len(dataset); an int is taken as n). batch_size: B, samples per rank
+    per step. seed: the seed of every epoch's order, [0, 2**64). policy:
+    "locality" (every rank exactly B a step, memory hits read on the node
+    holding them), "random" (PyTorch's DistributedSampler deal with
+    ddstore's permutation) or "solar" (SOLAR: epochs reordered, unequal local
+    batches). capacity: samples the job holds in memory (default n: all of
+    them). drop_last: drop what does not fill whole batches (for random,
+    DistributedSampler's and DataLoader's drop_last) instead of padding with
+    the epoch's first samples. epochs: the job's epochs; solar needs it (it
+    orders them all), the others check set_epoch against it when given.
+    rank, ranks, ranks_per_node: override what the dataset's store says.
+    swarm_population, swarm_iterations: solar's swarm (None: the defaults).
+    binary: the ddstore binary (default: DDSTORE_BIN, the bundled one, PATH).
+    prefetch: steps ahead whose samples are announced to the dataset's
+    prefetch() as batches are yielded (a DistDataset with backing files reads
+    those only the files hold into its agent's staging memory); 0 turns it
+    off. Datasets without prefetch() are left alone.
+
+    Bad values raise ValueError (ddstore.ArgumentError) naming them; the
+    binary checks the combination once, at construction.
+    """
+
+    def __init__(self, dataset, batch_size, seed=0, policy="locality", capacity=None, drop_last=False, epochs=None,
+                 rank=None, ranks=None, ranks_per_node=None, swarm_population=None, swarm_iterations=None,
+                 binary=None, prefetch=2):
+        if isinstance(dataset, (bool, np.bool_)):
+            raise _bad(f"dataset {dataset!r}: want a dataset or a number of samples")
+        if isinstance(dataset, (int, np.integer)):
+            n = _int("n", dataset, 1, _MAX_SAMPLES)
+        else:
+            try:
+                n = len(dataset)
+            except TypeError:
+                raise _bad(f"dataset of type {type(dataset).__name__}: it has no len()") from None
+            if n < 1:
+                raise _bad(f"n {n}: the dataset is empty")
+            n = _int("n", n, 1, _MAX_SAMPLES)
+        if not isinstance(policy, str) or policy not in POLICIES:
+            raise _bad(f"policy {policy!r}: want one of {', '.join(repr(p) for p in POLICIES)}")
+        self.n, self.policy = n, policy
+        self.batch_size = _int("batch_size", batch_size, 1)
+        self.seed = _int("seed", seed, 0, _MAX_SEED)
+        self.capacity = n if capacity is None else _int("capacity", capacity, 1)
+        if self.capacity > n:
+            raise _bad(f"capacity {self.capacity} above n {n}: memory holds at most the whole dataset")
+        if not isinstance(drop_last, (bool, np.bool_)):
+            raise _bad(f"drop_last {drop_last!r}: want True or False")
+        self.drop_last = bool(drop_last)
+        self.epochs = None if epochs is None else _int("epochs", epochs, 1)
+        if policy == "solar" and self.epochs is None:
+            raise _bad("policy 'solar' orders all the job's epochs: pass epochs")
+        srank, sranks, slocal = _identity(dataset)
+        ranks = sranks if ranks is None else ranks
+        self.ranks = 1 if ranks is None else _int("ranks", ranks, 1)
+        rank = srank if rank is None else rank
+        self.rank = 0 if rank is None else _int("rank", rank, 0)
+        if self.rank >= self.ranks:
+            raise _bad(f"rank {self.rank} not in [0, {self.ranks}): ranks {self.ranks}")
+        if ranks_per_node is None:
+            ranks_per_node = slocal if slocal and self.ranks % slocal == 0 else 1
+        self.ranks_per_node = _int("ranks_per_node", ranks_per_node, 1)
+        if self.ranks % self.ranks_per_node:
+            raise _bad(f"ranks_per_node {self.ranks_per_node} does not divide ranks {self.ranks}")
+        if self.batch_size * self.ranks > n:
+            raise _bad(f"batch_size {self.batch_size} × ranks {self.ranks} = {self.batch_size * self.ranks} above "
+                       f"n {n}: not one global batch")
+        self.swarm_population = None if swarm_population is None else _int("swarm_population", swarm_population, 0)
+        self.swarm_iterations = None if swarm_iterations is None else _int("swarm_iterations", swarm_iterations, 0)
+        self.binary = binary or _agent.find_binary()
+        self.prefetch = _int("prefetch", prefetch, 0)
+        self._announce = getattr(dataset, "prefetch", None) if self.prefetch else None
+        self._epoch = 0
+        self._start = 0        # the step the next iteration starts from
+        self._pos = None       # batches of this epoch yielded (absolute), None before a pass
+        self._consumed = None  # batches of this epoch consumed (absolute), None unless counted
+        self._pass_start = 0   # the step the current pass started from
+        self._token = None     # the iteration whose progress counts
+        self._cache = {}
+        # The binary checks what is left (e.g. capacity below ranks for
+        # random and solar) and tells the steps per epoch.
+        self._steps = self.plan(0, hits=False).steps
+
+    # -- the plan ---------------------------------------------------------------
+
+    def _args(self, epoch, hits=True):
+        epochs = self.epochs if self.epochs is not None else epoch + 1
+        a = [self.binary, "schedule", "--n", str(self.n), "--ranks", str(self.ranks), "--ranks-per-node",
+             str(self.ranks_per_node), "--batch", str(self.batch_size), "--epochs", str(epochs), "--capacity",
+             str(self.capacity), "--policy", self.policy, "--seed", str(self.seed), "--emit-rank", str(self.rank),
+             "--epoch", str(epoch)] + (["--emit-hits"] if hits else [])
+        if self.drop_last:
+            a.append("--drop-last")
+        if self.swarm_population is not None:
+            a += ["--population", str(self.swarm_population)]
+        if self.swarm_iterations is not None:
+            a += ["--iterations", str(self.swarm_iterations)]
+        return a
+
+    def _check_epoch(self, epoch):
+        epoch = _int("epoch", epoch, 0)
+        if self.epochs is not None and epoch >= self.epochs:
+            raise _bad(f"epoch {epoch} not in [0, {self.epochs}): epochs {self.epochs}")
+        return epoch
+
+    def plan(self, epoch=None, hits=True):
+        """This rank's EpochPlan of `epoch` (default: the current one), from
+        the binary; the latest two are cached. With hits=False the plan has
+        no hit flags (hits is None), which is all iterating needs and, under
+        `random`, saves replaying the earlier epochs' buffers."""
+        epoch = self._epoch if epoch is None else self._check_epoch(epoch)
+        p = self._cache.get(epoch)
+        if p is not None and (p.hits is not None or not hits):
+            return p
+        p = read_plan(self._args(epoch, hits), epoch, hits)
+        while len(self._cache) >= 2:
+            del self._cache[next(iter(self._cache))]
+        self._cache[epoch] = p
+        return p
+
+    # -- the batch sampler --------------------------------------------------------
+
+    @property
+    def epoch(self):
+        return self._epoch
+
+    def __len__(self):
+        """Steps per epoch (the same in every epoch), whatever step an
+        iteration starts from."""
+        return self._steps
+
+    def set_epoch(self, epoch):
+        """Make the next iteration run `epoch` (the epoch-th of the job, in
+        the order the policy runs them). The same epoch as now keeps a step
+        load_state_dict set; another starts at step 0."""
+        epoch = self._check_epoch(epoch)
+        if epoch != self._epoch:
+            self._epoch, self._start, self._pos, self._consumed, self._pass_start = epoch, 0, None, None, 0
+
+    def __iter__(self):
+        plan = self.plan(hits=False)
+        start = self._start
+        self._start, self._pos, self._consumed, self._pass_start = 0, start, None, start
+        token = self._token = object()
+        return self._batches(plan, start, token)
+
+    def _batches(self, plan, start, token):
+        ahead, announce = self.prefetch, self._announce
+        if announce is not None:
+            for s in range(start, min(start + ahead, plan.steps)):
+                announce(plan.batch(s))
+        for s in range(start, plan.steps):
+            if announce is not None and s + ahead < plan.steps:
+                announce(plan.batch(s + ahead))
+            b = plan.batch(s).tolist()
+            if self._token is token:
+                self._pos = s + 1
+            yield b
+
+    def consumed(self, k=1):
+        """Count k more batches of this epoch as trained on; state_dict()
+        then saves that count (plus the step this pass resumed from) rather
+        than what the sampler yielded, which a prefetching loader runs ahead
+        of. A new pass (iter) or another epoch starts the count again."""
+        k = _int("k", k, 0)
+        pos = self._pos if self._pos is not None else self._start
+        done = (self._consumed if self._consumed is not None else self._pass_start) + k
+        if done > pos:
+            raise _bad(f"consumed {done} batches of epoch {self._epoch}, only {pos} yielded")
+        self._consumed = done
+
+    # -- state ----------------------------------------------------------------------
+
+    def state_dict(self, step=None):
+        """The state to save with the model: seed, epoch, step (batches of
+        the epoch done: `step` when given, else those counted by consumed(),
+        else those yielded), and what the plan is a function of."""
+        if step is None:
+            if self._consumed is not None:
+                step = self._consumed
+            elif self._pos is not None:
+                step = self._pos
+            else:
+                step = self._start
+        else:
+            step = self._check_step(step)
+        return {"seed": self.seed, "epoch": self._epoch, "step": int(step), "policy": self.policy,
+                "capacity": self.capacity, "n": self.n, "ranks": self.ranks, "batch_size": self.batch_size,
+                "drop_last": self.drop_last, "ranks_per_node": self.ranks_per_node, "epochs": self.epochs,
+                "swarm_population": self.swarm_population, "swarm_iterations": self.swarm_iterations}
+
+    def _check_step(self, step):
+        step = _int("step", step, 0)
+        if step > self._steps:
+            raise _bad(f"step {step} above the {self._steps} steps of an epoch")
+        return step
+
+    def load_state_dict(self, state, step=None):
+        """Resume from `state` (state_dict() of a sampler of the same plan,
+        on any rank): its seed, epoch and step, or `step` when given. The
+        next iteration yields the batches from that step on, exactly those
+        an uninterrupted run would have."""
+        if not isinstance(state, dict):
+            raise _bad(f"state of type {type(state).__name__}: want the dict of state_dict()")
+        missing = [k for k in ("seed", "epoch", "step", "policy", "capacity", "n", "ranks", "batch_size")
+                   if k not in state]
+        if missing:
+            raise _bad(f"state without {', '.join(missing)}: want the dict of state_dict()")
+        mine = self.state_dict(step=0)
+        for k in _SAME_BY_POLICY.get(state["policy"], _SAME):
+            if k in state and state[k] != mine[k]:
+                raise _bad(f"{k} {state[k]!r} in the state, {mine[k]!r} here: the state is of another plan")
+        seed = _int("seed", state["seed"], 0, _MAX_SEED)
+        epoch = self._check_epoch(state["epoch"])
+        step = self._check_step(state["step"] if step is None else step)
+        if seed != self.seed:
+            self.seed, self._cache = seed, {}
+        self._epoch, self._start, self._pos, self._consumed, self._token = epoch, step, None, None, None
+        self._pass_start = step
+
+    def __repr__(self):
+        return (f"ScheduledSampler(n={self.n}, batch_size={self.batch_size}, policy={self.policy!r}, "
+                f"capacity={self.capacity}, rank={self.rank}/{self.ranks}, ranks_per_node={self.ranks_per_node}, "
+                f"seed={self.seed}, epoch={self._epoch})")
