@@ -485,12 +485,8 @@ func TestClusterErrExists(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t0 := time.Now()
 		err = s.Add("x", make([]byte, errRB), errDisp, errItem)
 		wantErr(t, fmt.Sprintf("fresh store of rank %d: Add", r), err, ddstore.ErrExists, `"x"`)
-		if d := time.Since(t0); d > time.Second {
-			t.Errorf("fresh store: Add of an existing name took %v", d)
-		}
 		readAll(t, s, "x", errTotal, errRB)
 		s.Close()
 	}
@@ -805,7 +801,6 @@ func TestClusterErrPublishTimeout(t *testing.T) {
 		extra = append(extra, s)
 	}
 	for round := range 2 { // a retry by the same ranks times out the same way
-		t0 := time.Now()
 		errs := make([]error, len(extra))
 		var wg sync.WaitGroup
 		for r, s := range extra {
@@ -819,9 +814,6 @@ func TestClusterErrPublishTimeout(t *testing.T) {
 			}()
 		}
 		wg.Wait()
-		if d := time.Since(t0); d > 4*time.Second {
-			t.Fatalf("round %d: Add with missing ranks returned after %v, want about 300ms", round, d)
-		}
 		for r, err := range errs {
 			wantErr(t, fmt.Sprintf("round %d rank %d", round, r), err, ddstore.ErrTimeout, `"late"`, "2, 3, 4", "2 of 5")
 		}
@@ -859,12 +851,8 @@ func TestClusterErrPeerDown(t *testing.T) {
 		{2, []int64{12}},
 		{0, []int64{10}}, // again: the dead peer is redialed and fails again
 	} {
-		t0 := time.Now()
 		dst := make([]byte, len(tc.idx)*errRB)
 		err := c.stores[tc.r].GetBatch("x", dst, tc.idx)
-		if d := time.Since(t0); d > 8*time.Second {
-			t.Fatalf("read %d: failed after %v", i, d)
-		}
 		if err == nil || !(errors.Is(err, ddstore.ErrPeer) || errors.Is(err, ddstore.ErrTimeout)) {
 			t.Fatalf("read %d of rows of a closed agent: %v, want ErrPeer or ErrTimeout", i, err)
 		}
@@ -872,13 +860,9 @@ func TestClusterErrPeerDown(t *testing.T) {
 			t.Errorf("read %d: error %q does not name the variable", i, err)
 		}
 	}
-	t0 := time.Now()
 	err := c.stores[1].Get("x", make([]byte, 4*errRB), 7)
 	if err == nil || !(errors.Is(err, ddstore.ErrPeer) || errors.Is(err, ddstore.ErrTimeout)) {
 		t.Fatalf("Get across into node2: %v, want ErrPeer or ErrTimeout", err)
-	}
-	if d := time.Since(t0); d > 8*time.Second {
-		t.Fatalf("Get failed after %v", d)
 	}
 	// Rows 0..9 (node0 and node1) still read, from every rank still up,
 	// several times over.

@@ -57,15 +57,13 @@ func (a *mpiAgent) Close() error {
 	syscall.Kill(a.pid, syscall.SIGTERM)
 	a.pid = 0
 	prefix := shm.SegmentPrefix(a.ns, a.node)
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	return testutil.Poll(30*time.Second, func() error {
 		segs, _ := filepath.Glob(prefix + "*")
-		if _, err := os.Stat(a.socket); errors.Is(err, os.ErrNotExist) && len(segs) == 0 {
-			return nil
+		if _, err := os.Stat(a.socket); !errors.Is(err, os.ErrNotExist) || len(segs) != 0 {
+			return fmt.Errorf("agent of %s did not stop within 30 s: socket %v, segments %v", a.node, err, segs)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return fmt.Errorf("agent of %s did not stop within 30 s", a.node)
+		return nil
+	})
 }
 
 // startMPIAgents runs `mpirun -np 1 ddstore agent --transport mpi --node

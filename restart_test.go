@@ -280,11 +280,7 @@ func TestPeerKilledMidBatches(t *testing.T) {
 				for i := range idx {
 					idx[i] = rng.Int64N(n)
 				}
-				t0 := time.Now()
 				err := s.GetBatch("v", dst, idx)
-				if took := time.Since(t0); took > 15*time.Second {
-					badOnce.Do(func() { bad = fmt.Errorf("a read took %v", took) })
-				}
 				switch {
 				case err == nil:
 					for i, g := range idx {
@@ -301,6 +297,9 @@ func TestPeerKilledMidBatches(t *testing.T) {
 			}
 		}()
 	}
+	// The readers' load runs through three phases, each some batches
+	// long: the peer up, killed, started again. The pauses pace the
+	// scenario; no assertion waits on them (the readers check each batch).
 	time.Sleep(200 * time.Millisecond)
 	p1.kill()
 	time.Sleep(300 * time.Millisecond)
@@ -309,7 +308,7 @@ func TestPeerKilledMidBatches(t *testing.T) {
 	testutil.WaitFor(t, 20*time.Second, func() error {
 		return s.GetBatch("v", make([]byte, rb), []int64{n - 1})
 	})
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // a phase of reads with the peer back, as above
 	close(stop)
 	var total result
 	for range 4 {

@@ -93,6 +93,8 @@ func TestClusterReaderWaitsForPublication(t *testing.T) {
 	got := make(chan error, 1)
 	all := make([]byte, 9*8)
 	go func() { got <- r.Get("late", all, 0) }()
+	// A window in which a reader that did not wait would fail: nothing to
+	// poll for, since a waiting reader shows nothing until the publication.
 	time.Sleep(300 * time.Millisecond)
 	select {
 	case err := <-got:

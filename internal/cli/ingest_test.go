@@ -649,7 +649,6 @@ func TestIngestOneNodeCannotStart(t *testing.T) {
 	writeNPY(t, path, 100)
 	files := []string{path, path + ".missing.npy"}
 	wants := []string{"rank 1 could not create its shard", "feat.npy.missing.npy: no such file or directory"}
-	t0 := time.Now()
 	var wg sync.WaitGroup
 	for r, nd := range nodes {
 		wg.Go(func() {
@@ -661,9 +660,6 @@ func TestIngestOneNodeCannotStart(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if d := time.Since(t0); d > 10*time.Second {
-		t.Errorf("took %v", d)
-	}
 	for _, nd := range nodes {
 		in, err := ddstore.QueryAgent(nd.a.Socket(), ns, nd.name)
 		if err != nil || in.MemoryBytes != 0 {
