@@ -51,9 +51,6 @@ build: ## build the ddstore binary into bin/ddstore (with HDF5 where libhdf5-dev
 # is a separate one: bin/mpi/ddstore (named ddstore, so that it starts
 # agents of its own kind).
 MPI_BIN  := bin/mpi/ddstore
-# MPI_TESTS are the cluster tests `make gotest` runs again over the MPI
-# transport (DDSTORE_TEST_TRANSPORT=mpi, mpicluster_test.go).
-MPI_TESTS := ^(TestMPIClusterOneSided|TestGetBatchEveryRank|TestReaderStore|TestReaderWaitsForPublication|TestShard|TestTyped|TestReplicaGroups|TestManyGoroutinesRead|TestErrPeerDown|TestErrCloseDuringReads|TestErrExists|TestErrFreeAllThenAddAgain|TestErrFreedAndClosed|TestErrGeometryInvalidOnOneRank|TestErrGeometryMismatch|TestErrPublishTimeout|TestErrRetryAfterFailedCollective|TestErrUnknownVariable|TestBadBuffer|TestBadGeometryArgs|TestBadIndex|TestBadUpdate|TestTierReadsEverySample|TestTierErrors|TestTierStagingUnderPressure|TestPeerLossFallsBackToTheFile)$$
 
 build-mpi: ## build bin/mpi/ddstore with the MPI transport (tag mpi; links the MPI named mpi-c: libopenmpi-dev, or libmpich-dev alone)
 	$(GO) build -tags '$(HDF5_TAGS) mpi' -o $(MPI_BIN) ./cmd/ddstore
@@ -68,10 +65,6 @@ build-mpich: ## build bin/mpich/ddstore with the MPI transport on MPICH (tags mp
 
 # The libfabric transport (docs/build_tags.md): bin/fabric/ddstore.
 FABRIC_BIN := bin/fabric/ddstore
-# FABRIC_TESTS are the cluster tests `make gotest` runs again over libfabric
-# (DDSTORE_TEST_TRANSPORT=fabric, fabriccluster_test.go; provider tcp on
-# loopback unless DDSTORE_FABRIC says otherwise).
-FABRIC_TESTS := $(subst TestMPIClusterOneSided,TestFabricClusterOneSided|TestFabricIdleTarget,$(MPI_TESTS))
 
 build-fabric: ## build bin/fabric/ddstore with the libfabric transport (tag fabric; needs libfabric-dev)
 	$(GO) build -tags '$(HDF5_TAGS) fabric' -o $(FABRIC_BIN) ./cmd/ddstore
@@ -86,46 +79,8 @@ deps: ## install the Debian packages the tests need (apt-get, as root), if missi
 
 test: deps gotest pytest python ## every test: Go (gofmt, vet, pure-Go build, race, fuzz-short), Python, pip install
 
-gotest: ## gofmt check, go vet, pure-Go build, race tests, then fuzz-short
-	@echo '== gofmt -l'
-	@out=$$(find . -name '*.go' -not -path './.git/*' -not -path './vendor/*' \
-		-not -path '*/testdata/*' -print | xargs -r gofmt -l); \
-	if [ -n "$$out" ]; then echo "gofmt would reformat:"; echo "$$out"; exit 1; fi
-	@echo '== go vet'
-	$(GO) vet ./...
-	@echo '== pure-Go build (CGO_ENABLED=0)'
-	CGO_ENABLED=0 $(GO) build ./...
-	@echo '== go test $(RACE)'
-	@if [ -n "$(RACE)" ] && [ "$$($(GO) env CGO_ENABLED)" != 1 ]; then \
-		echo "make test: 'go test $(RACE)' needs cgo and a C compiler (apt-get install gcc), or run 'make test RACE='"; \
-		exit 1; fi
-	$(GO) test $(RACE) -count=1 -timeout 20m ./...
-	@echo '== HDF5 (build tag hdf5, cgo on libhdf5)'
-	$(GO) vet -tags hdf5 ./internal/source/ ./internal/cli/
-	$(GO) test $(RACE) -tags hdf5 -count=1 ./internal/source/ ./internal/cli/
-	@if command -v mpicc >/dev/null 2>&1; then \
-		echo '== MPI (build tag mpi, cgo on MPI): the transport between ranks, then the cluster tests over it'; \
-		set -x; \
-		$(GO) vet -tags mpi . ./internal/transport/ ./internal/bench/ ./internal/agent/ ./internal/cli/ || exit 1; \
-		$(GO) test $(RACE) -tags mpi -count=1 ./internal/transport/ ./internal/bench/ || exit 1; \
-		$(GO) test $(RACE) -tags mpi -count=1 -run '^TestMPIReads$$' . || exit 1; \
-		DDSTORE_TEST_TRANSPORT=mpi $(GO) test $(RACE) -count=1 -run '$(MPI_TESTS)' . || exit 1; \
-	else echo '== MPI: no mpicc, skipped (apt-get install libopenmpi-dev)'; fi
-	@if pkg-config --exists mpich 2>/dev/null && command -v mpiexec.mpich >/dev/null 2>&1; then \
-		echo '== MPICH (build tags mpi mpich, launched by mpiexec.mpich): the same MPI tests on the other MPI'; \
-		set -x; \
-		$(GO) vet -tags 'mpi mpich' . ./internal/transport/ ./internal/bench/ || exit 1; \
-		DDSTORE_MPIRUN=mpiexec.mpich $(GO) test $(RACE) -tags 'mpi mpich' -count=1 ./internal/transport/ ./internal/bench/ || exit 1; \
-		DDSTORE_MPIRUN=mpiexec.mpich $(GO) test $(RACE) -tags 'mpi mpich' -count=1 -run '^TestMPIReads$$' . || exit 1; \
-		DDSTORE_MPIRUN=mpiexec.mpich DDSTORE_TEST_TRANSPORT=mpi $(GO) test $(RACE) -count=1 -run '$(MPI_TESTS)' . || exit 1; \
-	else echo '== MPICH: not installed, skipped (apt-get install mpich libmpich-dev)'; fi
-	@if pkg-config --exists libfabric 2>/dev/null; then \
-		echo '== libfabric (build tag fabric, cgo on libfabric): the transport on loopback, then the cluster tests over it'; \
-		set -x; \
-		$(GO) vet -tags fabric ./internal/transport/ ./internal/agent/ . || exit 1; \
-		$(GO) test $(RACE) -tags fabric -count=1 -run Fabric ./internal/transport/ || exit 1; \
-		DDSTORE_TEST_TRANSPORT=fabric $(GO) test $(RACE) -tags fabric -count=1 -run '$(FABRIC_TESTS)' . || exit 1; \
-	else echo '== libfabric: not installed, skipped (apt-get install libfabric-dev)'; fi
+gotest: ## gofmt check, go vet, pure-Go build, race tests, HDF5/MPI/MPICH/libfabric tagged tests (.ci/gotest.sh), then fuzz-short
+	@GO='$(GO)' RACE='$(RACE)' bash .ci/gotest.sh
 	@$(MAKE) --no-print-directory fuzz-short
 
 pytest: build ## the Python client's tests against agents built from this tree

@@ -7,9 +7,7 @@ package ddstore_test
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -17,70 +15,18 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/ddstore-go/ddstore"
+	"github.com/ddstore-go/ddstore/internal/testutil"
 )
 
-// helperEnv names the role a re-executed test binary plays; its
-// arguments travel as JSON in helperArgsEnv. The dispatch runs in init, so
-// a helper process starts in milliseconds: it skips TestMain (which builds
-// the agent binary) and the tests.
-const (
-	helperEnv     = "DDSTORE_TEST_HELPER"
-	helperArgsEnv = "DDSTORE_TEST_HELPER_ARGS"
-)
-
-// helpers are the roles, registered by the files that define them.
-var helpers = map[string]func(args []byte) int{}
-
-// helper registers role: f gets the args helperCmd passed, decoded.
-func helper[T any](role string, f func(T) int) bool {
-	helpers[role] = func(b []byte) int {
-		var a T
-		if err := json.Unmarshal(b, &a); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 2
-		}
-		return f(a)
-	}
-	return true
-}
-
-func init() {
-	role := os.Getenv(helperEnv)
-	if role == "" {
-		return
-	}
-	// Registered by other files' package-level vars, which are initialized
-	// before any init runs.
-	f := helpers[role]
-	if f == nil {
-		fmt.Fprintf(os.Stderr, "unknown test helper %q\n", role)
-		os.Exit(2)
-	}
-	os.Exit(f([]byte(os.Getenv(helperArgsEnv))))
-}
-
-// helperCmd is this test binary re-executed as role with args.
-func helperCmd(t testing.TB, role string, args any) *exec.Cmd {
-	t.Helper()
-	b, err := json.Marshal(args)
-	if err != nil {
-		t.Fatal(err)
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(exe)
-	// GORACE: a race-built helper otherwise sleeps 1 s at exit.
-	cmd.Env = append(os.Environ(), helperEnv+"="+role, helperArgsEnv+"="+string(b), "GORACE=atexit_sleep_ms=0")
-	return cmd
-}
+// The helper processes of these tests (roles registered with
+// testutil.Helper by clientloss_test.go and soak_test.go) are played from
+// init, before TestMain builds the agent binary.
+func init() { testutil.RunHelper() }
 
 // testAgentBin is the agent binary of these tests: DDSTORE_SOAK_BIN (make
 // soak passes a build without -race, so that the figures mean something),
@@ -97,24 +43,7 @@ func testAgentBin() string {
 type agentProc struct {
 	node, socket, metrics string
 	cmd                   *exec.Cmd
-	log                   *syncBuffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
+	log                   *testutil.Buffer
 }
 
 // startAgentProc starts the agent of node and waits until it answers.
@@ -135,11 +64,11 @@ func startAgentProcs(t testing.TB, prefix string, nodes ...string) (string, stri
 
 func startAgentProc(t testing.TB, ns, node, runDir, rendezvous string) *agentProc {
 	t.Helper()
-	a := &agentProc{node: node, socket: ddstore.SocketPath(runDir, ns, node), metrics: freeAddr(t), log: &syncBuffer{}}
+	a := &agentProc{node: node, socket: ddstore.SocketPath(runDir, ns, node), metrics: freeAddr(t), log: &testutil.Buffer{}}
 	a.cmd = exec.Command(testAgentBin(), "agent", "--namespace", ns, "--node", node, "--run-dir", runDir,
 		"--rendezvous", rendezvous, "--peer-listen", "127.0.0.1:0", "--metrics-addr", a.metrics,
 		"--timeout", "10s", "--join-timeout", "20s")
-	a.cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0")
+	a.cmd.Env = append(os.Environ(), testutil.NoRaceExitPause)
 	if os.Getenv("DDSTORE_SECRET") == "" {
 		// Agents meeting at a rendezvous address prove a shared secret;
 		// clients without one prove the key in the agent's key file.
@@ -163,7 +92,7 @@ func startAgentProc(t testing.TB, ns, node, runDir, rendezvous string) *agentPro
 			t.Logf("agent %s log:\n%s", node, a.log.String())
 		}
 	})
-	waitFor(t, 20*time.Second, func() error {
+	testutil.WaitFor(t, 20*time.Second, func() error {
 		_, err := ddstore.QueryAgent(a.socket, ns, node)
 		return err
 	})

@@ -17,6 +17,7 @@ import (
 	"github.com/ddstore-go/ddstore"
 	"github.com/ddstore-go/ddstore/internal/auth"
 	"github.com/ddstore-go/ddstore/internal/shm"
+	"github.com/ddstore-go/ddstore/internal/testutil"
 	"github.com/ddstore-go/ddstore/internal/transport"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
@@ -42,12 +43,12 @@ func environWith(secret string) []string {
 // authAgent is a `ddstore agent` process and its output.
 type authAgent struct {
 	cmd *exec.Cmd
-	log *syncBuffer
+	log *testutil.Buffer
 }
 
 func startAuthAgent(t *testing.T, secret string, args ...string) *authAgent {
 	t.Helper()
-	a := &authAgent{cmd: exec.Command(ddstoreBin, append([]string{"agent"}, args...)...), log: &syncBuffer{}}
+	a := &authAgent{cmd: exec.Command(ddstoreBin, append([]string{"agent"}, args...)...), log: &testutil.Buffer{}}
 	a.cmd.Env = environWith(secret)
 	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
 	if err := a.cmd.Start(); err != nil {
@@ -149,7 +150,7 @@ func TestAuthHandshakeDirProcesses(t *testing.T) {
 	}
 
 	// The agent counts a refusal once the other side has hung up.
-	waitFor(t, 10*time.Second, func() error {
+	testutil.WaitFor(t, 10*time.Second, func() error {
 		in, err := ddstore.QueryAgent(ddstore.SocketPath(runDir, ns, "n0"), ns, "n0")
 		if err == nil && in.Counters["refused_connections"] != 2 {
 			err = fmt.Errorf("n0 refused %d connections, want 2", in.Counters["refused_connections"])
@@ -230,7 +231,7 @@ func TestAuthRendezvousProcesses(t *testing.T) {
 	// The coordinator (n0 or n1: whichever bound the rendezvous address
 	// first) counts once the refused agent hangs up.
 	var info []byte
-	waitFor(t, 10*time.Second, func() error {
+	testutil.WaitFor(t, 10*time.Second, func() error {
 		info = nil
 		for i, node := range []string{"n0", "n1"} {
 			in, err := ddstore.QueryAgent(c.stores[i].Socket(), ns, node)

@@ -1,10 +1,6 @@
 package ddstore
 
 import (
-	"fmt"
-	"path/filepath"
-
-	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/client"
 	"github.com/ddstore-go/ddstore/internal/naming"
 )
@@ -53,26 +49,11 @@ func (s *Store) InitBacked(name string, nrows, disp int64, dtype Dtype, b Backin
 
 // check validates a Backing and makes its file name absolute.
 func (b Backing) check(name string, nrows int64) (Backing, error) {
-	if b.File == "" {
-		return b, base.Errorf(base.ErrArgument, "variable %q: backing file name is empty", name)
-	}
-	if b.Rows < 1 || b.Rows < nrows {
-		return b, base.Errorf(base.ErrGeometry, "variable %q: backing file %s of %d rows: want at least 1 and at least this rank's %d", name, b.File, b.Rows, nrows)
-	}
-	sp, err := naming.ParseSpec(b.File, true)
+	f, err := naming.CheckBacking(name, b.File, b.Rows, nrows)
 	if err != nil {
-		return b, fmt.Errorf("variable %q: %w", name, err)
+		return b, err
 	}
-	if !filepath.IsAbs(sp.File) {
-		abs, err := filepath.Abs(sp.File)
-		if err != nil {
-			return b, fmt.Errorf("variable %q: backing file %s: %w", name, b.File, err)
-		}
-		b.File = abs
-		if sp.Dataset != "" {
-			b.File += ":" + sp.Dataset
-		}
-	}
+	b.File = f
 	return b, nil
 }
 

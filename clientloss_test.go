@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/ddstore-go/ddstore"
+	"github.com/ddstore-go/ddstore/internal/testutil"
 )
 
 // lossArgs is what a killed client is told.
@@ -38,7 +39,7 @@ var lossPhases = map[byte]string{
 	'c': "create+publish (Add)", 'f': "free",
 }
 
-var _ = helper("clientloss", lossClient)
+var _ = testutil.Helper("clientloss", lossClient)
 
 // lossClient runs until it is killed; it exits by itself only on an error,
 // which fails the test.
@@ -249,7 +250,7 @@ func TestClientLoss(t *testing.T) {
 			mode = "pending"
 		}
 		modes[mode]++
-		cmd := helperCmd(t, "clientloss", lossArgs{NS: ns, Node: "a", Socket: a.socket, Mode: mode,
+		cmd := testutil.HelperCmd(t, "clientloss", lossArgs{NS: ns, Node: "a", Socket: a.socket, Mode: mode,
 			Seed: rng.Uint64(), Rows: 2 * perRank, RowBytes: rb})
 		// Without DDSTORE_SECRET a client proves the key in the agent's key
 		// file, as a trainer on the node may: deriving the key from the
@@ -259,7 +260,7 @@ func TestClientLoss(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var stderr syncBuffer
+		var stderr testutil.Buffer
 		cmd.Stderr = &stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -321,7 +322,7 @@ func TestClientLoss(t *testing.T) {
 	jobClients := a.state(t, ns).Clients // the job's own lanes, and the query
 	settle := func() int {
 		freed := 0
-		waitFor(t, 15*time.Second, func() error {
+		testutil.WaitFor(t, 15*time.Second, func() error {
 			in, err := ddstore.QueryAgent(a.socket, ns, "a")
 			if err != nil {
 				return err

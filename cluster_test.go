@@ -14,6 +14,14 @@ import (
 	"github.com/ddstore-go/ddstore/agent"
 )
 
+// The cluster tests: a job of several nodes on loopback (startCluster),
+// whose bodies hold over every transport between agents. A test named
+// TestCluster... is one of them, and so runs again over MPI
+// (mpicluster_test.go) and over libfabric (fabriccluster_test.go): the CI
+// script selects them by that prefix (-run '^TestCluster'), so a new one is
+// picked up by its name. TestClusterTestsNamed holds every test that
+// starts a cluster to that name.
+
 // cluster is a job on loopback: one in-process agent per node, each a
 // different node id, and one Store per rank, ranks dealt to nodes in blocks.
 type cluster struct {

@@ -4,11 +4,12 @@ package ddstore_test
 // DDSTORE_TEST_TRANSPORT=fabric (and a test binary built with -tags
 // fabric), startCluster starts its agents in this process as over tcp, each
 // with --transport fabric: its own endpoint of the provider DDSTORE_FABRIC
-// names (tcp when unset), on loopback; the test bodies are the same:
+// names (tcp when unset), on loopback; the test bodies are the same, those
+// of the tests named TestCluster... (cluster_test.go):
 //
-//	DDSTORE_TEST_TRANSPORT=fabric go test -tags fabric -run 'TestGetBatchEveryRank|...' .
+//	DDSTORE_TEST_TRANSPORT=fabric go test -tags fabric -run '^TestCluster' .
 //
-// (make gotest runs the set in FABRIC_TESTS when libfabric is installed.)
+// (.ci/gotest.sh runs them so when libfabric is installed.)
 
 import (
 	"os"
@@ -37,21 +38,21 @@ func skipUnlessFabric(t *testing.T) {
 	}
 }
 
-// TestFabricClusterOneSided: over libfabric, from 1 to 4 nodes, every rank
+// TestClusterFabricOneSided: over libfabric, from 1 to 4 nodes, every rank
 // reads every row, and the rows of other nodes come by RMA reads: the
 // owners' agents serve none of them over TCP (served_rows stays 0).
-func TestFabricClusterOneSided(t *testing.T) {
+func TestClusterFabricOneSided(t *testing.T) {
 	skipUnlessFabric(t)
 	testOneSided(t, false)
 }
 
-// TestFabricIdleTarget is DDStore's libfabric deadlock on loopback: a read
+// TestClusterFabricIdleTarget is DDStore's libfabric deadlock on loopback: a read
 // completes only while the target is inside libfabric, and DDStore's
 // target is only there when it reads itself. Here node 1's clients publish
 // and then do nothing at all while node 0 reads its rows, batch after
 // batch: every read must complete, within a bounded time, because node 1's
 // agent polls its own completion queue.
-func TestFabricIdleTarget(t *testing.T) {
+func TestClusterFabricIdleTarget(t *testing.T) {
 	skipUnlessFabric(t)
 	c := startCluster(t, []int{1, 1}, viaRendezvous)
 	const rb = 1024

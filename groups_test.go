@@ -8,11 +8,11 @@ import (
 	"github.com/ddstore-go/ddstore"
 )
 
-// TestReplicaGroups: with width 2, ranks {0,1} and {2,3} each hold a whole
+// TestClusterReplicaGroups: with width 2, ranks {0,1} and {2,3} each hold a whole
 // copy of the variable; every rank reads every row from its own group —
 // here its own node, so nothing crosses nodes — and groups free their copies
 // independently.
-func TestReplicaGroups(t *testing.T) {
+func TestClusterReplicaGroups(t *testing.T) {
 	const n, rb = 90, 64
 	c := startCluster(t, []int{2, 2}, viaRendezvous, func(cfg *ddstore.Config) { cfg.Width = 2 })
 	c.mustEach(t, func(r int, s *ddstore.Store) error {

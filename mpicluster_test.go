@@ -4,11 +4,12 @@ package ddstore_test
 // startCluster starts its agents as the ranks of one mpirun launch of the
 // ddstore binary (built with -tags mpi by TestMain), one rank per simulated
 // node, each with --transport mpi and its own --node; the stores stay in
-// this process and the test bodies are the same as over tcp:
+// this process and the test bodies are the same as over tcp. The tests
+// that run again so are those named TestCluster... (cluster_test.go):
 //
-//	DDSTORE_TEST_TRANSPORT=mpi go test -run 'TestGetBatchEveryRank|...' .
+//	DDSTORE_TEST_TRANSPORT=mpi go test -run '^TestCluster' .
 //
-// (make gotest runs the set in mpiClusterTests when mpicc is installed.)
+// (.ci/gotest.sh runs them so when mpicc is installed.)
 
 import (
 	"context"
@@ -27,6 +28,7 @@ import (
 	"github.com/ddstore-go/ddstore/agent"
 	"github.com/ddstore-go/ddstore/internal/mpirun"
 	"github.com/ddstore-go/ddstore/internal/shm"
+	"github.com/ddstore-go/ddstore/internal/testutil"
 )
 
 // clusterTransport is the transport of startCluster's agents.
@@ -56,15 +58,13 @@ func (a *mpiAgent) Close() error {
 	syscall.Kill(a.pid, syscall.SIGTERM)
 	a.pid = 0
 	prefix := shm.SegmentPrefix(a.ns, a.node)
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	return testutil.Poll(30*time.Second, func() error {
 		segs, _ := filepath.Glob(prefix + "*")
-		if _, err := os.Stat(a.socket); errors.Is(err, os.ErrNotExist) && len(segs) == 0 {
-			return nil
+		if _, err := os.Stat(a.socket); !errors.Is(err, os.ErrNotExist) || len(segs) != 0 {
+			return fmt.Errorf("agent of %s did not stop within 30 s: socket %v, segments %v", a.node, err, segs)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return fmt.Errorf("agent of %s did not stop within 30 s", a.node)
+		return nil
+	})
 }
 
 // startMPIAgents runs `mpirun -np 1 ddstore agent --transport mpi --node
@@ -85,11 +85,11 @@ func startMPIAgents(t testing.TB, cfgs []agent.Config) []testAgent {
 		args = append(args, mpiAgentArgs(cfg)...)
 	}
 	cmd := exec.Command(launcher.Path, args...)
-	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0")
+	cmd.Env = append(os.Environ(), testutil.NoRaceExitPause)
 	if cfgs[0].Secret != "" {
 		cmd.Env = append(cmd.Env, "DDSTORE_SECRET="+cfgs[0].Secret)
 	}
-	log := &syncBuffer{}
+	log := &testutil.Buffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -182,10 +182,10 @@ func mpiAgentArgs(cfg agent.Config) []string {
 	return args
 }
 
-// TestMPIClusterOneSided: over the MPI transport, from 1 to 4 nodes, every
+// TestClusterMPIOneSided: over the MPI transport, from 1 to 4 nodes, every
 // rank reads every row, and the rows of other nodes come by one-sided
 // gets: the owners' agents serve none of them (served_rows stays 0).
-func TestMPIClusterOneSided(t *testing.T) {
+func TestClusterMPIOneSided(t *testing.T) {
 	if clusterTransport != "mpi" {
 		t.Skip("DDSTORE_TEST_TRANSPORT=mpi runs it")
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/ddstore-go/ddstore"
 	"github.com/ddstore-go/ddstore/internal/mpirun"
+	"github.com/ddstore-go/ddstore/internal/testutil"
 )
 
 // mpiReadsEnv marks the copies of the test binary that mpirun starts as
@@ -36,15 +37,11 @@ func TestMPIReads(t *testing.T) {
 	if err != nil {
 		t.Skip(err)
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, c := range []struct{ np, width int }{{2, 0}, {4, 0}, {4, 2}} {
 		t.Run(fmt.Sprintf("%d ranks width %d", c.np, c.width), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
-			args := append(launcher.Args(c.np), exe, "-test.run", "^TestMPIReadsRank$", "-test.v", "-test.count=1")
+			args := append(launcher.Args(c.np), testutil.SelfTestArgs(t, "TestMPIReadsRank")...)
 			runDir := t.TempDir()
 			if err := os.Chmod(runDir, 0o700); err != nil {
 				t.Fatal(err)
@@ -52,7 +49,7 @@ func TestMPIReads(t *testing.T) {
 			cmd := exec.CommandContext(ctx, launcher.Path, args...)
 			cmd.Env = append(os.Environ(), mpiReadsEnv+"="+strconv.Itoa(c.width), reuseBinEnv+"="+ddstoreBin,
 				"DDSTORE_TEST_RENDEZVOUS="+freeAddr(t), "DDSTORE_TEST_RUN_DIR="+runDir,
-				fmt.Sprintf("DDSTORE_TEST_NAMESPACE=mpireads-%d-%d", os.Getpid(), c.np*10+c.width), "GORACE=atexit_sleep_ms=0")
+				fmt.Sprintf("DDSTORE_TEST_NAMESPACE=mpireads-%d-%d", os.Getpid(), c.np*10+c.width), testutil.NoRaceExitPause)
 			out, err := cmd.CombinedOutput()
 			if err != nil || bytes.Count(out, []byte("--- PASS: TestMPIReadsRank")) != c.np || bytes.Contains(out, []byte("FAIL")) {
 				logs, _ := filepath.Glob(filepath.Join(runDir, "*.log"))

@@ -18,6 +18,7 @@ import (
 	"github.com/ddstore-go/ddstore"
 	"github.com/ddstore-go/ddstore/internal/mpirun"
 	"github.com/ddstore-go/ddstore/internal/naming"
+	"github.com/ddstore-go/ddstore/internal/testutil"
 )
 
 // ddstoreBin is the real binary, built once for the tests that run agents
@@ -72,22 +73,6 @@ func TestMain(m *testing.M) {
 
 // testSecret is the DDSTORE_SECRET of the tests' jobs.
 const testSecret = "ddstore-test-secret-0123456789abcdef"
-
-// waitFor polls f until it returns nil or the deadline passes.
-func waitFor(t testing.TB, d time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", d, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 func segments(ns string) []string {
 	m, _ := filepath.Glob("/dev/shm/ddstore." + ns + ".*")
@@ -217,7 +202,7 @@ func TestEmbeddedAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.Signal(syscall.SIGTERM)
-	waitFor(t, 10*time.Second, func() error {
+	testutil.WaitFor(t, 10*time.Second, func() error {
 		if err := p.Signal(syscall.Signal(0)); err == nil {
 			return fmt.Errorf("agent %d still runs", in.Pid)
 		}

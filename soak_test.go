@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/ddstore-go/ddstore"
+	"github.com/ddstore-go/ddstore/internal/testutil"
 )
 
 // soakArgs is what a soak rank is told.
@@ -86,7 +87,7 @@ func (h *latencyHist) quantile(q float64) time.Duration {
 	return 0
 }
 
-var _ = helper("soakrank", soakRank)
+var _ = testutil.Helper("soakrank", soakRank)
 
 func soakRank(a soakArgs) int {
 	s, err := ddstore.Open(ddstore.Config{Namespace: a.NS, Rank: a.Rank, Size: a.Size, LocalRank: 0, LocalSize: 1,
@@ -244,13 +245,13 @@ func TestSoak(t *testing.T) {
 	errs := make([]error, len(nodes))
 	var wg sync.WaitGroup
 	for r, node := range nodes {
-		cmd := helperCmd(t, "soakrank", soakArgs{NS: ns, Node: node, RunDir: runDir, Rank: r, Size: len(nodes),
+		cmd := testutil.HelperCmd(t, "soakrank", soakArgs{NS: ns, Node: node, RunDir: runDir, Rank: r, Size: len(nodes),
 			PerRank: perRank, RowBytes: rb, Threads: threads, Duration: dur, Seed: seed})
 		out, err := cmd.StdoutPipe()
 		if err != nil {
 			t.Fatal(err)
 		}
-		var stderr syncBuffer
+		var stderr testutil.Buffer
 		cmd.Stderr = &stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)

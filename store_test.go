@@ -11,7 +11,7 @@ import (
 	"github.com/ddstore-go/ddstore"
 )
 
-func TestGetBatchEveryRank(t *testing.T) {
+func TestClusterGetBatchEveryRank(t *testing.T) {
 	for _, mode := range []meetMode{viaRendezvous, viaHandshakeDir} {
 		c := startCluster(t, []int{2, 1, 3}, mode)
 		rows := []int64{5, 0, 7, 3, 1, 9}
@@ -45,9 +45,9 @@ func TestGetBatchEveryRank(t *testing.T) {
 	}
 }
 
-// TestReaderStore: a store of another job (split mode) holds no shard,
+// TestClusterReaderStore: a store of another job (split mode) holds no shard,
 // reads every row of a variable published by the job, and cannot add.
-func TestReaderStore(t *testing.T) {
+func TestClusterReaderStore(t *testing.T) {
 	c := startCluster(t, []int{2, 1}, viaRendezvous)
 	c.addPattern(t, "pub", []int64{4, 0, 9}, 2, 4)
 	for node, a := range c.agents {
@@ -79,10 +79,10 @@ func TestReaderStore(t *testing.T) {
 	checkRow(t, dst, 12)
 }
 
-// TestReaderWaitsForPublication: a reader (split mode) that starts first
+// TestClusterReaderWaitsForPublication: a reader (split mode) that starts first
 // waits for the variable to be published, up to WaitPublished; a name that
 // never comes fails with ErrUnknown saying how long it waited.
-func TestReaderWaitsForPublication(t *testing.T) {
+func TestClusterReaderWaitsForPublication(t *testing.T) {
 	c := startCluster(t, []int{1, 1}, viaRendezvous)
 	r, err := ddstore.Open(ddstore.Config{Namespace: c.ns, Rank: 0, Size: 1, Node: "node1", Socket: c.agents[1].Socket(),
 		NoSpawn: true, Reader: true, Timeout: 10 * time.Second, WaitPublished: 20 * time.Second})
@@ -93,6 +93,8 @@ func TestReaderWaitsForPublication(t *testing.T) {
 	got := make(chan error, 1)
 	all := make([]byte, 9*8)
 	go func() { got <- r.Get("late", all, 0) }()
+	// A window in which a reader that did not wait would fail: nothing to
+	// poll for, since a waiting reader shows nothing until the publication.
 	time.Sleep(300 * time.Millisecond)
 	select {
 	case err := <-got:
@@ -117,8 +119,8 @@ func TestReaderWaitsForPublication(t *testing.T) {
 	}
 }
 
-// TestShard: rows written into the own shard are what every rank reads.
-func TestShard(t *testing.T) {
+// TestClusterShard: rows written into the own shard are what every rank reads.
+func TestClusterShard(t *testing.T) {
 	c := startCluster(t, []int{1, 1}, viaRendezvous)
 	c.mustEach(t, func(r int, s *ddstore.Store) error { return s.Init("direct", 3, 1, 8) })
 	c.mustEach(t, func(r int, s *ddstore.Store) error {
@@ -148,9 +150,9 @@ func TestShard(t *testing.T) {
 	}
 }
 
-// TestTyped: a typed variable carries its dtype to every rank; ranks that
+// TestClusterTyped: a typed variable carries its dtype to every rank; ranks that
 // disagree on it all fail; an unknown dtype names the valid ones.
-func TestTyped(t *testing.T) {
+func TestClusterTyped(t *testing.T) {
 	c := startCluster(t, []int{1, 1}, viaRendezvous)
 	c.mustEach(t, func(r int, s *ddstore.Store) error { return s.InitAs("f", 2, 3, ddstore.Float32) })
 	in, err := c.stores[1].Info("f")

@@ -60,11 +60,11 @@ func (c *cluster) addBacked(t testing.TB, name, file string, n, held, rb int64) 
 	})
 }
 
-// TestTierReadsEverySample reads a dataset 4x larger than the memory the
+// TestClusterTierReadsEverySample reads a dataset 4x larger than the memory the
 // job gives it, from every rank, in shuffled batches (with and without
 // prefetch) and in ranges across the memory/file boundary, and checks
 // every row against the file.
-func TestTierReadsEverySample(t *testing.T) {
+func TestClusterTierReadsEverySample(t *testing.T) {
 	const n, rb = 480, 1 << 10
 	const held = n / 4
 	for _, format := range []string{"npy", "raw"} {
@@ -169,9 +169,9 @@ func samePattern(row []byte, g int64) error {
 	return nil
 }
 
-// TestTierErrors: bad backings fail the Add on every rank with an error that
+// TestClusterTierErrors: bad backings fail the Add on every rank with an error that
 // names the problem, and leave the name free for a corrected retry.
-func TestTierErrors(t *testing.T) {
+func TestClusterTierErrors(t *testing.T) {
 	const n, rb = 64, 256
 	dir := t.TempDir()
 	file := filepath.Join(dir, "d.npy")
@@ -235,11 +235,11 @@ func TestTierErrors(t *testing.T) {
 	}
 }
 
-// TestTierStagingUnderPressure: ranks prefetch far more than a tiny staging
+// TestClusterTierStagingUnderPressure: ranks prefetch far more than a tiny staging
 // area holds, several steps ahead, while they read — rows are evicted,
 // dropped, waited for and read on demand, concurrently; every row must
 // still be right.
-func TestTierStagingUnderPressure(t *testing.T) {
+func TestClusterTierStagingUnderPressure(t *testing.T) {
 	const n, rb = 600, 512
 	file := filepath.Join(t.TempDir(), "d.raw")
 	writeRaw(t, file, n, rb)
@@ -286,10 +286,10 @@ func TestTierStagingUnderPressure(t *testing.T) {
 	}
 }
 
-// TestPeerLossFallsBackToTheFile: once the agent of a node is gone, rows it
+// TestClusterPeerLossFallsBackToTheFile: once the agent of a node is gone, rows it
 // held are read from the backing file — no error at all — while reads of a
 // variable without one fail, naming the node, instead of hanging.
-func TestPeerLossFallsBackToTheFile(t *testing.T) {
+func TestClusterPeerLossFallsBackToTheFile(t *testing.T) {
 	const n, rb = 200, 256
 	file := filepath.Join(t.TempDir(), "d.npy")
 	writeNPY(t, file, n, rb)

@@ -22,6 +22,7 @@ import (
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/naming"
 	"github.com/ddstore-go/ddstore/internal/shm"
+	"github.com/ddstore-go/ddstore/internal/testutil"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
@@ -210,18 +211,44 @@ func (r *rawConn) expectClosed() {
 	}
 }
 
+// publishPending sends sh's Publish on r and returns once the coordinator
+// holds it, its round waiting for the other ranks. The reply, when the
+// round ends, comes on the channel, read by a goroutine of its own (t.Fatal
+// is not for other goroutines) that ends with the reply, the connection or
+// ioWait.
+func publishPending(t *testing.T, a *Agent, r *rawConn, sh wire.Shard) <-chan error {
+	t.Helper()
+	r.id++
+	r.write(wire.AppendFrame(nil, wire.OpPublish, 0, r.id, 0, sh.Encode))
+	done := make(chan error, 1)
+	go func() {
+		r.c.SetReadDeadline(time.Now().Add(ioWait))
+		h, body, err := wire.ReadFrame(r.c, nil)
+		if err == nil {
+			err = wire.StatusError(h, body)
+		}
+		done <- err
+	}()
+	testutil.WaitFor(t, ioWait, func() error {
+		if n, _ := recorded(a.coord.Load(), sh.Name, sh.Attempt); n < 1 {
+			return fmt.Errorf("rank %d's publish of %q never reached the coordinator", sh.Rank, sh.Name)
+		}
+		return nil
+	})
+	return done
+}
+
 func badFrames(a *Agent) int { return a.info().Counters["bad_frames"] }
 
 // waitCounter polls until the agent's bad_frames counter reaches want.
 func waitBadFrames(t *testing.T, a *Agent, want int) {
 	t.Helper()
-	deadline := time.Now().Add(ioWait)
-	for badFrames(a) < want {
-		if time.Now().After(deadline) {
-			t.Fatalf("bad_frames = %d, want %d", badFrames(a), want)
+	testutil.WaitFor(t, ioWait, func() error {
+		if got := badFrames(a); got < want {
+			return fmt.Errorf("bad_frames = %d, want %d", got, want)
 		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func TestAgentDropsMalformedFrames(t *testing.T) {
@@ -312,19 +339,15 @@ func TestAgentDropsMalformedFrames(t *testing.T) {
 // waitClients polls until the agent has n client connections.
 func waitClients(t *testing.T, a *Agent, n int) {
 	t.Helper()
-	deadline := time.Now().Add(ioWait)
-	for {
+	testutil.WaitFor(t, ioWait, func() error {
 		a.mu.Lock()
 		got := len(a.mu.sessions)
 		a.mu.Unlock()
-		if got == n {
-			return
+		if got != n {
+			return fmt.Errorf("%d client sessions, want %d", got, n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d client sessions, want %d", got, n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func TestAgentHelloIdentity(t *testing.T) {
@@ -665,25 +688,7 @@ func TestAgentFailedPublishFailsRound(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { shm.Remove(p.Path) })
-	done := make(chan error, 1)
-	go func() {
-		// Not r0.call: t.Fatal is not for other goroutines.
-		r0.id++
-		r0.c.Write(wire.AppendFrame(nil, wire.OpPublish, 0, r0.id, 0, s0.Encode))
-		r0.c.SetReadDeadline(time.Now().Add(ioWait))
-		h, body, err := wire.ReadFrame(r0.c, nil)
-		if err == nil {
-			err = wire.StatusError(h, body)
-		}
-		done <- err
-	}()
-	deadline := time.Now().Add(ioWait)
-	for n, _ := recorded(a.coord.Load(), "v", 1); n != 1; n, _ = recorded(a.coord.Load(), "v", 1) {
-		if time.Now().After(deadline) {
-			t.Fatal("rank 0 never reached the coordinator")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	done := publishPending(t, a, r0, s0)
 	s1 := s0
 	s1.Rank, s1.Failed = 1, true
 	if _, err := r1.call(wire.OpPublish, s1.Encode); !errors.Is(err, base.ErrGeometry) {
@@ -703,16 +708,7 @@ func TestAgentFailedPublishFailsRound(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { shm.Remove(p1.Path) })
-	go func() {
-		r0.id++
-		r0.c.Write(wire.AppendFrame(nil, wire.OpPublish, 0, r0.id, 0, s0.Encode))
-		r0.c.SetReadDeadline(time.Now().Add(ioWait))
-		h, body, err := wire.ReadFrame(r0.c, nil)
-		if err == nil {
-			err = wire.StatusError(h, body)
-		}
-		done <- err
-	}()
+	done = publishPending(t, a, r0, s0)
 	if _, err := r1.call(wire.OpPublish, s1.Encode); err != nil {
 		t.Fatalf("rank 1 retry: %v", err)
 	}
@@ -767,14 +763,7 @@ func TestAgentCloseWithPublishPending(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { shm.Remove(p.Path) })
-	r.write(wire.AppendFrame(nil, wire.OpPublish, 0, 99, 0, sh.Encode))
-	deadline := time.Now().Add(ioWait)
-	for n, _ := recorded(a.coord.Load(), "v", 1); n != 1; n, _ = recorded(a.coord.Load(), "v", 1) {
-		if time.Now().After(deadline) {
-			t.Fatal("rank 0 never reached the coordinator")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	publishPending(t, a, r, sh)
 	closed := make(chan struct{})
 	go func() { a.Close(); close(closed) }()
 	select {

@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,40 +20,22 @@ import (
 	"github.com/ddstore-go/ddstore/internal/auth"
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/shm"
+	"github.com/ddstore-go/ddstore/internal/testutil"
 	"github.com/ddstore-go/ddstore/internal/transport"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
-
-// logBuffer collects an agent's log lines, safe from its goroutines.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 func refused(a *Agent) int { return a.info().Counters["refused_connections"] }
 
 // waitRefused polls until the agent has refused want connections.
 func waitRefused(t *testing.T, a *Agent, want int) {
 	t.Helper()
-	deadline := time.Now().Add(ioWait)
-	for refused(a) != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("refused_connections = %d, want %d", refused(a), want)
+	testutil.WaitFor(t, ioWait, func() error {
+		if got := refused(a); got != want {
+			return fmt.Errorf("refused_connections = %d, want %d", got, want)
 		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // TestAgentClientAuth: a client that does not prove the key gets nothing
@@ -61,7 +43,7 @@ func waitRefused(t *testing.T, a *Agent, want int) {
 // logs, info or metrics.
 func TestAgentClientAuth(t *testing.T) {
 	t.Setenv(auth.SecretEnv, "")
-	var logs logBuffer
+	var logs testutil.Buffer
 	a := startAgent(t, Config{MetricsAddr: "127.0.0.1:0",
 		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 

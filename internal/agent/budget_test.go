@@ -5,7 +5,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/shm"
@@ -158,24 +157,7 @@ func TestAgentMemoryBudgetFailsRound(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { shm.Remove(p.Path) })
-	done := make(chan error, 1)
-	go func() {
-		r0.id++
-		r0.c.Write(wire.AppendFrame(nil, wire.OpPublish, 0, r0.id, 0, s0.Encode))
-		r0.c.SetReadDeadline(time.Now().Add(ioWait))
-		h, body, err := wire.ReadFrame(r0.c, nil)
-		if err == nil {
-			err = wire.StatusError(h, body)
-		}
-		done <- err
-	}()
-	deadline := time.Now().Add(ioWait)
-	for n, _ := recorded(a.coord.Load(), "v", 1); n != 1; n, _ = recorded(a.coord.Load(), "v", 1) {
-		if time.Now().After(deadline) {
-			t.Fatal("rank 0 never reached the coordinator")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	done := publishPending(t, a, r0, s0)
 	s1 := s0
 	s1.Rank, s1.Rows = 1, 768*kib/64
 	if _, err := r1.call(wire.OpCreate, s1.Encode); !errors.Is(err, base.ErrArgument) || !strings.Contains(err.Error(), "rank 1's shard of 768 KiB") {

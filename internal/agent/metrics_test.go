@@ -11,10 +11,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/shm"
+	"github.com/ddstore-go/ddstore/internal/testutil"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
@@ -84,17 +84,12 @@ func metricValue(t *testing.T, a *Agent, name string, extra ...string) float64 {
 // waitMetric polls until a series has the value want.
 func waitMetric(t *testing.T, a *Agent, want float64, name string, extra ...string) {
 	t.Helper()
-	deadline := time.Now().Add(ioWait)
-	for {
-		v := metricValue(t, a, name, extra...)
-		if v == want {
-			return
+	testutil.WaitFor(t, ioWait, func() error {
+		if v := metricValue(t, a, name, extra...); v != want {
+			return fmt.Errorf("%s = %v, want %v", series(a, name, extra...), v, want)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s = %v, want %v", series(a, name, extra...), v, want)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func TestAgentMetrics(t *testing.T) {

@@ -5,23 +5,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddstore-go/ddstore/internal/testutil"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
 // waitGone polls until the agent holds no segment and no variable.
 func waitGone(t *testing.T, a *Agent, what string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testutil.WaitFor(t, 5*time.Second, func() error {
 		segs, in := segmentsOf(t, a), a.info()
-		if len(segs) == 0 && len(in.Variables) == 0 && a.shardBytes.Load() == 0 {
-			return
+		if len(segs) != 0 || len(in.Variables) != 0 || a.shardBytes.Load() != 0 {
+			return fmt.Errorf("%s: segments %v, variables %+v, %d shard bytes charged", what, segs, in.Variables, a.shardBytes.Load())
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: segments %v, variables %+v, %d shard bytes charged", what, segs, in.Variables, a.shardBytes.Load())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // A client process that dies between Create and Publish leaves nothing: the
@@ -37,7 +34,7 @@ func TestAgentReclaimsUnpublishedShard(t *testing.T) {
 	r1.must(wire.OpCreate, sh.Encode)
 	r1.c.Close()
 	// Another connection of the process remains: the shard is still its.
-	time.Sleep(50 * time.Millisecond)
+	waitClients(t, a, 1)
 	if segs := segmentsOf(t, a); len(segs) != 1 {
 		t.Fatalf("segments with a connection of the creator open: %v", segs)
 	}
@@ -53,7 +50,7 @@ func TestAgentReclaimsUnpublishedShard(t *testing.T) {
 	}
 	// Published, the variable is the job's: it outlives its creator.
 	r3.c.Close()
-	time.Sleep(50 * time.Millisecond)
+	waitClients(t, a, 0)
 	r4 := dialRaw(t, a)
 	r4.hello(a, 0, 1)
 	if in := r4.info(); len(in.Variables) != 1 {
@@ -69,11 +66,10 @@ func TestAgentKeepsShardBeingPublished(t *testing.T) {
 	r.hello(a, 1, 2)
 	sh := wire.Shard{Name: "p", Rank: 1, Size: 2, Rows: 4, Disp: 8, ItemSize: 8, TimeoutMs: 300, Attempt: 1}
 	r.must(wire.OpCreate, sh.Encode)
-	r.id++
-	r.write(wire.AppendFrame(nil, wire.OpPublish, 0, r.id, 0, sh.Encode))
-	time.Sleep(50 * time.Millisecond)
+	publishPending(t, a, r, sh)
+	// The session serves the Publish until its round ends, so the agent
+	// sees the close only then: nothing to wait for before looking.
 	r.c.Close()
-	time.Sleep(100 * time.Millisecond)
 	if segs := segmentsOf(t, a); len(segs) != 1 {
 		t.Fatalf("segments while the round waits: %v", segs)
 	}

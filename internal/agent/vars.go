@@ -194,12 +194,12 @@ func (rs *regions) use(id uint32) (*region, error) {
 	r := rs.m[id]
 	rs.mu.RUnlock()
 	if r == nil {
-		return nil, base.Errorf(base.ErrArgument, "no receive region %d (unregistered, or its client disconnected)", id)
+		return nil, base.Errorf(base.ErrRegion, "region %d (unregistered, or its client disconnected)", id)
 	}
 	r.mu.RLock()
 	if r.mem == nil {
 		r.mu.RUnlock()
-		return nil, base.Errorf(base.ErrArgument, "receive region %d was unregistered", id)
+		return nil, base.Errorf(base.ErrRegion, "region %d was unregistered", id)
 	}
 	return r, nil
 }

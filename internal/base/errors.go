@@ -26,6 +26,11 @@ var (
 	ErrArgument = errors.New("ddstore: bad argument")
 	ErrInternal = errors.New("ddstore: internal error")
 	ErrAuth     = errors.New("ddstore: not authenticated")
+	// ErrRegion is a read into a receive region its agent does not hold
+	// (never registered, unregistered, or its client's session ended). It
+	// is an ErrArgument too; its own code tells a client to register its
+	// buffers again and read once more.
+	ErrRegion = &alias{msg: "ddstore: bad argument: no receive region", of: ErrArgument}
 )
 
 // codes are the wire numbers of the sentinels; their order is part of the
@@ -33,8 +38,12 @@ var (
 var codes = []error{
 	nil, ErrIndex, ErrGeometry, ErrUnknown, ErrExists, ErrBuffer, ErrFreed,
 	ErrClosed, ErrTimeout, ErrPeer, ErrProtocol, ErrNoAgent, ErrArgument,
-	ErrInternal, ErrAuth,
+	ErrInternal, ErrAuth, ErrRegion,
 }
+
+// refined is the first code whose sentinel also matches an earlier one
+// (ErrRegion is an ErrArgument): Code looks for those first.
+const refined = 15
 
 // NumCodes is one more than the largest code.
 var NumCodes = len(codes)
@@ -73,6 +82,8 @@ func Kind(code uint16) string {
 		return "internal"
 	case "not authenticated":
 		return "auth"
+	case "bad argument: no receive region":
+		return "region"
 	}
 	return strings.ReplaceAll(k, " ", "_")
 }
@@ -83,7 +94,12 @@ func Code(err error) uint16 {
 	if err == nil {
 		return 0
 	}
-	for i, s := range codes[1:] {
+	for i, s := range codes[refined:] {
+		if errors.Is(err, s) {
+			return uint16(refined + i)
+		}
+	}
+	for i, s := range codes[1:refined] {
 		if errors.Is(err, s) {
 			return uint16(i + 1)
 		}

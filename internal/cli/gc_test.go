@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -16,6 +15,7 @@ import (
 	"github.com/ddstore-go/ddstore/internal/agent"
 	"github.com/ddstore-go/ddstore/internal/naming"
 	"github.com/ddstore-go/ddstore/internal/shm"
+	"github.com/ddstore-go/ddstore/internal/testutil"
 )
 
 // gcDirs points shm.Dir at a fresh directory for the test (gc must never
@@ -259,29 +259,34 @@ func TestGCErrorNamesPath(t *testing.T) {
 	}
 }
 
-// TestGCHelperAgent is not a test: TestGCKilledAgent runs it in a child
-// process as an agent holding a segment, to kill it with SIGKILL.
-func TestGCHelperAgent(t *testing.T) {
-	runDir := os.Getenv("DDSTORE_GC_HELPER")
-	if runDir == "" {
-		t.Skip("helper process only")
-	}
-	shm.Dir = os.Getenv("DDSTORE_GC_SHM")
-	a, err := agent.Start(agent.Config{Namespace: "killed", Node: "n1", Socket: naming.SocketPath(runDir, "killed", "n1")})
+// gcAgentArgs are the arguments of the "gc-agent" helper process.
+type gcAgentArgs struct{ RunDir, ShmDir string }
+
+// gcAgent is the helper process of TestGCKilledAgent: an agent holding a
+// segment, killed with SIGKILL so that it leaves its files behind.
+func gcAgent(a gcAgentArgs) int {
+	shm.Dir = a.ShmDir
+	ag, err := agent.Start(agent.Config{Namespace: "killed", Node: "n1", Socket: naming.SocketPath(a.RunDir, "killed", "n1")})
 	if err != nil {
-		t.Fatal(err)
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 	if _, err := shm.Create(shm.SegmentPath("killed", "n1", "x", 0), shm.Header{Rows: 16, Disp: 1, ItemSize: 8}); err != nil {
-		t.Fatal(err)
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 	fmt.Println("ready")
-	<-a.Done()
+	<-ag.Done()
+	return 0
 }
+
+var _ = testutil.Helper("gc-agent", gcAgent)
+
+func init() { testutil.RunHelper() }
 
 func TestGCKilledAgent(t *testing.T) {
 	shmDir, runDir := gcDirs(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestGCHelperAgent$", "-test.v")
-	cmd.Env = append(os.Environ(), "DDSTORE_GC_HELPER="+runDir, "DDSTORE_GC_SHM="+shmDir)
+	cmd := testutil.HelperCmd(t, "gc-agent", gcAgentArgs{RunDir: runDir, ShmDir: shmDir})
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

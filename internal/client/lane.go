@@ -166,31 +166,6 @@ func (l *lane) staging(n int, timeout time.Duration) ([]byte, uint32, error) {
 	return r.Mem, id, nil
 }
 
-// gone tells whether the lane's session is over: it broke here, or the
-// agent closed its end (it exited, or dropped the session). Between
-// requests the agent sends nothing, so a peek that finds the end of the
-// stream, a byte, or an error other than "nothing yet" all mean the
-// session is unusable.
-func (l *lane) gone() bool {
-	if l.broken {
-		return true
-	}
-	rc, err := l.conn.SyscallConn()
-	if err != nil {
-		return true
-	}
-	alive := false
-	var b [1]byte
-	if err := rc.Read(func(fd uintptr) bool {
-		_, _, perr := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		alive = perr == unix.EAGAIN
-		return true // never wait for the socket to become readable
-	}); err != nil {
-		return true
-	}
-	return !alive
-}
-
 func (l *lane) close() {
 	l.conn.Close()
 	if l.stage != nil {

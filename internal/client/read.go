@@ -5,7 +5,6 @@ package client
 // gets first).
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
@@ -166,12 +165,7 @@ func (s *Store) fetchOn(l *lane, v *variable, dst []byte, pos []int64, at func(i
 		}
 	}
 	_, err = l.call(wire.OpRead, m.Encode, s.cfg.Timeout)
-	if err != nil && rbuf != nil && errors.Is(err, base.ErrArgument) {
-		// The agent refused the read's arguments. If that is because it no
-		// longer knows the buffer (the control session it was registered
-		// on ended, or was replaced meanwhile), register the buffers again
-		// on a new session and read once more: the cause is checked on the
-		// session itself, not read from the error's text.
+	if err != nil && rbuf != nil && regionLost(err) {
 		if id, ok := s.regionAgain(rbuf, m.Region); ok {
 			m.Region = id
 			_, err = l.call(wire.OpRead, m.Encode, s.cfg.Timeout)

@@ -5,6 +5,7 @@ package client
 // that session ends.
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"sync/atomic"
@@ -23,18 +24,22 @@ type recvBuf struct {
 	size   uintptr // len(region.Mem), which Close clears: read this instead
 }
 
-// regionAgain is the id under which rbuf is registered now, if a read
-// that named it used is worth trying again: the control session was
-// replaced since (the buffers were registered again under new ids), or it
-// has ended, in which case a new one is made here.
+// regionLost tells whether a read failed because its agent does not hold
+// the receive region it named (the control session the buffer was
+// registered on ended, or the agent was restarted): the agent says so with
+// ErrRegion's code, and the client registers its buffers again and reads
+// once more.
+func regionLost(err error) bool { return errors.Is(err, base.ErrRegion) }
+
+// regionAgain is the id under which rbuf is registered now, after a read
+// that named used found the region lost: the id it has if the control
+// session was replaced since, else that of a new control session, on
+// which every buffer is registered again.
 func (s *Store) regionAgain(rbuf *recvBuf, used uint32) (uint32, bool) {
 	s.ctlMu.Lock()
 	defer s.ctlMu.Unlock()
 	if id := rbuf.id.Load(); id != used {
 		return id, true
-	}
-	if s.ctl == nil || !s.ctl.gone() {
-		return 0, false
 	}
 	if _, err := s.ctlLocked(true); err != nil {
 		return 0, false

@@ -32,9 +32,9 @@ func (s *Store) connect() (*lane, error) {
 	// The other ranks give local rank 0 a head start, then start the agent
 	// themselves (the agent's lock keeps it one per node): local ranks
 	// need not match node ids, e.g. several simulated nodes on one machine.
-	grace := time.Now().Add(min(spawnGrace, s.cfg.AgentWait/2))
+	grace := time.Now().Add(spawnGraceFor(s.cfg.AgentWait))
 	deadline := time.Now().Add(s.cfg.AgentWait)
-	wait := 2 * time.Millisecond
+	wait := dialFirstWait
 	for {
 		l, _, err = dialLane(s.socket, &s.hello, s.cfg.Timeout)
 		if err == nil || !errors.Is(err, base.ErrNoAgent) {
@@ -51,13 +51,36 @@ func (s *Store) connect() (*lane, error) {
 				base.ErrNoAgent, s.cfg.Namespace, s.id.Node, s.socket, s.cfg.AgentWait, err)
 		}
 		time.Sleep(wait)
-		wait = min(2*wait, 100*time.Millisecond)
+		wait = nextDialWait(wait)
 	}
 }
 
 // spawnGrace is how long ranks other than local rank 0 wait for its agent
 // before starting one themselves.
 const spawnGrace = 3 * time.Second
+
+// spawnGraceFor is the head start of local rank 0 when the ranks wait
+// agentWait in all: spawnGrace, or half the wait when that is shorter.
+func spawnGraceFor(agentWait time.Duration) time.Duration { return min(spawnGrace, agentWait/2) }
+
+// A rank dials the agent's socket again after dialFirstWait, then after
+// twice as long each time, up to dialMaxWait: quick when the agent is a
+// moment away, light on the machine when it is not.
+const (
+	dialFirstWait = 2 * time.Millisecond
+	dialMaxWait   = 100 * time.Millisecond
+)
+
+// nextDialWait is the pause after one of wait.
+func nextDialWait(wait time.Duration) time.Duration { return min(2*wait, dialMaxWait) }
+
+// spawnArgs are the arguments of the `ddstore agent` a rank starts; the
+// Python client starts the same one (python/ddstore/_agent.py).
+func spawnArgs(namespace, node, socket string, extra []string) []string {
+	args := []string{"agent", "--daemon", "--namespace", namespace, "--node", node,
+		"--socket", socket, "--idle-exit", "30s"}
+	return append(args, extra...)
+}
 
 // AgentBinary finds the ddstore binary to run as an agent: DDSTORE_BIN,
 // then this executable if it is ddstore, then ddstore on PATH.
@@ -82,9 +105,7 @@ func (s *Store) spawn() error {
 			return err
 		}
 	}
-	args := []string{"agent", "--daemon", "--namespace", s.cfg.Namespace, "--node", s.id.Node,
-		"--socket", s.socket, "--idle-exit", "30s"}
-	args = append(args, s.cfg.AgentArgs...)
+	args := spawnArgs(s.cfg.Namespace, s.id.Node, s.socket, s.cfg.AgentArgs)
 	cmd := exec.Command(bin, args...)
 	out, err := cmd.CombinedOutput()
 	var exit *exec.ExitError

@@ -119,3 +119,31 @@ func FileError(name string, err error) error {
 	}
 	return fmt.Errorf("%w: source %s: %w", base.ErrArgument, name, err)
 }
+
+// CheckBacking checks the backing file of a variable as a client sends it
+// to its agent: a spec ParseSpec accepts, of at least one row and at least
+// the nrows of the caller's shard, with FILE made absolute (the agent runs
+// in another working directory). It returns the spec to send.
+func CheckBacking(variable, file string, rows, nrows int64) (string, error) {
+	if file == "" {
+		return "", base.Errorf(base.ErrArgument, "variable %q: backing file name is empty", variable)
+	}
+	if rows < 1 || rows < nrows {
+		return "", base.Errorf(base.ErrGeometry, "variable %q: backing file %s of %d rows: want at least 1 and at least this rank's %d", variable, file, rows, nrows)
+	}
+	sp, err := ParseSpec(file, true)
+	if err != nil {
+		return "", fmt.Errorf("variable %q: %w", variable, err)
+	}
+	if filepath.IsAbs(sp.File) {
+		return file, nil
+	}
+	abs, err := filepath.Abs(sp.File)
+	if err != nil {
+		return "", fmt.Errorf("variable %q: backing file %s: %w", variable, file, err)
+	}
+	if sp.Dataset != "" {
+		abs += ":" + sp.Dataset
+	}
+	return abs, nil
+}

@@ -19,7 +19,7 @@ package transport
 // deadlocks on loopback because its target only polls when it reads
 // itself. Here every agent runs its own progress loop, asleep in
 // fi_cq_sread until a peer's request wakes it, so an agent whose clients
-// are idle still serves reads (TestFabricIdleTarget,
+// are idle still serves reads (TestClusterFabricIdleTarget,
 // TestFabricProgressNeeded).
 
 /*

@@ -27,6 +27,7 @@ import (
 
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/mpirun"
+	"github.com/ddstore-go/ddstore/internal/testutil"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
@@ -43,16 +44,12 @@ func launchRanks(t *testing.T, np int, timeout time.Duration) {
 	if err != nil {
 		t.Skip(err)
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	args := append(launcher.Args(np), exe, "-test.run", "^TestMPIRank$", "-test.v", "-test.count=1")
+	args := append(launcher.Args(np), testutil.SelfTestArgs(t, "TestMPIRank")...)
 	cmd := exec.CommandContext(ctx, launcher.Path, args...)
-	cmd.Env = append(os.Environ(), mpiRankEnv+"="+dir, "GORACE=atexit_sleep_ms=0")
+	cmd.Env = append(os.Environ(), mpiRankEnv+"="+dir, testutil.NoRaceExitPause)
 	out, err := cmd.CombinedOutput()
 	if err != nil || !bytes.Contains(out, []byte("--- PASS: TestMPIRank")) || bytes.Contains(out, []byte("FAIL")) {
 		t.Fatalf("mpirun -np %d: %v\n%s", np, err, out)
@@ -85,17 +82,12 @@ func (d meeting) put(t *testing.T, name string, b []byte) {
 
 func (d meeting) wait(t *testing.T, name string) []byte {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		b, err := os.ReadFile(filepath.Join(string(d), name))
-		if err == nil {
-			return b
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waited a minute for %s", name)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	var b []byte
+	testutil.WaitFor(t, time.Minute, func() (err error) {
+		b, err = os.ReadFile(filepath.Join(string(d), name))
+		return err
+	})
+	return b
 }
 
 // describe is PeerWindow over the meeting directory: "window.NAME" holds

@@ -280,8 +280,8 @@ func TestFetchTimeoutBeforeReply(t *testing.T) {
 	elapsed := time.Since(start)
 	wantSentinel(t, err, base.ErrTimeout)
 	wantText(t, err, s.Addr())
-	if elapsed < timeout*9/10 || elapsed > timeout+2*time.Second {
-		t.Errorf("Fetch timed out after %v, want about %v", elapsed, timeout)
+	if elapsed < timeout*9/10 {
+		t.Errorf("Fetch timed out after %v, before its %v timeout", elapsed, timeout)
 	}
 
 	// The reply comes late; it must not land in dst.
@@ -380,14 +380,10 @@ func TestCallContext(t *testing.T) {
 	p := newPool(t, Options{ConnsPerPeer: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
 	defer cancel()
-	start := time.Now()
 	_, err := p.Call(ctx, s.Addr(), opBlock, nil)
 	wantSentinel(t, err, base.ErrTimeout)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("error %q does not wrap context.DeadlineExceeded", err)
-	}
-	if el := time.Since(start); el > 3*time.Second {
-		t.Errorf("Call returned after %v, want about 150ms", el)
 	}
 	h.ctlGate.open()
 	eventually(t, 5*time.Second, "the blocked control op to finish", func() bool { return h.ctlDone.Load() == 1 })
@@ -505,13 +501,9 @@ func TestFetchNobodyListening(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 	p := newPool(t, Options{ConnsPerPeer: 2, Timeout: 10 * time.Second})
-	start := time.Now()
 	err := p.Fetch(context.Background(), addr, "v", 0, []int64{0}, [][]byte{make([]byte, 8)})
 	wantSentinel(t, err, base.ErrPeer)
 	wantText(t, err, addr)
-	if el := time.Since(start); el > 2*time.Second {
-		t.Errorf("Fetch to a closed port took %v", el)
-	}
 	_, err = p.Call(context.Background(), addr, opEcho, nil)
 	wantSentinel(t, err, base.ErrPeer)
 }

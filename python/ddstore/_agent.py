@@ -6,7 +6,7 @@ import os
 import shutil
 import subprocess
 
-from ._errors import NoAgent
+from ._errors import ArgumentError, NoAgent
 
 
 def escape(s):
@@ -19,6 +19,14 @@ def escape(s):
         else:
             out.append("%%%02X" % c)
     return "".join(out)
+
+
+def check_name(what, name):
+    """A namespace or node name must name files and sockets unambiguously:
+    1 to 255 bytes without NUL (Go's CheckName)."""
+    b = name.encode() if isinstance(name, str) else None
+    if b is None or not 1 <= len(b) <= 255 or b"\0" in b:
+        raise ArgumentError(f"ddstore: bad argument: {what} {name!r}: want 1 to 255 bytes without NUL")
 
 
 def default_run_dir():

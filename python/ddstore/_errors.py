@@ -80,6 +80,13 @@ class AuthError(Error, builtins.PermissionError):
     code = 14
 
 
+class RegionLost(ArgumentError):
+    """A read into a receive buffer its agent does not hold (the session
+    that registered it ended, or the agent was restarted); the store
+    registers its buffers again and reads once more before raising it."""
+    code = 15
+
+
 class ArgumentTypeError(ArgumentError, builtins.TypeError):
     """An argument of the wrong type (PyTorch and numpy raise TypeError)."""
 
@@ -105,7 +112,7 @@ class LoaderTimeout(Timeout, builtins.RuntimeError):
 
 _BY_CODE = {c.code: c for c in (IndexOutOfRange, GeometryError, UnknownVariable, VariableExists, BadBuffer,
                                  FreedVariable, ClosedError, Timeout, PeerError, ProtocolError, NoAgent,
-                                 ArgumentError, InternalError, AuthError)}
+                                 ArgumentError, InternalError, AuthError, RegionLost)}
 
 
 def from_status(code, message):

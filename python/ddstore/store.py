@@ -12,13 +12,14 @@ rank sees it, row copies)."""
 import functools
 import os
 from bisect import bisect_right
+import stat
 import time
 
 import numpy as np
 
 from . import _agent, _lanes, _onesided, _prefetch, _wire
 from ._errors import (ArgumentError, BadBuffer, ClosedError, Error, FreedVariable, GeometryError, IndexOutOfRange,
-                      UnknownVariable, VariableExists)
+                      RegionLost, UnknownVariable, VariableExists)
 from ._recv import RecvBuffers, close_regions
 from ._shm import Segment
 from ._vars import Var, copy_rows, count
@@ -90,6 +91,8 @@ class Store:
             wait_published = float(os.environ.get("DDSTORE_HANDSHAKE_TIMEOUT_S", "0") or 0) if self.reader else 0.0
         self._wait_published = float(wait_published)
         self.namespace = namespace or getattr(comm, "ns", None) or _agent.default_namespace()
+        _agent.check_name("namespace", self.namespace)
+        _agent.check_name("node", self.node)
         run_dir = run_dir or _agent.default_run_dir()
         self.socket_path = socket_path or _agent.socket_path(run_dir, self.namespace, self.node)
         handshake = getattr(comm, "dir", None)
@@ -478,15 +481,13 @@ class Store:
 
         try:
             self._pool.with_lane(read)
-        except ArgumentError:
+        except RegionLost:
             if region is None:
                 raise
-            # The agent may no longer know the buffer (it was restarted, or
-            # dropped the control session): register the buffers again on
-            # a new session, and read once more. The reply's status says
-            # only "bad argument", and every other argument of the read was
-            # checked here, so the retry is what tells: a read that fails
-            # again raises that error.
+            # The agent no longer holds the buffer (the session that
+            # registered it ended, or the agent was restarted): register
+            # the buffers again on a new session and read once more; an
+            # error of that read stands.
             self._pool.renew_ctl()
             self._pool.with_lane(read)
 
@@ -687,9 +688,26 @@ def _absolute_spec(name, spec):
         raise ArgumentError(f"ddstore: bad argument: variable {name!r}: backing file {spec!r}: want a file name")
     spec = os.fspath(spec)
     for i, ch in enumerate(spec):
-        if ch == ":" and spec[:i].lower().endswith(_HDF5_EXTS):
+        if ch == ":" and i > 0 and _is_hdf5(spec[:i]):
+            if i + 1 == len(spec):
+                raise ArgumentError(f"ddstore: bad argument: variable {name!r}: backing file {spec}: empty dataset "
+                                    f"name after the colon: want FILE:DATASET, e.g. {spec}/data")
             return os.path.abspath(spec[:i]) + ":" + spec[i + 1:]
     return os.path.abspath(spec)
+
+
+def _is_hdf5(file):
+    """An HDF5 file by its extension or, for a regular file, its signature
+    (internal/source's isHDF5)."""
+    if file.lower().endswith(_HDF5_EXTS):
+        return True
+    try:
+        if not stat.S_ISREG(os.stat(file).st_mode):
+            return False
+        with open(file, "rb") as f:
+            return f.read(8) == b"\x89HDF\r\n\x1a\n"
+    except OSError:
+        return False
 
 
 def _check_name(name):

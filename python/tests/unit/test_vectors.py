@@ -1,6 +1,6 @@
 """The Python client against the test vectors the Go implementation writes
 (testdata/vectors.json, made by vectors_test.go; regenerate it with
-`go test -run TestVectors -update .` in the repository root). Each test
+`go test -run TestVectors . ./internal/client -args -update` in the repository root). Each test
 rebuilds or decodes what Go recorded with the client's own code, so the two
 clients cannot drift apart unnoticed."""
 
@@ -163,7 +163,7 @@ CLASSES = {
     "ErrExists": ddstore.VariableExists, "ErrBuffer": ddstore.BadBuffer, "ErrFreed": ddstore.FreedVariable,
     "ErrClosed": ddstore.ClosedError, "ErrTimeout": ddstore.Timeout, "ErrPeer": ddstore.PeerError,
     "ErrProtocol": ddstore.ProtocolError, "ErrNoAgent": ddstore.NoAgent, "ErrArgument": ddstore.ArgumentError,
-    "ErrInternal": ddstore.InternalError, "ErrAuth": ddstore.AuthError,
+    "ErrInternal": ddstore.InternalError, "ErrAuth": ddstore.AuthError, "ErrRegion": ddstore.RegionLost,
 }
 
 
