@@ -92,7 +92,7 @@ type Config struct {
 type Agent struct {
 	cfg    Config
 	log    *slog.Logger
-	lock   int // flock'ed file: one agent per namespace and node
+	lock   int // flock'ed file: one agent per namespace and node (never waits; internal/LOCKS.md)
 	ln     *net.UnixListener
 	peer   *transport.Server
 	pool   *transport.Pool
@@ -116,13 +116,15 @@ type Agent struct {
 	// coordAddr is the coordinator's peer address when another agent is it
 	// (rendezvous mode); in handshake mode it is read from the directory.
 	coordAddr string
-	joinMu    sync.Mutex
-	joined    string // coordinator address this agent has joined
+	joinMu    sync.Mutex // guards joined, held while finding and joining the coordinator; lock order: internal/LOCKS.md
+	joined    string     // coordinator address this agent has joined
 
 	// auth holds the keys clients and peers prove, and the count of
 	// connections refused for not proving them (auth.go).
 	auth agentAuth
 
+	// mu guards vars, sessions and idleFrom; no network wait under it;
+	// lock order: internal/LOCKS.md.
 	mu struct {
 		sync.Mutex
 		vars     map[string]*variable
@@ -139,7 +141,7 @@ type Agent struct {
 	// and charging it one step; nothing is locked while holding it but
 	// a.regions.mu.
 	shardBytes atomic.Int64
-	admitMu    sync.Mutex
+	admitMu    sync.Mutex // lock order: internal/LOCKS.md
 	// stagingBytes is the staging memory of the storage tiers.
 	stagingBytes atomic.Int64
 
@@ -147,7 +149,7 @@ type Agent struct {
 	// left, for when this one becomes coordinator; manifestMu serializes
 	// writing the manifest.
 	restored   *coord.State
-	manifestMu sync.Mutex
+	manifestMu sync.Mutex // a leaf; lock order: internal/LOCKS.md
 
 	// inflight counts client requests being served; once draining is set
 	// (a stop), sessions take no new ones and the stop waits for these.

@@ -23,6 +23,8 @@ import (
 // coordinator drives a coord.Coordinator: calls into it are serialized by
 // mu, and the replies it returns reach the requests waiting for them.
 type coordinator struct {
+	// mu is a leaf: nothing blocks under it and it never calls the agent
+	// (lock order: internal/LOCKS.md).
 	mu struct {
 		sync.Mutex
 		core    *coord.Coordinator

@@ -25,10 +25,9 @@ import (
 // its shard: its Publish fails with ErrUnknown and a retry creates it anew.
 
 // creators are the client processes of a variable's unpublished local
-// shards, by rank. The zero value is ready to use; its lock is taken with
-// no other held, or after Agent.mu.
+// shards, by rank. The zero value is ready to use.
 type creators struct {
-	mu sync.Mutex
+	mu sync.Mutex // guards m and each creator's publishing; a leaf (lock order: internal/LOCKS.md)
 	m  map[int]*creator
 }
 

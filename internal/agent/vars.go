@@ -16,12 +16,11 @@ import (
 
 // variable is one variable as this node holds it: the segments of the local
 // ranks' shards and, once every rank has published, the job-wide table.
-//
-// Lock order: Agent.mu, then variable.mu.
 type variable struct {
 	name string
 	// mu is read-locked while rows are read out of the segments (served to
-	// a peer or copied for a client) and write-locked to unmap them.
+	// a peer or copied for a client) and write-locked to unmap them; taken
+	// after Agent.mu (lock order: internal/LOCKS.md).
 	mu     sync.RWMutex
 	table  *wire.Table
 	lay    *layout.Layout
@@ -169,13 +168,13 @@ func sortVarInfos(vs []VarInfo) {
 // regions are the receive buffers clients registered: memfd regions this
 // agent has mapped, where rows fetched from other nodes are written.
 type regions struct {
-	mu   sync.RWMutex
+	mu   sync.RWMutex // guards next and m; never held while a region's mu is taken (internal/LOCKS.md)
 	next uint32
 	m    map[uint32]*region
 }
 
 type region struct {
-	mu    sync.RWMutex // read-locked while rows are written in; write-locked to unmap
+	mu    sync.RWMutex // read-locked while rows are written in; write-locked to unmap; lock order: internal/LOCKS.md
 	mem   []byte
 	owner *session
 }

@@ -119,7 +119,8 @@ func FromSecret(secret string) (Keys, error) {
 }
 
 // cache keeps the last derivation: a client dials one lane after another,
-// and each derivation is deliberately slow.
+// and each derivation is deliberately slow. Its lock is held while
+// deriving, and is a leaf (lock order: internal/LOCKS.md).
 var cache struct {
 	sync.Mutex
 	secret string

@@ -19,7 +19,7 @@ import (
 type mpiReads struct {
 	m     *transport.MPI
 	first int
-	mu    sync.Mutex
+	mu    sync.Mutex           // guards wins; a leaf (lock order: internal/LOCKS.md)
 	wins  map[string]windowsOf // by the variable's wire name
 }
 

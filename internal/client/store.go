@@ -52,6 +52,9 @@ type Store struct {
 	hello  wire.Hello
 	socket string
 
+	// mu guards vars, freed, attempts and closed; taken under a variable's
+	// mu and under ctlMu, never the other way (lock order:
+	// internal/LOCKS.md).
 	mu struct {
 		sync.RWMutex
 		vars     map[string]*variable
@@ -60,10 +63,11 @@ type Store struct {
 		closed   bool
 	}
 	ctl   *lane      // carries control ops (create, publish, lookup, register, free); guarded by ctlMu
-	ctlMu sync.Mutex // lock order: ctlMu, then mu
+	ctlMu sync.Mutex // also guards changes of recv; lock order: internal/LOCKS.md
 	// slots bounds the lanes in use at once (MaxLanes); idle holds the
 	// lanes not in use, reused last-in first-out so that a few warm lanes
-	// (and their staging regions) serve most requests.
+	// (and their staging regions) serve most requests. idle's lock is a
+	// leaf (lock order: internal/LOCKS.md).
 	slots chan struct{}
 	idle  struct {
 		sync.Mutex

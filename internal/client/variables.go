@@ -21,7 +21,7 @@ import (
 
 // variable is a variable as this rank sees it.
 type variable struct {
-	mu    sync.RWMutex // read-locked by reads; write-locked by Free
+	mu    sync.RWMutex // read-locked by reads; write-locked by Free; lock order: internal/LOCKS.md
 	name  string
 	lay   *layout.Layout
 	rb    int64

@@ -276,6 +276,7 @@ const HDF5 = true
 // h5lib serializes calls into the HDF5 library, which is not thread-safe
 // unless built so (Debian's is, with one lock inside: calls never run in
 // parallel either way). It also guards every h5Source's addrs and closed.
+// A leaf, taken under a tier's rw (lock order: internal/LOCKS.md).
 var h5lib sync.Mutex
 
 func h5lock() { h5lib.Lock() }

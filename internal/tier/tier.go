@@ -106,7 +106,8 @@ type Tier struct {
 	stagingLimit int64
 
 	// rw guards src: read-locked while the file is read, write-locked to
-	// close it (a read of a freed variable fails, never crashes).
+	// close it (a read of a freed variable fails, never crashes). Never
+	// held with mu; lock order: internal/LOCKS.md.
 	rw      sync.RWMutex
 	src     source.Source
 	openErr error
@@ -116,7 +117,9 @@ type Tier struct {
 	scratch sync.Pool // *[]byte of maxRunBytes at most
 
 	slots int64 // staging slots; 0 until the first prefetch (t.mu)
-	mu    struct {
+	// mu guards the staging area; Config.Admit is called under it (lock
+	// order: internal/LOCKS.md).
+	mu struct {
 		sync.Mutex
 		staged map[int64]*stagedRow // by row
 		fifo   []*stagedRow         // in the order staged, for eviction

@@ -78,17 +78,20 @@ type Fabric struct {
 	name     []byte
 	virt     bool // remote addresses are virtual addresses, not offsets
 
-	wins  windowCache[FabricWindow]
+	wins windowCache[FabricWindow]
+	// peers guards m; taken before life (lock order: internal/LOCKS.md).
 	peers struct {
 		sync.Mutex
 		m map[string]C.fi_addr_t
 	}
 	// life is read-locked by every call into libfabric but Close, which
-	// write-locks it to close the endpoint.
+	// write-locks it to close the endpoint. Lock order: peers, life, then
+	// slots or retired (internal/LOCKS.md).
 	life   sync.RWMutex
 	ended  bool
 	closed atomic.Bool
 
+	// slots is a leaf (lock order: internal/LOCKS.md).
 	slots struct {
 		sync.Mutex
 		mem   unsafe.Pointer // fabricSlots+1 words, C memory, registered for the endpoint's life
@@ -98,6 +101,7 @@ type Fabric struct {
 		keys  map[int]uint64
 		alloc slotAlloc
 	}
+	// retired is taken under life (lock order: internal/LOCKS.md).
 	retired struct {
 		sync.Mutex
 		timed map[*time.Timer]func()

@@ -103,21 +103,25 @@ type MPI struct {
 
 	// getMu makes one batch of gets at a time: Open MPI's one-sided
 	// component spins on its locks when threads share a window, which on
-	// few cores costs more than taking turns (docs/benchmarks.md).
+	// few cores costs more than taking turns (docs/benchmarks.md). Lock
+	// order: getMu, life, then slots or retired (internal/LOCKS.md).
 	getMu sync.Mutex
 	cache windows
-	// life is read-locked around attaching and detaching and write-locked
-	// to end MPI: nothing calls MPI after MPI_Finalize.
+	// life is read-locked around attaching, detaching and the
+	// collectives, and write-locked to end MPI: nothing calls MPI after
+	// MPI_Finalize.
 	life   sync.RWMutex
 	ended  bool        // MPI is finalized (life held)
 	closed atomic.Bool // Close has begun: no more fetches or exposures
 
+	// slots is a leaf (lock order: internal/LOCKS.md).
 	slots struct {
 		sync.Mutex
 		mem   unsafe.Pointer // tokenSlots words, C memory, attached for the window's life
 		addr  uint64         // its MPI address
 		alloc slotAlloc
 	}
+	// retired is taken under life (lock order: internal/LOCKS.md).
 	retired struct {
 		sync.Mutex
 		timed map[*time.Timer]func() // unmaps waiting for their grace period

@@ -38,7 +38,7 @@ type windowKey struct{ addr, name string }
 // and variable name (a new table id replaces the old one), for a one-sided
 // transport whose window description is W.
 type windowCache[W any] struct {
-	mu sync.Mutex
+	mu sync.Mutex // guards m; a leaf (lock order: internal/LOCKS.md)
 	m  map[windowKey]cachedWindow[W]
 }
 

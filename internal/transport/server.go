@@ -23,7 +23,8 @@ type Server struct {
 	ctx     context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
-	mu      struct {
+	// mu guards conns; a leaf (lock order: internal/LOCKS.md).
+	mu struct {
 		sync.Mutex
 		conns map[net.Conn]struct{}
 	}
@@ -121,7 +122,7 @@ func (s *Server) acceptLoop() {
 type serverConn struct {
 	nc      net.Conn
 	timeout time.Duration
-	mu      sync.Mutex
+	mu      sync.Mutex // guards hdr and bufs, held while a reply is written; lock order: internal/LOCKS.md
 	hdr     []byte
 	bufs    net.Buffers
 }

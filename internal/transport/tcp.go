@@ -51,7 +51,8 @@ func (o Options) withDefaults() Options {
 // multiplexing many requests by id.
 type Pool struct {
 	opts Options
-	mu   struct {
+	// mu is taken under a peerConns.mu (lock order: internal/LOCKS.md).
+	mu struct {
 		sync.Mutex
 		peers  map[string]*peerConns
 		closed bool
@@ -61,8 +62,8 @@ type Pool struct {
 
 type peerConns struct {
 	next  atomic.Uint32
-	conns []*conn // slots; nil or dead ones are redialed
-	mu    sync.Mutex
+	conns []*conn    // slots; nil or dead ones are redialed
+	mu    sync.Mutex // guards conns, held while dialing one; lock order: internal/LOCKS.md
 }
 
 var _ Transport = (*Pool)(nil)
@@ -267,9 +268,10 @@ type conn struct {
 	addr string
 	nc   *net.TCPConn
 	raw  syscall.RawConn
-	wmu  sync.Mutex
+	wmu  sync.Mutex // guards wbuf, held while a request is written; a leaf (internal/LOCKS.md)
 	wbuf []byte
-	mu   struct {
+	// mu is a leaf (lock order: internal/LOCKS.md).
+	mu struct {
 		sync.Mutex
 		next    uint64
 		pending map[uint64]*call
