@@ -1,6 +1,6 @@
 package ddstore_test
 
-// Client loss (issue 7 item 4): a trainer killed mid-request leaves nothing
+// Client loss: a trainer killed mid-request leaves nothing
 // behind in its node's agent. The clients are real processes (this test
 // binary re-executed), SIGKILLed at a random moment while they open,
 // register receive buffers, read rows of both nodes, create and free

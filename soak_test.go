@@ -1,6 +1,6 @@
 package ddstore_test
 
-// Soak (issue 7 item 8): two simulated nodes, one rank process per node,
+// Soak: two simulated nodes, one rank process per node,
 // 32 goroutines per rank issuing random batches for DDSTORE_SOAK (CI: 3 s;
 // `make soak`: 60 s), every row of every read checked.
 
