@@ -553,6 +553,13 @@ func (a *Agent) lookup(ctx context.Context, name string) (*variable, error) {
 		v = newVariable(name)
 		a.mu.vars[name] = v
 	}
+	// Published meanwhile (its Publish ended while the table was asked
+	// for): the table is installed already, and v.mu may be read-locked by
+	// a peer transfer for as long as a read's timeout, which must not be
+	// waited out holding a.mu (internal/LOCKS.md).
+	if v.published.Load() {
+		return v, nil
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if err := v.setTable(a, t); err != nil {
