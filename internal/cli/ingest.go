@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ddstore-go/ddstore"
+	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/rendezvous"
 	"github.com/ddstore-go/ddstore/internal/source"
 )
@@ -82,7 +83,7 @@ func runIngest(args []string, stdout, stderr io.Writer) error {
 		return errUsage
 	}
 	if *workers < 1 {
-		return fmt.Errorf("ddstore ingest: --readers %d: want at least 1", *workers)
+		return base.Errorf(base.ErrArgument, "ingest: --readers %d: want at least 1", *workers)
 	}
 	piece, err := parseBytes(*readSize)
 	if err != nil {
@@ -189,13 +190,13 @@ func parseIngestArgs(fs *flag.FlagSet, args []string) (string, error) {
 func checkIngest(file string, src source.Source, capBytes int64) error {
 	rb := source.RowBytes(src)
 	if src.Rows() == 0 {
-		return fmt.Errorf("ddstore ingest: %s has no rows (shape [0 ...])", file)
+		return base.Errorf(base.ErrArgument, "ingest: %s has no rows (shape [0 ...])", file)
 	}
 	if src.ItemSize() > 64 {
-		return fmt.Errorf("ddstore ingest: %s has %d-byte items: the store takes items of 1 to 64 bytes", file, src.ItemSize())
+		return base.Errorf(base.ErrGeometry, "ingest: %s has %d-byte items: the store takes items of 1 to 64 bytes", file, src.ItemSize())
 	}
 	if capBytes < 0 || capBytes > 0 && capBytes < rb {
-		return fmt.Errorf("ddstore ingest: --capacity %d bytes holds no row of %d bytes: want at least one row, or leave --capacity out for all of them", capBytes, rb)
+		return base.Errorf(base.ErrArgument, "ingest: --capacity %d bytes holds no row of %d bytes: want at least one row, or leave --capacity out for all of them", capBytes, rb)
 	}
 	return nil
 }
