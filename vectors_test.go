@@ -20,6 +20,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/ddstore-go/ddstore"
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/cli"
 	"github.com/ddstore-go/ddstore/internal/layout"
@@ -64,6 +65,7 @@ func TestVectors(t *testing.T) {
 		"permutations":  vectorPermutations(t),
 		"auth":          vectorAuth(t),
 		"exit_codes":    vectorExitCodes(t),
+		"dtypes":        vectorDtypes(t),
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
@@ -554,6 +556,30 @@ func vectorNaming(t *testing.T) obj {
 	}
 	return obj{"max_name": naming.MaxName, "max_variable_name": naming.MaxVariableName, "names": names, "variables": variables,
 		"specs": specs, "agent_runs_exit": naming.ExitAgentRuns}
+}
+
+// ---- item types --------------------------------------------------------------
+
+// vectorDtypes pins the item types and their sizes (internal/layout, the
+// one table): the Python client's names and sizes must be these, and each
+// of the public package's Dtype constants names one of them.
+func vectorDtypes(t *testing.T) []obj {
+	public := []ddstore.Dtype{ddstore.Bool, ddstore.Int8, ddstore.Int16, ddstore.Int32, ddstore.Int64, ddstore.Uint8,
+		ddstore.Uint16, ddstore.Uint32, ddstore.Uint64, ddstore.Float16, ddstore.BFloat16, ddstore.Float32, ddstore.Float64}
+	var out []obj
+	for i, name := range layout.Dtypes() {
+		size, _ := layout.ItemSize(name)
+		if i >= len(public) || string(public[i]) != name {
+			t.Errorf("layout.Dtypes()[%d] is %q; the public Dtype constants (in order) are %v", i, name, public)
+		} else if got, err := public[i].ItemSize(); err != nil || got != size {
+			t.Errorf("ddstore.%s.ItemSize() = %d, %v; layout says %d", name, got, err, size)
+		}
+		out = append(out, obj{"name": name, "size": size})
+	}
+	if len(public) != len(out) {
+		t.Errorf("%d public Dtype constants, %d item types in internal/layout", len(public), len(out))
+	}
+	return out
 }
 
 // ---- exit statuses of the ddstore command ----------------------------------

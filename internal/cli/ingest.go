@@ -19,6 +19,7 @@ import (
 
 	"github.com/ddstore-go/ddstore"
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/layout"
 	"github.com/ddstore-go/ddstore/internal/rendezvous"
 	"github.com/ddstore-go/ddstore/internal/source"
 )
@@ -63,7 +64,7 @@ func runIngest(args []string, stdout, stderr io.Writer) error {
 	rdv := fs.String("rendezvous", envOr("DDSTORE_RENDEZVOUS", ""), "HOST:PORT where agents started by ingest meet (several nodes)")
 	hs := fs.String("handshake-dir", envOr("DDSTORE_HANDSHAKE_DIR", ""), "shared directory where agents started by ingest meet (several nodes)")
 	rowBytes := fs.Int64("row-bytes", 0, "raw files: bytes per row (required); others: the rows must be this size")
-	dtype := fs.String("dtype", "", "raw files: item type (default uint8); others: the items must be this type. One of "+strings.Join(source.Dtypes(), ", "))
+	dtype := fs.String("dtype", "", "raw files: item type (default uint8); others: the items must be this type. One of "+strings.Join(layout.Dtypes(), ", "))
 	capacity := fs.String("capacity", "", "memory the job gives the dataset, all nodes together, e.g. 64G (default: all of it); the rows beyond it are read from the file")
 	workers := fs.Int("readers", 4, "reads at once on each node")
 	readSize := fs.String("read-size", "16M", "bytes per read, rounded to whole chunks")

@@ -22,6 +22,7 @@ import (
 	"github.com/ddstore-go/ddstore"
 	"github.com/ddstore-go/ddstore/internal/agent"
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/layout"
 	"github.com/ddstore-go/ddstore/internal/source"
 	"github.com/ddstore-go/ddstore/internal/testutil"
 )
@@ -104,7 +105,7 @@ func checkVariable(t *testing.T, s *ddstore.Store, name string, want []byte, row
 	if err != nil {
 		t.Fatal(err)
 	}
-	itemsize, _ := source.ItemSize(dtype)
+	itemsize, _ := layout.ItemSize(dtype)
 	if in.TotalRows != rows || in.Disp != disp || in.ItemSize != itemsize || in.Dtype != dtype {
 		t.Fatalf("variable %q: %d rows of disp %d, itemsize %d, %q; want %d, %d, %d, %q", name, in.TotalRows, in.Disp, in.ItemSize, in.Dtype, rows, disp, itemsize, dtype)
 	}

@@ -181,6 +181,15 @@ def test_status_codes():
     assert type(_errors.from_status(max(int(c) for c in codes) + 1, "m")) is ddstore.InternalError
 
 
+def test_dtypes():
+    """The item types and their sizes are Go's (internal/layout)."""
+    from ddstore import dtypes
+    assert list(dtypes.NAMES) == [d["name"] for d in V["dtypes"]]
+    for d in V["dtypes"]:
+        assert dtypes.itemsize(d["name"]) == d["size"], d
+        assert dtypes.dtype_name(d["name"]) == d["name"]
+
+
 def test_exit_codes():
     """ddstore._errors reads the `ddstore` command's exit statuses as
     cli.ExitCode sets them: each sentinel's kind, and the statuses kept
