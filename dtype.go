@@ -5,6 +5,7 @@ import (
 
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/client"
+	"github.com/ddstore-go/ddstore/internal/layout"
 )
 
 // Dtype names the type of a variable's items, the way numpy and torch name
@@ -29,21 +30,13 @@ const (
 	Float64  Dtype = "float64"
 )
 
-var dtypeSizes = map[Dtype]int64{
-	Bool: 1, Int8: 1, Int16: 2, Int32: 4, Int64: 8, Uint8: 1, Uint16: 2, Uint32: 4, Uint64: 8,
-	Float16: 2, BFloat16: 2, Float32: 4, Float64: 8,
-}
-
-// ItemSize is the size of one item, or an error naming the valid types.
+// ItemSize is the size of one item (internal/layout holds the sizes), or
+// an error naming the valid types.
 func (d Dtype) ItemSize() (int64, error) {
-	if n, ok := dtypeSizes[d]; ok {
+	if n, ok := layout.ItemSize(string(d)); ok {
 		return n, nil
 	}
-	names := make([]string, 0, len(dtypeSizes))
-	for _, k := range []Dtype{Bool, Int8, Int16, Int32, Int64, Uint8, Uint16, Uint32, Uint64, Float16, BFloat16, Float32, Float64} {
-		names = append(names, string(k))
-	}
-	return 0, base.Errorf(base.ErrArgument, "dtype %q: want one of %s", string(d), strings.Join(names, ", "))
+	return 0, base.Errorf(base.ErrArgument, "dtype %q: want one of %s", string(d), strings.Join(layout.Dtypes(), ", "))
 }
 
 // InitAs is Init for a typed variable: nrows zero-filled rows of disp items

@@ -213,6 +213,32 @@ func TestEmbeddedAgent(t *testing.T) {
 	}
 }
 
+// TestDaemonExitKind: `ddstore agent --daemon` exits with the status of the
+// agent it started, so the kind of the agent's failure (here a socket
+// directory others may enter: a bad argument) reaches the rank that ran it
+// as it does without --daemon.
+func TestDaemonExitKind(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "pub")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const exitArgument = 64 + 12 // docs/protocol.md, "Exit statuses of the ddstore command"
+	for _, daemon := range []bool{false, true} {
+		args := []string{"agent", "--namespace", fmt.Sprintf("kind%d", os.Getpid()), "--node", "n0", "--socket", filepath.Join(dir, "a.sock")}
+		if daemon {
+			args = append(args, "--daemon")
+		}
+		out, err := exec.Command(ddstoreBin, args...).CombinedOutput()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != exitArgument {
+			t.Errorf("ddstore %s in a 0755 directory: %v, want exit status %d; output %s", strings.Join(args, " "), err, exitArgument, out)
+		}
+	}
+}
+
 // TestSpawnLosesRace: an agent started while another holds the namespace's
 // lock (here the test holds it, as an agent still starting would) exits
 // with naming.ExitAgentRuns, with --daemon too, and the rank that started

@@ -10,6 +10,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -19,7 +20,9 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/ddstore-go/ddstore"
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/cli"
 	"github.com/ddstore-go/ddstore/internal/layout"
 	"github.com/ddstore-go/ddstore/internal/naming"
 	"github.com/ddstore-go/ddstore/internal/rendezvous"
@@ -61,6 +64,8 @@ func TestVectors(t *testing.T) {
 		"env":           vectorEnv(t),
 		"permutations":  vectorPermutations(t),
 		"auth":          vectorAuth(t),
+		"exit_codes":    vectorExitCodes(t),
+		"dtypes":        vectorDtypes(t),
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
@@ -551,6 +556,65 @@ func vectorNaming(t *testing.T) obj {
 	}
 	return obj{"max_name": naming.MaxName, "max_variable_name": naming.MaxVariableName, "names": names, "variables": variables,
 		"specs": specs, "agent_runs_exit": naming.ExitAgentRuns}
+}
+
+// ---- item types --------------------------------------------------------------
+
+// vectorDtypes pins the item types and their sizes (internal/layout, the
+// one table): the Python client's names and sizes must be these, and each
+// of the public package's Dtype constants names one of them.
+func vectorDtypes(t *testing.T) []obj {
+	public := []ddstore.Dtype{ddstore.Bool, ddstore.Int8, ddstore.Int16, ddstore.Int32, ddstore.Int64, ddstore.Uint8,
+		ddstore.Uint16, ddstore.Uint32, ddstore.Uint64, ddstore.Float16, ddstore.BFloat16, ddstore.Float32, ddstore.Float64}
+	var out []obj
+	for i, name := range layout.Dtypes() {
+		size, _ := layout.ItemSize(name)
+		if i >= len(public) || string(public[i]) != name {
+			t.Errorf("layout.Dtypes()[%d] is %q; the public Dtype constants (in order) are %v", i, name, public)
+		} else if got, err := public[i].ItemSize(); err != nil || got != size {
+			t.Errorf("ddstore.%s.ItemSize() = %d, %v; layout says %d", name, got, err, size)
+		}
+		out = append(out, obj{"name": name, "size": size})
+	}
+	if len(public) != len(out) {
+		t.Errorf("%d public Dtype constants, %d item types in internal/layout", len(public), len(out))
+	}
+	return out
+}
+
+// ---- exit statuses of the ddstore command ----------------------------------
+
+// vectorExitCodes pins the exit statuses of the ddstore command
+// (cli.ExitCode): the status of each sentinel's kind (cli.ExitKind plus its
+// wire code), the statuses kept apart (usage, an agent that lost the race),
+// and command lines run through cli.Main, whose status a program running
+// the binary reads instead of its stderr.
+func vectorExitCodes(t *testing.T) obj {
+	kinds := obj{}
+	for _, s := range sentinels {
+		code := base.Code(s.err)
+		exit := cli.ExitCode(fmt.Errorf("schedule: %w", base.Errorf(s.err, "detail")))
+		if exit != cli.ExitKind+int(code) || exit > 125 {
+			t.Errorf("%s (code %d) exits %d, want %d + its code, below the shell's 126", s.name, code, exit, cli.ExitKind)
+		}
+		kinds[strconv.Itoa(int(code))] = obj{"sentinel": s.name, "exit": exit}
+	}
+	var commands []obj
+	for _, args := range [][]string{
+		{"version"},
+		{"schedule", "--help"},
+		{"frobnicate"},
+		{"schedule", "--no-such-flag"}, // what a binary older than a flag says
+		{"schedule", "--n", "ten"},
+		{"schedule", "--emit-rank", "4", "--ranks", "4"},
+		{"schedule", "--epoch", "1"},
+		{"schedule", "--batch", "0", "--emit-rank", "0"},
+		{"schedule", "--policy", "fifo"},
+	} {
+		commands = append(commands, obj{"args": args, "exit": cli.Main(args, io.Discard, io.Discard)})
+	}
+	return obj{"usage": cli.ExitUsage, "agent_runs": cli.ExitCode(naming.ErrAgentRuns), "kind_base": cli.ExitKind,
+		"no_kind": cli.ExitCode(errors.New("open x: no such file or directory")), "kinds": kinds, "commands": commands}
 }
 
 // ---- launcher environments -------------------------------------------------

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ddstore-go/ddstore"
 	"github.com/ddstore-go/ddstore/internal/agent"
+	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/naming"
 )
 
@@ -88,7 +89,7 @@ func runAgent(args []string, stdout, stderr io.Writer) error {
 	}
 	if *daemon {
 		if *transportName == "mpi" {
-			return fmt.Errorf("ddstore agent: --daemon with --transport mpi: an agent of the MPI transport is a rank of its MPI launch; run it in the foreground under mpirun or srun")
+			return base.Errorf(base.ErrArgument, "agent: --daemon with --transport mpi: an agent of the MPI transport is a rank of its MPI launch; run it in the foreground under mpirun or srun")
 		}
 		return daemonize(args, *socket)
 	}
@@ -168,6 +169,10 @@ func daemonize(args []string, socket string) error {
 			err := fmt.Errorf("ddstore agent exited (%v): %s", ws, lastLines(string(tail), 5))
 			if ws.Exited() && ws.ExitStatus() == naming.ExitAgentRuns {
 				return agentRuns{err}
+			}
+			if c := ws.ExitStatus() - ExitKind; ws.Exited() && c > 0 && c < base.NumCodes {
+				// This command exits with the kind the agent failed with.
+				return base.FromCode(uint16(c), err.Error())
 			}
 			return err
 		}

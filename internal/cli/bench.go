@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/bench"
 )
 
@@ -106,7 +107,7 @@ func parseBytes(s string) (int64, error) {
 	}
 	n, err := strconv.ParseInt(t, 10, 64)
 	if err != nil || n <= 0 || n > (1<<62)/mul {
-		return 0, fmt.Errorf("ddstore: size %q: want a positive number of bytes, e.g. 4096, 4K, 1M", s)
+		return 0, base.Errorf(base.ErrArgument, "size %q: want a positive number of bytes, e.g. 4096, 4K, 1M", s)
 	}
 	return n * mul, nil
 }

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/naming"
 )
 
@@ -32,12 +33,44 @@ var commands = map[string]command{
 // errUsage is returned after the usage text has been printed.
 var errUsage = errors.New("usage")
 
+// Exit statuses of the ddstore command (docs/protocol.md, "Exit statuses"):
+// a program that runs it (the Python sampler, the clients' spawn, a job
+// script) tells what failed from the status, as a client tells it from a
+// reply's status code, never from the text on stderr.
+const (
+	// ExitUsage: a command, flag or argument the command does not take
+	// (the usage was printed). A program that passes a flag an older
+	// binary lacks sees this status.
+	ExitUsage = 2
+	// ExitKind is added to the wire status code (internal/base) of the
+	// error a command failed with: ExitKind+12 is a bad argument, ExitKind+11
+	// no agent, ExitKind+13 an internal error or one of no ddstore kind.
+	ExitKind = 64
+)
+
+// ExitCode is the exit status for the error a command returned: 0 for nil
+// or --help, ExitUsage, naming.ExitAgentRuns for an agent that lost the
+// race to another (kept apart from ErrExists, whose alias it is, because
+// the rank that started the agent is content with it), else ExitKind plus
+// the error's wire status code.
+func ExitCode(err error) int {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		return ExitUsage
+	case errors.Is(err, naming.ErrAgentRuns):
+		return naming.ExitAgentRuns
+	}
+	return ExitKind + int(base.Code(err))
+}
+
 // Main runs the command line and returns the process exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		usage(stderr)
 		if len(args) == 0 {
-			return 2
+			return ExitUsage
 		}
 		return 0
 	}
@@ -45,24 +78,14 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		fmt.Fprintf(stderr, "ddstore: unknown command %q\n\n", args[0])
 		usage(stderr)
-		return 2
+		return ExitUsage
 	}
-	if err := c.run(args[1:], stdout, stderr); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		if errors.Is(err, errUsage) {
-			return 2
-		}
+	err := c.run(args[1:], stdout, stderr)
+	code := ExitCode(err)
+	if code != 0 && code != ExitUsage {
 		fmt.Fprintln(stderr, err)
-		if errors.Is(err, naming.ErrAgentRuns) {
-			// The rank that started this agent learns from the status,
-			// not the text, that another agent serves its namespace.
-			return naming.ExitAgentRuns
-		}
-		return 1
 	}
-	return 0
+	return code
 }
 
 func usage(w io.Writer) {

@@ -3,6 +3,8 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +15,19 @@ import (
 
 	"github.com/ddstore-go/ddstore"
 	"github.com/ddstore-go/ddstore/internal/agent"
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/naming"
+)
+
+// The exit statuses the tests expect, written out as docs/protocol.md's
+// table has them (64 + the wire status code), so that a change of the
+// table fails here.
+const (
+	exitGeometry = 66
+	exitExists   = 68
+	exitNoAgent  = 75
+	exitArgument = 76
+	exitInternal = 77
 )
 
 // run calls Main and returns its exit code, stdout and stderr.
@@ -82,6 +97,47 @@ func TestSubcommandFlags(t *testing.T) {
 	// A flag value of the wrong type is a usage error too.
 	if code, _, errOut := run(t, "agent", "--timeout", "soon"); code != 2 || !strings.Contains(errOut, "soon") {
 		t.Errorf("agent --timeout soon: exit %d, stderr %q", code, errOut)
+	}
+}
+
+// TestExitCode holds ExitCode to docs/protocol.md's table: the kinds of
+// errors, wrapped or crossed from an agent, and the statuses kept apart.
+func TestExitCode(t *testing.T) {
+	wrapped := func(e error) error { return fmt.Errorf("ingest: %w", base.Errorf(e, "detail")) }
+	for _, tc := range []struct {
+		err  error
+		want int
+	}{
+		{nil, 0},
+		{flag.ErrHelp, 0},
+		{errUsage, 2},
+		{fmt.Errorf("schedule: %w", errUsage), 2},
+		{naming.ErrAgentRuns, 3},
+		{agentRuns{errors.New("ddstore agent exited (exit status 3)")}, 3},
+		{wrapped(base.ErrIndex), 65},
+		{wrapped(base.ErrGeometry), 66},
+		{wrapped(base.ErrUnknown), 67},
+		{wrapped(base.ErrExists), 68},
+		{wrapped(base.ErrBuffer), 69},
+		{wrapped(base.ErrFreed), 70},
+		{wrapped(base.ErrClosed), 71},
+		{wrapped(base.ErrTimeout), 72},
+		{wrapped(base.ErrPeer), 73},
+		{wrapped(base.ErrProtocol), 74},
+		{wrapped(base.ErrNoAgent), 75},
+		{wrapped(base.ErrArgument), 76},
+		{wrapped(base.ErrInternal), 77},
+		{wrapped(base.ErrAuth), 78},
+		{wrapped(base.ErrRegion), 79},
+		{base.FromCode(12, "an agent's refusal"), 76},
+		{errors.New("open x: no such file or directory"), 77}, // no kind: internal, as on the wire
+	} {
+		if got := ExitCode(tc.err); got != tc.want {
+			t.Errorf("ExitCode(%v) = %d, want %d", tc.err, got, tc.want)
+		}
+	}
+	if n := ExitKind + base.NumCodes - 1; n > 125 {
+		t.Errorf("the largest kind's status %d is one a shell gives its own meaning", n)
 	}
 }
 
@@ -291,7 +347,7 @@ func TestInfo(t *testing.T) {
 
 	// Wrong node for this socket: the agent refuses the hello.
 	code, _, errOut = run(t, "info", "--socket", sock, "--namespace", ns, "--node", "n2")
-	if code != 1 || !strings.Contains(errOut, "bad argument") {
+	if code != exitArgument || !strings.Contains(errOut, "bad argument") {
 		t.Errorf("info with the wrong node: exit %d, stderr %q", code, errOut)
 	}
 }
@@ -299,13 +355,13 @@ func TestInfo(t *testing.T) {
 func TestInfoNoAgent(t *testing.T) {
 	sock := filepath.Join(privateDir(t), "none.sock")
 	code, out, errOut := run(t, "info", "--socket", sock, "--namespace", "ns", "--node", "n1")
-	if code != 1 || out != "" || !strings.Contains(errOut, "no agent") || !strings.Contains(errOut, sock) {
+	if code != exitNoAgent || out != "" || !strings.Contains(errOut, "no agent") || !strings.Contains(errOut, sock) {
 		t.Fatalf("info without an agent: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	// The default socket is derived from --run-dir, namespace and node.
 	dir := privateDir(t)
 	code, _, errOut = run(t, "info", "--run-dir", dir, "--namespace", "ns", "--node", "n1")
-	if code != 1 || !strings.Contains(errOut, "no agent") || !strings.Contains(errOut, filepath.Join(dir, "ns.n1.sock")) {
+	if code != exitNoAgent || !strings.Contains(errOut, "no agent") || !strings.Contains(errOut, filepath.Join(dir, "ns.n1.sock")) {
 		t.Fatalf("info --run-dir without an agent: exit %d, stderr %q", code, errOut)
 	}
 }
@@ -339,7 +395,7 @@ func TestAgentCommand(t *testing.T) {
 			t.Fatal(err)
 		}
 		code, out, errOut := run(t, "agent", "--socket", filepath.Join(dir, "a.sock"), "--namespace", "ns", "--node", "n1")
-		if code != 1 || out != "" || !strings.Contains(errOut, "mode 755") {
+		if code != exitArgument || out != "" || !strings.Contains(errOut, "mode 755") {
 			t.Fatalf("agent in a 0755 directory: exit %d, stdout %q, stderr %q", code, out, errOut)
 		}
 	})
@@ -353,7 +409,7 @@ func TestBenchBadSizes(t *testing.T) {
 		{"bench", "--shard", "-1"},
 	} {
 		code, out, errOut := run(t, args...)
-		if code != 1 || out != "" || !strings.Contains(errOut, "want a positive number of bytes") {
+		if code != exitArgument || out != "" || !strings.Contains(errOut, "want a positive number of bytes") {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q", args, code, out, errOut)
 		}
 	}

@@ -18,6 +18,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ddstore-go/ddstore"
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/layout"
 	"github.com/ddstore-go/ddstore/internal/rendezvous"
 	"github.com/ddstore-go/ddstore/internal/source"
 )
@@ -62,7 +64,7 @@ func runIngest(args []string, stdout, stderr io.Writer) error {
 	rdv := fs.String("rendezvous", envOr("DDSTORE_RENDEZVOUS", ""), "HOST:PORT where agents started by ingest meet (several nodes)")
 	hs := fs.String("handshake-dir", envOr("DDSTORE_HANDSHAKE_DIR", ""), "shared directory where agents started by ingest meet (several nodes)")
 	rowBytes := fs.Int64("row-bytes", 0, "raw files: bytes per row (required); others: the rows must be this size")
-	dtype := fs.String("dtype", "", "raw files: item type (default uint8); others: the items must be this type. One of "+strings.Join(source.Dtypes(), ", "))
+	dtype := fs.String("dtype", "", "raw files: item type (default uint8); others: the items must be this type. One of "+strings.Join(layout.Dtypes(), ", "))
 	capacity := fs.String("capacity", "", "memory the job gives the dataset, all nodes together, e.g. 64G (default: all of it); the rows beyond it are read from the file")
 	workers := fs.Int("readers", 4, "reads at once on each node")
 	readSize := fs.String("read-size", "16M", "bytes per read, rounded to whole chunks")
@@ -82,7 +84,7 @@ func runIngest(args []string, stdout, stderr io.Writer) error {
 		return errUsage
 	}
 	if *workers < 1 {
-		return fmt.Errorf("ddstore ingest: --readers %d: want at least 1", *workers)
+		return base.Errorf(base.ErrArgument, "ingest: --readers %d: want at least 1", *workers)
 	}
 	piece, err := parseBytes(*readSize)
 	if err != nil {
@@ -189,13 +191,13 @@ func parseIngestArgs(fs *flag.FlagSet, args []string) (string, error) {
 func checkIngest(file string, src source.Source, capBytes int64) error {
 	rb := source.RowBytes(src)
 	if src.Rows() == 0 {
-		return fmt.Errorf("ddstore ingest: %s has no rows (shape [0 ...])", file)
+		return base.Errorf(base.ErrArgument, "ingest: %s has no rows (shape [0 ...])", file)
 	}
 	if src.ItemSize() > 64 {
-		return fmt.Errorf("ddstore ingest: %s has %d-byte items: the store takes items of 1 to 64 bytes", file, src.ItemSize())
+		return base.Errorf(base.ErrGeometry, "ingest: %s has %d-byte items: the store takes items of 1 to 64 bytes", file, src.ItemSize())
 	}
 	if capBytes < 0 || capBytes > 0 && capBytes < rb {
-		return fmt.Errorf("ddstore ingest: --capacity %d bytes holds no row of %d bytes: want at least one row, or leave --capacity out for all of them", capBytes, rb)
+		return base.Errorf(base.ErrArgument, "ingest: --capacity %d bytes holds no row of %d bytes: want at least one row, or leave --capacity out for all of them", capBytes, rb)
 	}
 	return nil
 }

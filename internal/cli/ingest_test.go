@@ -22,6 +22,7 @@ import (
 	"github.com/ddstore-go/ddstore"
 	"github.com/ddstore-go/ddstore/internal/agent"
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/layout"
 	"github.com/ddstore-go/ddstore/internal/source"
 	"github.com/ddstore-go/ddstore/internal/testutil"
 )
@@ -104,7 +105,7 @@ func checkVariable(t *testing.T, s *ddstore.Store, name string, want []byte, row
 	if err != nil {
 		t.Fatal(err)
 	}
-	itemsize, _ := source.ItemSize(dtype)
+	itemsize, _ := layout.ItemSize(dtype)
 	if in.TotalRows != rows || in.Disp != disp || in.ItemSize != itemsize || in.Dtype != dtype {
 		t.Fatalf("variable %q: %d rows of disp %d, itemsize %d, %q; want %d, %d, %d, %q", name, in.TotalRows, in.Disp, in.ItemSize, in.Dtype, rows, disp, itemsize, dtype)
 	}
@@ -139,7 +140,7 @@ func TestIngestNPY(t *testing.T) {
 
 	// The name is taken now.
 	code, _, errOut = run(t, args...)
-	if code != 1 || !strings.Contains(errOut, `variable "feat" already exists`) {
+	if code != exitExists || !strings.Contains(errOut, `variable "feat" already exists`) {
 		t.Errorf("second ingest: exit %d, stderr %q", code, errOut)
 	}
 }
@@ -352,24 +353,24 @@ func TestIngestBadInput(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{path, "--capacity", "59"}, 1, "--capacity 59 bytes holds no row of 60 bytes"},
-		{[]string{trunc}, 1, "trunc.npy is truncated"},
-		{[]string{empty}, 1, "has no rows"},
-		{[]string{filepath.Join(dir, "none.npy")}, 1, "none.npy: no such file or directory"},
-		{[]string{raw}, 1, "unknown format"},
-		{[]string{raw, "--row-bytes", "7"}, 1, "100 bytes is not a whole number of 7-byte rows"},
-		{[]string{path, "--dtype", "float64"}, 1, "holds items of float32, not float64"},
-		{[]string{path, "--row-bytes", "8"}, 1, "has rows of 60 bytes"},
-		{[]string{path, "--capacity", "lots"}, 1, `size "lots"`},
-		{[]string{path, "--read-size", "0"}, 1, `size "0"`},
-		{[]string{path, "--readers", "0"}, 1, "--readers 0"},
+		{[]string{path, "--capacity", "59"}, exitArgument, "--capacity 59 bytes holds no row of 60 bytes"},
+		{[]string{trunc}, exitArgument, "trunc.npy is truncated"},
+		{[]string{empty}, exitArgument, "has no rows"},
+		{[]string{filepath.Join(dir, "none.npy")}, exitArgument, "none.npy: no such file or directory"},
+		{[]string{raw}, exitArgument, "unknown format"},
+		{[]string{raw, "--row-bytes", "7"}, exitArgument, "100 bytes is not a whole number of 7-byte rows"},
+		{[]string{path, "--dtype", "float64"}, exitArgument, "holds items of float32, not float64"},
+		{[]string{path, "--row-bytes", "8"}, exitArgument, "has rows of 60 bytes"},
+		{[]string{path, "--capacity", "lots"}, exitArgument, `size "lots"`},
+		{[]string{path, "--read-size", "0"}, exitArgument, `size "0"`},
+		{[]string{path, "--readers", "0"}, exitArgument, "--readers 0"},
 	}
 	if !source.HDF5 {
 		cases = append(cases, struct {
 			args []string
 			code int
 			want string
-		}{[]string{filepath.Join(dir, "x.h5:/data")}, 1, "built without HDF5: rebuild with `go build -tags hdf5"})
+		}{[]string{filepath.Join(dir, "x.h5:/data")}, exitArgument, "built without HDF5: rebuild with `go build -tags hdf5"})
 	}
 	for _, tc := range cases {
 		code, out, errOut := run(t, append(append([]string{"ingest", "--name", "v"}, tc.args...), fl...)...)
@@ -506,7 +507,7 @@ open(sys.argv[2], 'wb').write(a.tobytes())
 	}
 	_, nodes := startNodes(t, 1)
 	code, _, errOut := run(t, append([]string{"ingest", file + ":/nope", "--name", "x"}, nodes[0].flags...)...)
-	if code != 1 || !strings.Contains(errOut, `has no dataset "/nope" (datasets there: /g/gzip, /plain)`) {
+	if code != exitArgument || !strings.Contains(errOut, `has no dataset "/nope" (datasets there: /g/gzip, /plain)`) {
 		t.Errorf("missing dataset: exit %d, stderr %q", code, errOut)
 	}
 }
@@ -650,13 +651,14 @@ func TestIngestOneNodeCannotStart(t *testing.T) {
 	writeNPY(t, path, 100)
 	files := []string{path, path + ".missing.npy"}
 	wants := []string{"rank 1 could not create its shard", "feat.npy.missing.npy: no such file or directory"}
+	codes := []int{exitGeometry, exitArgument} // the others learn rank 1 failed; rank 1 has no file
 	var wg sync.WaitGroup
 	for r, nd := range nodes {
 		wg.Go(func() {
 			// Each rank its own file: not ingestEveryNode, which gives all one.
 			code, _, errOut := run(t, append([]string{"ingest", files[r], "--name", "feat", "--rank", fmt.Sprint(r), "--size", "2"}, nd.flags...)...)
-			if code != 1 || !strings.Contains(errOut, wants[r]) {
-				t.Errorf("rank %d: exit %d, stderr %q; want %q", r, code, errOut, wants[r])
+			if code != codes[r] || !strings.Contains(errOut, wants[r]) {
+				t.Errorf("rank %d: exit %d, stderr %q; want exit %d and %q", r, code, errOut, codes[r], wants[r])
 			}
 		})
 	}

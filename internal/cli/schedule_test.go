@@ -59,10 +59,10 @@ func TestScheduleBadInput(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"--capacity", "5000"}, 1, "capacity 5000 above n 2048"},
-		{[]string{"--batch", "0"}, 1, "batch 0: want a positive number"},
-		{[]string{"--ranks", "6", "--ranks-per-node", "4"}, 1, "ranks per node 4 does not divide ranks 6"},
-		{[]string{"--policy", "fifo"}, 1, `policy "fifo"`},
+		{[]string{"--capacity", "5000"}, exitArgument, "capacity 5000 above n 2048"},
+		{[]string{"--batch", "0"}, exitArgument, "batch 0: want a positive number"},
+		{[]string{"--ranks", "6", "--ranks-per-node", "4"}, exitArgument, "ranks per node 4 does not divide ranks 6"},
+		{[]string{"--policy", "fifo"}, exitArgument, `policy "fifo"`},
 		{[]string{"--n", "ten"}, 2, "ten"},
 		{[]string{"--help"}, 0, "Usage: ddstore schedule [flags]"},
 	} {
@@ -264,14 +264,14 @@ func TestScheduleEmitBadInput(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"--emit-rank", "4"}, 1, "emit-rank 4 not in [0, 4)"},
-		{[]string{"--emit-rank", "-1"}, 1, "emit-rank -1 not in [0, 4)"},
-		{[]string{"--emit-rank", "0", "--epoch", "10"}, 1, "epoch 10 not in [0, 10)"},
-		{[]string{"--emit-rank", "0", "--epoch", "-1"}, 1, "epoch -1 not in [0, 10)"},
-		{[]string{"--epoch", "2"}, 1, "--epoch and --emit-hits go with --emit-rank"},
-		{[]string{"--emit-hits"}, 1, "--epoch and --emit-hits go with --emit-rank"},
-		{[]string{"--emit-rank", "0", "--capacity", "5000"}, 1, "capacity 5000 above n 2048"},
-		{[]string{"--emit-rank", "0", "--policy", "fifo"}, 1, `policy "fifo"`},
+		{[]string{"--emit-rank", "4"}, exitArgument, "emit-rank 4 not in [0, 4)"},
+		{[]string{"--emit-rank", "-1"}, exitArgument, "emit-rank -1 not in [0, 4)"},
+		{[]string{"--emit-rank", "0", "--epoch", "10"}, exitArgument, "epoch 10 not in [0, 10)"},
+		{[]string{"--emit-rank", "0", "--epoch", "-1"}, exitArgument, "epoch -1 not in [0, 10)"},
+		{[]string{"--epoch", "2"}, exitArgument, "--epoch and --emit-hits go with --emit-rank"},
+		{[]string{"--emit-hits"}, exitArgument, "--epoch and --emit-hits go with --emit-rank"},
+		{[]string{"--emit-rank", "0", "--capacity", "5000"}, exitArgument, "capacity 5000 above n 2048"},
+		{[]string{"--emit-rank", "0", "--policy", "fifo"}, exitArgument, `policy "fifo"`},
 		{[]string{"--help"}, 0, "--emit-rank"},
 	} {
 		code, out, errOut := run(t, append([]string{"schedule"}, tc.args...)...)

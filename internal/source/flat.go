@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/layout"
 	"github.com/ddstore-go/ddstore/internal/naming"
 )
 
@@ -54,7 +55,7 @@ func openRaw(name string, opts Options) (Source, error) {
 	if dtype == "" {
 		dtype = "uint8"
 	}
-	is, _ := ItemSize(dtype) // Open checked the name
+	is, _ := layout.ItemSize(dtype) // Open checked the name
 	if opts.RowBytes%is != 0 {
 		return nil, base.Errorf(base.ErrArgument, "source %s: rows of %d bytes are not a whole number of %d-byte %s items", name, opts.RowBytes, is, dtype)
 	}

@@ -267,6 +267,7 @@ import (
 	"unsafe"
 
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/layout"
 	"github.com/ddstore-go/ddstore/internal/naming"
 )
 
@@ -365,7 +366,7 @@ func openHDF5(file, dataset string, opts Options) (Source, error) {
 	if in.mtype < 0 {
 		return fail(base.Errorf(base.ErrArgument, "source %s: HDF5 cannot convert its %s items to little-endian", name, s.dtype))
 	}
-	s.itemSize, _ = ItemSize(s.dtype)
+	s.itemSize, _ = layout.ItemSize(s.dtype)
 	if in.ndims < 0 {
 		return fail(base.Errorf(base.ErrArgument, "source %s has an empty (null) dataspace: no rows", name))
 	}

@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/layout"
 	"github.com/ddstore-go/ddstore/internal/naming"
 )
 
@@ -92,8 +93,8 @@ func Open(spec string, opts Options) (Source, error) {
 		return nil, base.Errorf(base.ErrArgument, "source %s: chunk of %d bytes: want > 0", spec, opts.ChunkBytes)
 	}
 	if opts.Dtype != "" {
-		if _, ok := ItemSize(opts.Dtype); !ok {
-			return nil, base.Errorf(base.ErrArgument, "source %s: unknown dtype %q: want one of %s", spec, opts.Dtype, strings.Join(Dtypes(), ", "))
+		if _, ok := layout.ItemSize(opts.Dtype); !ok {
+			return nil, base.Errorf(base.ErrArgument, "source %s: unknown dtype %q: want one of %s", spec, opts.Dtype, strings.Join(layout.Dtypes(), ", "))
 		}
 	}
 	var src Source
@@ -141,35 +142,6 @@ func Disp(rowShape []int64) int64 {
 		d *= n
 	}
 	return d
-}
-
-// dtypes maps ddstore's item type names to their sizes.
-var dtypes = []struct {
-	name string
-	size int64
-}{
-	{"bool", 1}, {"int8", 1}, {"int16", 2}, {"int32", 4}, {"int64", 8},
-	{"uint8", 1}, {"uint16", 2}, {"uint32", 4}, {"uint64", 8},
-	{"float16", 2}, {"bfloat16", 2}, {"float32", 4}, {"float64", 8},
-}
-
-// ItemSize returns the size of an item of the named type.
-func ItemSize(dtype string) (int64, bool) {
-	for _, d := range dtypes {
-		if d.name == dtype {
-			return d.size, true
-		}
-	}
-	return 0, false
-}
-
-// Dtypes lists the item type names ddstore knows.
-func Dtypes() []string {
-	names := make([]string, len(dtypes))
-	for i, d := range dtypes {
-		names[i] = d.name
-	}
-	return names
 }
 
 // checkGeometry bounds a dataset's shape so that every size derived from it

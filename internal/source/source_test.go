@@ -18,6 +18,7 @@ import (
 	"testing"
 
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/layout"
 )
 
 const python = "/usr/bin/python3"
@@ -152,7 +153,7 @@ func TestNPY(t *testing.T) {
 			if src.Dtype() != c.Dtype || src.Rows() != c.Shape[0] || fmt.Sprint(src.RowShape()) != fmt.Sprint(c.Shape[1:]) {
 				t.Fatalf("dtype %s, rows %d, row shape %v; want %s, %v", src.Dtype(), src.Rows(), src.RowShape(), c.Dtype, c.Shape)
 			}
-			if is, _ := ItemSize(c.Dtype); src.ItemSize() != is {
+			if is, _ := layout.ItemSize(c.Dtype); src.ItemSize() != is {
 				t.Fatalf("item size %d, want %d", src.ItemSize(), is)
 			}
 			if want := max(1, 4096/RowBytes(src)); src.ChunkRows() != want {

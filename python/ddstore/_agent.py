@@ -6,7 +6,7 @@ import os
 import shutil
 import subprocess
 
-from ._errors import ArgumentError, NoAgent
+from ._errors import EXIT_AGENT_RUNS, ArgumentError, NoAgent
 
 
 def escape(s):
@@ -78,8 +78,8 @@ def spawn(namespace, node, socket, agent_args=(), binary=None):
     args = [binary, "agent", "--daemon", "--namespace", namespace, "--node", node, "--socket", socket,
             "--idle-exit", "30s", *agent_args]
     r = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    if r.returncode == EXIT_AGENT_RUNS:
+        return
     if r.returncode != 0:
         msg = (r.stdout + r.stderr).strip()
-        if "already runs" in msg:
-            return
         raise NoAgent(f"ddstore: no agent: starting `{' '.join(args)}` failed ({r.returncode}): {msg}")

@@ -118,3 +118,23 @@ _BY_CODE = {c.code: c for c in (IndexOutOfRange, GeometryError, UnknownVariable,
 def from_status(code, message):
     """The exception for a reply's status code and message."""
     return _BY_CODE.get(code, InternalError)(message)
+
+
+# Exit statuses of the `ddstore` command (docs/protocol.md, "Exit statuses of
+# the ddstore command"; the vectors' exit_codes pin them): a program that
+# runs it tells what failed from the status, never from its stderr.
+EXIT_USAGE = 2  # a flag the binary does not take: a binary older than this package, when the package built the command
+EXIT_AGENT_RUNS = 3  # `ddstore agent`: another agent of the namespace and node runs (an ErrExists)
+EXIT_KIND = 64  # + the status code of the error's sentinel
+
+
+def from_exit(status, message):
+    """The exception for a nonzero exit status of `ddstore` and the message
+    to carry (its stderr, say): the sentinel's class for EXIT_KIND + code,
+    VariableExists for EXIT_AGENT_RUNS, else (usage, a signal, a status of
+    another build) an InternalError."""
+    if status == EXIT_AGENT_RUNS:
+        return VariableExists(message)
+    if status > EXIT_KIND and status - EXIT_KIND in _BY_CODE:
+        return from_status(status - EXIT_KIND, message)
+    return InternalError(message)

@@ -1,5 +1,6 @@
 """The element types ddstore knows, and turning numpy arrays and CPU torch
-tensors into numpy views without copying."""
+tensors into numpy views without copying. The names and their sizes are Go's
+(internal/layout), pinned by the shared vectors' "dtypes"."""
 
 import numpy as np
 
@@ -62,3 +63,8 @@ def as_array(x):
 def numpy_dtype(name):
     """The numpy dtype that holds items of a ddstore type (int16 for bfloat16)."""
     return np.dtype("int16" if name == "bfloat16" else name)
+
+
+def itemsize(name):
+    """The size of one item of a ddstore type."""
+    return numpy_dtype(name).itemsize

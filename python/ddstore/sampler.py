@@ -13,7 +13,7 @@ import subprocess
 
 import numpy as np
 
-from ._errors import ArgumentError, InternalError
+from ._errors import EXIT_USAGE, ArgumentError, InternalError, from_exit
 
 __all__ = ["ScheduledSampler", "EpochPlan", "POLICIES", "read_plan"]
 
@@ -75,21 +75,24 @@ class EpochPlan:
 def read_plan(args, epoch, hits):
     """The EpochPlan that `args` (a `ddstore schedule ... --emit-rank R
     --epoch E` command line, with --emit-hits when hits) writes. The
-    binary tells a bad combination of arguments by its message's sentinel
-    text (the command line carries no status code), raised as
-    ArgumentError; anything else it fails at is an InternalError."""
+    binary's exit status says what failed (from_exit): a bad combination
+    of arguments is an ArgumentError. The usage status means the binary
+    does not take a flag of this command line, which this package built:
+    the binary is older than the package. Its stderr is only passed on."""
     try:
         r = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True)
     except OSError as e:
         raise InternalError(f"ddstore: internal error: cannot run {args[0]}: {e}") from None
     err = r.stderr.decode(errors="replace").strip()
+    if r.returncode == EXIT_USAGE:
+        raise InternalError(f"ddstore: internal error: {args[0]} does not take `{' '.join(args[1:])}` (it has "
+                            f"no `schedule --emit-rank`, or not all its flags): it is older than this package; "
+                            f"rebuild it (make build) or set DDSTORE_BIN: {err}")
     if r.returncode != 0:
-        if r.returncode == 1 and "bad argument" in err:
-            raise ArgumentError(err)
-        if "emit-rank" in err and "not defined" in err:
-            raise InternalError(f"ddstore: internal error: {args[0]} has no `schedule --emit-rank`: it is "
-                                f"older than this package; rebuild it (make build) or set DDSTORE_BIN")
-        raise InternalError(f"ddstore: internal error: `{' '.join(args)}` failed ({r.returncode}): {err}")
+        e = from_exit(r.returncode, err)
+        if type(e) is InternalError:  # no kind of the binary's: say what ran
+            e = InternalError(f"ddstore: internal error: `{' '.join(args)}` failed ({r.returncode}): {err}")
+        raise e
     f = io.BytesIO(r.stdout)
     try:
         samples = np.lib.format.read_array(f)

@@ -23,7 +23,7 @@ from ._errors import (ArgumentError, BadBuffer, ClosedError, Error, FreedVariabl
 from ._recv import RecvBuffers, close_regions
 from ._shm import Segment
 from ._vars import Var, copy_rows, count
-from .dtypes import as_array, dtype_name
+from .dtypes import as_array, dtype_name, itemsize as dtype_itemsize
 
 _MAX_ROWS_PER_READ = 1 << 20
 
@@ -194,7 +194,7 @@ class Store:
         spec = ""
         if dtype is not None:
             dt = dtype_name(dtype)
-            itemsize = np.dtype("uint16" if dt == "bfloat16" else dt).itemsize if dt != "bool" else 1
+            itemsize = dtype_itemsize(dt)
         if disp < 1 or not 1 <= itemsize <= 64:
             bad = GeometryError(f"ddstore: bad geometry: variable {name!r}: disp {disp}, itemsize {itemsize}: "
                                 f"want disp >= 1 and itemsize 1..64")

@@ -83,6 +83,9 @@ def test_environment_and_prefixes(job, tmp_path):
 
 def test_a_failing_rank_stops_the_others_and_sets_the_exit_code(job, tmp_path):
     script = tmp_path / "fail.py"
+    # The other ranks sleep past launch's timeout (and end on their own
+    # should the test fail): the launcher returning at all is its stopping
+    # them.
     script.write_text("import os, sys, time\n"
                       "d = sys.argv[1]\n"
                       "if os.environ['RANK'] == '1':\n"
@@ -92,12 +95,10 @@ def test_a_failing_rank_stops_the_others_and_sets_the_exit_code(job, tmp_path):
                       "    sys.exit(3)\n"
                       "print('pid', os.getpid(), flush=True)\n"
                       "open(os.path.join(d, os.environ['RANK']), 'w').close()\n"
-                      "time.sleep(60)\n")
+                      "time.sleep(600)\n")
     (tmp_path / "up").mkdir()
-    t = time.monotonic()
     r = launch(job, "-n", "3", str(script), str(tmp_path / "up"), timeout=60)
     assert r.returncode == 3, r.stdout + r.stderr
-    assert time.monotonic() - t < 20
     assert "[rank 1] rank one gives up" in r.stdout
     assert "rank 1 exited with status 3" in r.stderr
     pids = [int(line.split()[-1]) for line in r.stdout.splitlines() if " pid " in line]
@@ -108,7 +109,8 @@ def test_a_failing_rank_stops_the_others_and_sets_the_exit_code(job, tmp_path):
 
 def test_ctrl_c_stops_every_rank(job, tmp_path):
     script = tmp_path / "sleep.py"
-    script.write_text("import os, time\nprint('pid', os.getpid(), flush=True)\ntime.sleep(60)\n")
+    # A rank that runs until stopped (and ends on its own should the test fail).
+    script.write_text("import os, time\nprint('pid', os.getpid(), flush=True)\ntime.sleep(600)\n")
     p = subprocess.Popen([sys.executable, "-m", "ddstore.launch", "-n", "2", str(script)], env=env_of(job), cwd=PY,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = []

@@ -211,10 +211,8 @@ def test_fork_reader_and_join(dds, monkeypatch):
         with pytest.raises(ValueError, match="reader"):
             rd.add("mine", data)
         monkeypatch.setenv("DDSTORE_HANDSHAKE_TIMEOUT_S", "0.2")
-        t = time.monotonic()
-        with pytest.raises(TimeoutError, match="DDSTORE_HANDSHAKE_TIMEOUT_S"):
-            rd.join("later")
-        assert time.monotonic() - t < 2
+        with pytest.raises(TimeoutError, match=r"within 0.2s \(DDSTORE_HANDSHAKE_TIMEOUT_S\)"):
+            rd.join("later")  # the variable's timeout, not the default 300 s
         rd.free()  # a reader gives nothing back
     finally:
         rd.close()
@@ -350,19 +348,7 @@ def test_torch_one_process(job):
 # -- two ranks on two simulated nodes ------------------------------------------------
 
 TWO_RANKS = r"""
-import os, sys, time, numpy as np, pyddstore
-
-def settled(fn):
-    # Workaround of a ddstore bug (test_read_of_another_node_right_after_add):
-    # the other node's agent may not have installed the table yet.
-    for _ in range(300):
-        try:
-            return fn()
-        except KeyError as e:
-            if "holds no published variable" not in str(e):
-                raise
-            time.sleep(0.01)
-    return fn()
+import os, sys, numpy as np, pyddstore
 
 mode = sys.argv[1]
 if mode == "env":
@@ -390,7 +376,7 @@ for dt in DTYPES:
     assert s.info(dt) == (total, 3, np.dtype(dt).itemsize)
     ref = rows_of(dt, total, 3)
     out = np.empty((total, 3), dt)
-    settled(lambda: s.get(dt, out, 0))         # every row, across the boundary
+    s.get(dt, out, 0)                          # every row, across the boundary, right after add
     assert (out == ref).all(), dt
     for lo, n in ((12, 2), (10, 6), (13, 1), (0, 21), (20, 1)):
         o = np.empty((n, 3), dt)

@@ -366,11 +366,22 @@ def test_bad_epochs_and_states(ddstore_bin):
 
 
 def test_old_binary(tmp_path):
+    # The usage status tells it, not the text.
     fake = tmp_path / "ddstore"
-    fake.write_text("#!/bin/sh\necho 'flag provided but not defined: -emit-rank' >&2\nexit 2\n")
+    fake.write_text("#!/bin/sh\necho 'Usage: ddstore schedule [flags]' >&2\nexit 2\n")
     fake.chmod(0o755)
     with pytest.raises(RuntimeError, match="has no `schedule --emit-rank`"):
         ScheduledSampler(30, 3, binary=str(fake))
+
+
+def test_exit_statuses_of_the_binary(ddstore_bin):
+    """The binary under test exits as the vectors say cli.Main does, so the
+    sampler's reading of its statuses holds for it."""
+    with open(os.path.join(ROOT, "testdata", "vectors.json"), encoding="utf-8") as f:
+        commands = json.load(f)["exit_codes"]["commands"]
+    for c in commands:
+        r = subprocess.run([ddstore_bin, *c["args"]], stdin=subprocess.DEVNULL, capture_output=True)
+        assert r.returncode == c["exit"], (c, r.stderr)
 
 
 # -- ranks on simulated nodes --------------------------------------------------------

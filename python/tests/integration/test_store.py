@@ -4,7 +4,6 @@ simulated nodes (one agent per node id, meeting over loopback)."""
 import os
 import signal
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -284,6 +283,14 @@ def test_reader_waits_for_publication(store):
     how long it waited."""
     r = ddstore.Store(reader=True, spawn=False, wait_published=20)
     q = ddstore.Store(reader=True, spawn=False, wait_published=0.2)
+    waiting = threading.Event()
+    wait_for = r._wait_for
+
+    def waiting_for(name, enc):  # the agent refused the first lookup: r waits
+        waiting.set()
+        return wait_for(name, enc)
+
+    r._wait_for = waiting_for
     try:
         got = {}
 
@@ -294,7 +301,7 @@ def test_reader_waits_for_publication(store):
 
         t = threading.Thread(target=read)
         t.start()
-        time.sleep(0.3)
+        assert waiting.wait(20)
         assert t.is_alive()  # still waiting
         data = rows_of("float64", 6, 2)
         store.add("late", data)

@@ -360,7 +360,7 @@ class Probe(Dataset):
     def __getitem__(self, i):
         with self.lock:
             self.reads += 1
-        if self.delay:
+        if self.delay:  # a dataset slow to read, so batches are in flight when the loader is dropped
             time.sleep(self.delay)
         if i == self.bad:
             raise ValueError(f"boom at {i}")
@@ -392,8 +392,11 @@ def test_thread_loader_bounds_batches_in_flight():
     it = iter(ThreadDataLoader(ds, batch_size=1, num_workers=2, prefetch_factor=2))
     assert next(it).tolist() == [[0]]
     assert wait_for(lambda: ds.reads == 1 + 2 * 2), ds.reads  # the one taken, and 4 in flight
-    time.sleep(0.1)
-    assert ds.reads == 5
+    # Once every batch sent to the workers is done, nothing more is read
+    # until the next one is taken: no more than 4 were sent.
+    shared = it._shared
+    assert wait_for(lambda: len(shared.results) == it._sent - it._received and shared.tasks.empty())
+    assert it._sent - it._received == 2 * 2 and ds.reads == 5
     assert next(it).tolist() == [[1]]
     assert wait_for(lambda: ds.reads == 6), ds.reads
     it.close()

@@ -181,6 +181,38 @@ def test_status_codes():
     assert type(_errors.from_status(max(int(c) for c in codes) + 1, "m")) is ddstore.InternalError
 
 
+def test_dtypes():
+    """The item types and their sizes are Go's (internal/layout)."""
+    from ddstore import dtypes
+    assert list(dtypes.NAMES) == [d["name"] for d in V["dtypes"]]
+    for d in V["dtypes"]:
+        assert dtypes.itemsize(d["name"]) == d["size"], d
+        assert dtypes.dtype_name(d["name"]) == d["name"]
+
+
+def test_exit_codes():
+    """ddstore._errors reads the `ddstore` command's exit statuses as
+    cli.ExitCode sets them: each sentinel's kind, and the statuses kept
+    apart."""
+    x = V["exit_codes"]
+    assert (_errors.EXIT_USAGE, _errors.EXIT_AGENT_RUNS, _errors.EXIT_KIND) == (x["usage"], x["agent_runs"],
+                                                                               x["kind_base"])
+    assert x["agent_runs"] == V["naming"]["agent_runs_exit"]
+    assert set(x["kinds"]) == set(V["status_codes"])
+    for code, k in x["kinds"].items():
+        e = _errors.from_exit(k["exit"], "m")
+        assert type(e) is CLASSES[k["sentinel"]] and e.code == int(code) and str(e) == "m", k
+    assert type(_errors.from_exit(x["agent_runs"], "m")) is ddstore.VariableExists  # ErrAgentRuns is an ErrExists
+    assert type(_errors.from_exit(x["no_kind"], "m")) is ddstore.InternalError
+    for status in (1, x["usage"], x["kind_base"], max(k["exit"] for k in x["kinds"].values()) + 1, -9):
+        assert type(_errors.from_exit(status, "m")) is ddstore.InternalError, status
+    # The command lines Go ran: a flag the binary lacks is the usage status,
+    # a bad value of a flag it takes a bad argument.
+    by_args = {tuple(c["args"]): c["exit"] for c in x["commands"]}
+    assert by_args[("schedule", "--no-such-flag")] == x["usage"]
+    assert type(_errors.from_exit(by_args[("schedule", "--emit-rank", "4", "--ranks", "4")], "m")) is ddstore.ArgumentError
+
+
 _SENTINEL_TEXT = {CLASSES[s["sentinel"]]: s["text"] for s in V["status_codes"].values()}
 
 
