@@ -12,6 +12,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"net"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/testutil"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
@@ -142,9 +144,9 @@ func startConfOwner(eng Engine, pool *Pool) (*confOwner, error) {
 
 func (o *confOwner) Addr() string { return o.srv.Addr() }
 
-// serve waits for the close op, then stops the server, closes the engine
-// (with the reader, where Close is collective), unmaps what is left and
-// closes the pool.
+// serve waits for the close op, then closes the engine (with the reader,
+// where Close is collective), stops the server once the reader has hung
+// up, unmaps what is left and closes the pool.
 func (o *confOwner) serve() error {
 	<-o.stop
 	o.mu.Lock()
@@ -158,7 +160,18 @@ func (o *confOwner) serve() error {
 		}
 	}
 	o.mu.Unlock()
-	errs := []error{o.srv.Close(), o.eng.Close()}
+	errs := []error{o.eng.Close()}
+	// Stopping the server cuts its connections, and with them a reply
+	// being written (the close op's own): wait for the reader to hang up.
+	errs = append(errs, testutil.Poll(time.Minute, func() error {
+		o.srv.mu.Lock()
+		defer o.srv.mu.Unlock()
+		if n := len(o.srv.mu.conns); n > 0 {
+			return fmt.Errorf("the reader has not hung up: %d connections to the owner node", n)
+		}
+		return nil
+	}))
+	errs = append(errs, o.srv.Close())
 	o.mu.Lock()
 	vars := o.mu.vars
 	o.mu.vars = nil

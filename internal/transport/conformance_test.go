@@ -538,13 +538,14 @@ func testEngine(t *testing.T, kind string, open func(*testing.T) confNet) {
 		if err := n.reader.Close(); err != nil {
 			t.Errorf("a second Close: %v", err)
 		}
+		// Hanging up lets the owners stop (confOwner.serve).
+		if err := n.pool.Close(); err != nil {
+			t.Errorf("closing the reader's pool: %v", err)
+		}
 		if n.done != nil {
 			if err := n.done(); err != nil {
 				t.Errorf("owner nodes: %v", err)
 			}
-		}
-		if err := n.pool.Close(); err != nil {
-			t.Errorf("closing the reader's pool: %v", err)
 		}
 	})
 	// Counted here, where the count before was taken: a subtest's own
