@@ -74,6 +74,8 @@ fi
 if pkg-config --exists libfabric 2>/dev/null; then
 	echo '== libfabric (build tag fabric, cgo on libfabric): the transport on loopback, then the cluster tests over it'
 	run "$GO" vet -tags fabric ./...
+	# -run Fabric: the conformance suite over libfabric (TestConformanceFabric)
+	# and the tests of libfabric's own.
 	run "$GO" test $RACE -tags fabric -count=1 -run Fabric ./internal/transport/
 	run env DDSTORE_TEST_TRANSPORT=fabric "$GO" test $RACE -tags fabric -count=1 -run "$CLUSTER_TESTS" .
 else

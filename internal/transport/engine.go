@@ -5,6 +5,7 @@ package transport
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/ddstore-go/ddstore/internal/base"
@@ -43,7 +44,7 @@ func Open(kind string, o EngineOptions) (Engine, error) {
 	}
 	switch kind {
 	case KindTCP:
-		return tcpEngine{o.Pool}, nil
+		return &tcpEngine{p: o.Pool}, nil
 	case KindMPI:
 		m, err := NewMPI(MPIOptions{Grace: o.Grace, Logger: o.Logger,
 			Describe: func(ctx context.Context, addr, name string, id int64) (wire.Window, error) {
@@ -76,26 +77,38 @@ func Open(kind string, o EngineOptions) (Engine, error) {
 
 // tcpEngine moves rows over the pool's connections: the owner's agent
 // sends them (Server), so nothing is exposed.
-type tcpEngine struct{ p *Pool }
+type tcpEngine struct {
+	p *Pool
+	// closed: Close was called. Fetches fail from then on, as the
+	// one-sided engines' do, while the pool (which also carries the
+	// agents' control messages) stays its owner's to close.
+	closed atomic.Bool
+}
 
-func (t tcpEngine) Fetch(ctx context.Context, addr, name string, id int64, globals []int64, dst [][]byte) error {
+func (t *tcpEngine) Fetch(ctx context.Context, addr, name string, id int64, globals []int64, dst [][]byte) error {
+	if t.closed.Load() {
+		return base.Errorf(base.ErrClosed, "transport closed")
+	}
 	return t.p.Fetch(ctx, addr, name, id, globals, dst)
 }
 
-// Close leaves the pool to its owner.
-func (tcpEngine) Close() error { return nil }
+// Close ends the engine's fetches and leaves the pool to its owner.
+func (t *tcpEngine) Close() error {
+	t.closed.Store(true)
+	return nil
+}
 
-func (tcpEngine) Kind() string { return KindTCP }
+func (*tcpEngine) Kind() string { return KindTCP }
 
-func (tcpEngine) Expose(mem []byte, _ int64) (Exposure, error) {
+func (*tcpEngine) Expose(mem []byte, _ int64) (Exposure, error) {
 	return Exposure{mem: mem, slot: -1}, nil
 }
 
-func (tcpEngine) Withdraw(_ Exposure, unmap func()) { unmap() }
+func (*tcpEngine) Withdraw(_ Exposure, unmap func()) { unmap() }
 
-func (tcpEngine) Window(int64, []ExposedShard) (func(*wire.Encoder), error) {
+func (*tcpEngine) Window(int64, []ExposedShard) (func(*wire.Encoder), error) {
 	return nil, base.Errorf(base.ErrArgument, "transport %s: rows move over TCP here, no shard is exposed for one-sided reads: start every agent of the job with the same --transport", KindTCP)
 }
 
-func (tcpEngine) Serial() bool     { return false }
-func (tcpEngine) Collective() bool { return false }
+func (*tcpEngine) Serial() bool     { return false }
+func (*tcpEngine) Collective() bool { return false }

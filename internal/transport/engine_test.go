@@ -7,8 +7,9 @@ import (
 	"github.com/ddstore-go/ddstore/internal/base"
 )
 
-// The tcp engine exposes nothing, unmaps a withdrawn shard at once, and
-// refuses to describe a window; Open refuses a transport it does not know.
+// What the tcp engine is beyond the conformance suite: its reads take no
+// turns, its Close is its own, it exposes nothing and refuses to describe
+// a window; Open refuses a transport it does not know.
 func TestOpenTCP(t *testing.T) {
 	p := newPool(t, Options{})
 	e, err := Open(KindTCP, EngineOptions{Pool: p})
@@ -22,16 +23,8 @@ func TestOpenTCP(t *testing.T) {
 	if err != nil || x.Exposed() {
 		t.Fatalf("Expose over tcp: %+v, %v; want nothing exposed", x, err)
 	}
-	unmapped := false
-	e.Withdraw(x, func() { unmapped = true })
-	if !unmapped {
-		t.Error("Withdraw over tcp did not unmap at once")
-	}
 	if _, err := e.Window(8, nil); !errors.Is(err, base.ErrArgument) {
 		t.Errorf("Window over tcp: %v, want ErrArgument", err)
-	}
-	if err := e.Close(); err != nil {
-		t.Errorf("Close: %v", err)
 	}
 	if _, err := Open("carrier-pigeon", EngineOptions{Pool: p}); !errors.Is(err, base.ErrArgument) {
 		t.Errorf("Open of an unknown transport: %v, want ErrArgument", err)

@@ -2,25 +2,23 @@
 
 package transport
 
-// The libfabric transport between two endpoints of this process, over the
-// provider DDSTORE_FABRIC names (tcp when unset) on loopback: an owner
-// exposes two shards, a reader fetches rows of them. Each Fabric has its
-// own fabric, domain and completion queue, so the owner serves a read only
-// when its own progress loop polls; TestFabricProgressNeeded shows that the
-// read hangs without it (DDStore's loopback deadlock) and completes with it.
+// The libfabric transport between endpoints of this process, over the
+// provider DDSTORE_FABRIC names (tcp when unset) on loopback: the
+// conformance suite (conformance_test.go), and what is libfabric's own.
+// Each Fabric has its own fabric, domain and completion queue, so an owner
+// serves a read only when its own progress loop polls;
+// TestFabricProgressNeeded shows that the read hangs without it (DDStore's
+// loopback deadlock) and completes with it.
 
 import (
 	"context"
 	"encoding/binary"
-	"errors"
-	"math/rand/v2"
 	"os"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
@@ -130,38 +128,15 @@ func fabFetch(fb *Fabric, globals []int64) ([][]byte, error) {
 	return dst, fb.Fetch(ctx, "owner:1", "x", fabID, globals, dst)
 }
 
-// TestFabricReadsRows: batches of random rows, ranges (merged reads) and
-// rows of both shards come back whole while the owner does nothing but its
-// progress loop.
-func TestFabricReadsRows(t *testing.T) {
-	owner := newTestFabric(t, false)
-	w, _, _ := fabOwner(t, owner)
-	r := fabReader(t, w)
-	t.Logf("provider %s, virtual addresses %v", r.Provider(), r.virt)
-	rng := rand.New(rand.NewPCG(1, 2))
-	for round := range 20 {
-		n := 1 + rng.IntN(200)
-		globals := make([]int64, n)
-		for i := range globals {
-			if round%2 == 0 {
-				globals[i] = rng.Int64N(fabRowsA + fabRowsB)
-			} else {
-				globals[i] = (int64(round)*13 + int64(i)) % (fabRowsA + fabRowsB) // a range, merged
-			}
-		}
-		dst, err := fabFetch(r, globals)
-		if err != nil {
-			t.Fatalf("round %d: %v", round, err)
-		}
-		for i, g := range globals {
-			if !fabRowIs(dst[i], g) {
-				t.Fatalf("round %d: row %d (global %d) wrong", round, i, g)
-			}
-		}
+// TestConformanceFabric runs the conformance suite over libfabric: a
+// reader and two owner endpoints of this process, on loopback.
+func TestConformanceFabric(t *testing.T) {
+	if os.Getenv("DDSTORE_FABRIC") == "" {
+		t.Setenv("DDSTORE_FABRIC", fabricProvider())
 	}
-	if _, err := fabFetch(r, []int64{fabRowsA + fabRowsB}); !errors.Is(err, base.ErrArgument) {
-		t.Fatalf("row past the shards: %v, want ErrArgument", err)
-	}
+	testEngine(t, KindFabric, func(t *testing.T) confNet {
+		return confLocalNet(t, func(t *testing.T, p *Pool) Engine { return openEngine(t, KindFabric, p) })
+	})
 }
 
 // TestFabricProgressNeeded is DDStore's loopback deadlock: a read of an
@@ -206,31 +181,6 @@ func TestFabricProgressNeeded(t *testing.T) {
 		if !fabRowIs(dst[i], g) {
 			t.Fatalf("row %d wrong", g)
 		}
-	}
-}
-
-// TestFabricWithdraw: once a shard is withdrawn (token cleared, region
-// closed), reads of it fail with ErrFreed and never return its bytes; the
-// unmap runs after the grace period.
-func TestFabricWithdraw(t *testing.T) {
-	owner := newTestFabric(t, false)
-	w, es, mems := fabOwner(t, owner)
-	r := fabReader(t, w)
-	if _, err := fabFetch(r, []int64{5, 305}); err != nil {
-		t.Fatal(err)
-	}
-	unmapped := make(chan struct{})
-	owner.Withdraw(es[1], func() { unix.Munmap(mems[1]); close(unmapped) })
-	if _, err := fabFetch(r, []int64{5, 305}); !errors.Is(err, base.ErrFreed) {
-		t.Fatalf("read of a withdrawn shard: %v, want ErrFreed", err)
-	}
-	if _, err := fabFetch(r, []int64{5, 6}); err != nil {
-		t.Fatalf("the other shard after a withdraw: %v", err)
-	}
-	select {
-	case <-unmapped:
-	case <-time.After(5 * time.Second):
-		t.Fatal("withdrawn shard not unmapped after its grace period")
 	}
 }
 
