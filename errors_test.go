@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ddstore-go/ddstore"
+	"github.com/ddstore-go/ddstore/internal/testutil"
 )
 
 // The tests of this file feed each public method a bad input and check
@@ -42,16 +43,8 @@ func errCluster(t *testing.T) *cluster {
 // one of parts.
 func wantErr(t testing.TB, what string, err, sentinel error, parts ...string) {
 	t.Helper()
-	if err == nil {
-		t.Fatalf("%s: no error, want %v", what, sentinel)
-	}
-	if !errors.Is(err, sentinel) {
-		t.Fatalf("%s: error %q does not match %v", what, err, sentinel)
-	}
-	for _, p := range parts {
-		if !strings.Contains(err.Error(), p) {
-			t.Fatalf("%s: error %q does not name %q", what, err, p)
-		}
+	if e := testutil.CheckErr(err, sentinel, parts...); e != nil {
+		t.Fatalf("%s: %v", what, e)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/testutil"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
@@ -218,14 +219,8 @@ func TestManyRanks(t *testing.T) {
 
 func checkErr(t *testing.T, who string, err, sentinel error, want []string) {
 	t.Helper()
-	if !errors.Is(err, sentinel) {
-		t.Errorf("%s: error %v, want %v", who, err, sentinel)
-		return
-	}
-	for _, w := range want {
-		if !strings.Contains(err.Error(), w) {
-			t.Errorf("%s: error %q does not name %q", who, err, w)
-		}
+	if e := testutil.CheckErr(err, sentinel, want...); e != nil {
+		t.Errorf("%s: %v", who, e)
 	}
 }
 

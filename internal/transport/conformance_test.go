@@ -226,8 +226,8 @@ func (n *confNet) spanning(s confSpread, globals []int64, dst [][]byte) error {
 
 func wantErr(t *testing.T, what string, err, sentinel error) {
 	t.Helper()
-	if !errors.Is(err, sentinel) {
-		t.Errorf("%s: %v, want %v", what, err, sentinel)
+	if e := testutil.CheckErr(err, sentinel); e != nil {
+		t.Errorf("%s: %v", what, e)
 	}
 }
 
