@@ -147,9 +147,9 @@ type Agent struct {
 
 	// restored is the coordinator's part of the manifest a previous agent
 	// left, for when this one becomes coordinator; manifestMu serializes
-	// writing the manifest.
+	// saving the manifest (reading the state, then writing the file).
 	restored   *coord.State
-	manifestMu sync.Mutex // a leaf; lock order: internal/LOCKS.md
+	manifestMu sync.Mutex // first of the agent's; lock order: internal/LOCKS.md
 
 	// inflight counts client requests being served; once draining is set
 	// (a stop), sessions take no new ones and the stop waits for these.

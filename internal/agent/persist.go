@@ -43,8 +43,13 @@ type manifestVar struct {
 func (a *Agent) manifestPath() string { return a.cfg.Socket + ".manifest.json" }
 
 // saveManifest writes the manifest of what the agent holds now. Callers
-// hold no lock of the agent's.
+// hold no lock of the agent's. The state is read and written under
+// manifestMu, so that of two saves at once (a rank's Publish and the
+// coordinator's round, which end together) the later state is the one
+// left on disk, never an earlier snapshot written last.
 func (a *Agent) saveManifest() {
+	a.manifestMu.Lock()
+	defer a.manifestMu.Unlock()
 	m := manifest{Version: manifestVersion, Namespace: a.cfg.Namespace, Node: a.cfg.Node}
 	a.mu.Lock()
 	vars := make([]*variable, 0, len(a.mu.vars))
@@ -69,9 +74,7 @@ func (a *Agent) saveManifest() {
 	}
 	b, err := json.Marshal(m)
 	if err == nil {
-		a.manifestMu.Lock()
 		err = writeFileAtomic(a.manifestPath(), b)
-		a.manifestMu.Unlock()
 	}
 	if err != nil {
 		a.log.Warn("could not write the manifest; a restarted agent will not re-adopt the segments", "err", err)
