@@ -72,6 +72,23 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 	if err := v.lay.CheckAll(m.Globals); err != nil {
 		return err
 	}
+	if v.rag != nil {
+		if v.index == nil {
+			// Not built on this node yet (a client of a reading job's
+			// first Read): build it, then read.
+			v.mu.RUnlock()
+			locked = false
+			if err := a.ensureIndex(ctx, v); err != nil {
+				return err
+			}
+			v.mu.RLock()
+			locked = true
+			if v.gone || v.index == nil {
+				return base.Errorf(base.ErrFreed, "variable %q was freed", m.Name)
+			}
+		}
+		return a.readRagged(ctx, s, v, m, reg.mem, func() { v.mu.RUnlock(); locked = false })
+	}
 	rb := v.lay.Bytes()
 	size := int64(len(reg.mem))
 	t := v.table

@@ -288,7 +288,7 @@ func checkHeader(h Header) error {
 func (k Kind) String() string {
 	switch k {
 	case KindRows:
-		return "rows"
+		return "fixed"
 	case KindRagged:
 		return "ragged"
 	case KindIndex:

@@ -97,7 +97,7 @@ const (
 func (k Kind) String() string {
 	switch k {
 	case KindRows:
-		return "rows"
+		return "fixed"
 	case KindRagged:
 		return "ragged"
 	}
