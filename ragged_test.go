@@ -4,11 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ddstore-go/ddstore"
+	"github.com/ddstore-go/ddstore/internal/testutil"
 )
 
 // raggedJob is the rows of a ragged variable as every rank adds them: rank
@@ -314,5 +318,69 @@ func TestClusterRaggedFreeAgain(t *testing.T) {
 			}
 			return s.Free("again")
 		})
+	}
+}
+
+// TestAgentRestartReadoptsRagged: a ragged variable's shards and its node
+// index survive a SIGKILLed agent; the restarted agent re-adopts both (the
+// same files, counted in its memory) and a store opened then reads the
+// rows.
+func TestAgentRestartReadoptsRagged(t *testing.T) {
+	dir := t.TempDir()
+	ns := fmt.Sprintf("rrestart%d", os.Getpid())
+	runDir := filepath.Join(dir, "run")
+	p := startRestartableAgent(t, "--namespace", ns, "--node", "n0", "--run-dir", runDir, "--timeout", "5s")
+	open := func(rank, size int) *ddstore.Store {
+		s, err := ddstore.Open(ddstore.Config{Namespace: ns, Rank: rank, Size: size, LocalRank: rank, LocalSize: size, Node: "n0",
+			RunDir: runDir, NoSpawn: true, AgentWait: 20 * time.Second, Timeout: 10 * time.Second, PublishTimeout: 20 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	c := &cluster{ns: ns, stores: []*ddstore.Store{open(0, 2), open(1, 2)}}
+	j := newRaggedJob(7, []int64{30, 20}, 4, 6)
+	j.add(t, c, "rg", ddstore.Int32)
+	segs := segments(ns)
+	if len(segs) != 3 { // two shards and the index
+		t.Fatalf("segments %v", segs)
+	}
+	before := map[string]uint64{}
+	for _, s := range segs {
+		before[s] = inode(t, s)
+	}
+	sock := ddstore.SocketPath(runDir, ns, "n0")
+	in, err := ddstore.QueryAgent(sock, ns, "n0")
+	if err != nil || len(in.Variables) != 1 || in.Variables[0].Kind != "ragged" || in.Variables[0].IndexBytes != 51*8 {
+		t.Fatalf("info %+v, %v: want one ragged variable with an index of 51 offsets", in.Variables, err)
+	}
+	used := in.MemoryBytes
+	p.kill()
+	p.start()
+	testutil.WaitFor(t, 20*time.Second, func() (err error) {
+		in, err = ddstore.QueryAgent(sock, ns, "n0")
+		return err
+	})
+	if in.Counters["adopted_variables"] != 1 || in.MemoryBytes != used {
+		t.Fatalf("after the restart: adopted %d, memory %d bytes; want 1 and %d", in.Counters["adopted_variables"], in.MemoryBytes, used)
+	}
+	late := open(0, 2)
+	idx := make([]int64, j.total())
+	for i := range idx {
+		idx[i] = int64(i)
+	}
+	want, _ := j.naive(idx)
+	dst := make([]byte, len(want))
+	if _, err := late.GetRagged("rg", dst, idx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if string(dst) != string(want) {
+		t.Fatal("rows read after the restart differ")
+	}
+	for _, s := range segments(ns) {
+		if inode(t, s) != before[s] {
+			t.Errorf("segment %s was made again, not re-adopted", s)
+		}
 	}
 }
