@@ -248,7 +248,8 @@ def test_layout(case):
     p = len(rows)
     t = types.SimpleNamespace(name="x", disp=1, itemsize=1, dtype="", shard_rows=rows,
                               rank_node=np.zeros(p, dtype=np.int64), nodes=["n"], addrs=["a"], paths=[], id=1,
-                              backing="", total=0)
+                              backing="", total=0, kind=_wire.KIND_ROWS, shard_items=np.zeros(0, np.int64),
+                              shape=np.zeros(0, np.int64), index="")
     v = _vars.Var(t, 0)  # builds the prefix sums the way a Store does
     assert v.total == case["total"]
     assert v.prefix.tolist() == case["first"] + [case["total"]]
