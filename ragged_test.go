@@ -384,3 +384,66 @@ func TestAgentRestartReadoptsRagged(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterRaggedReaderNode: a node holding no shard of a ragged
+// variable builds its own index for a reader there (PeerOffsets from both
+// owners); once the variable is freed and made again, the stale index goes
+// with the stale table, its memory given back, and a new reader reads the
+// new rows.
+func TestClusterRaggedReaderNode(t *testing.T) {
+	c := startCluster(t, []int{1, 1, 0}, viaHandshakeDir)
+	reader := func() *ddstore.Store {
+		r, err := ddstore.Open(ddstore.Config{Namespace: c.ns, Rank: 0, Size: 1, Node: "node2",
+			Socket: c.agents[2].Socket(), NoSpawn: true, Reader: true, Timeout: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Close() })
+		return r
+	}
+	readAll := func(r *ddstore.Store, j *raggedJob) error {
+		idx := make([]int64, j.total())
+		for i := range idx {
+			idx[i] = int64(i)
+		}
+		want, _ := j.naive(idx)
+		dst := make([]byte, len(want))
+		if _, err := r.GetRagged("rr", dst, idx, nil); err != nil {
+			return err
+		}
+		if string(dst) != string(want) {
+			return fmt.Errorf("rows differ")
+		}
+		return nil
+	}
+	j1 := newRaggedJob(21, []int64{9, 14}, 8, 5)
+	j1.add(t, c, "rr", ddstore.Float64)
+	r1 := reader()
+	if err := readAll(r1, j1); err != nil {
+		t.Fatal(err)
+	}
+	info := func() ddstore.AgentInfo {
+		in, err := ddstore.QueryAgent(c.agents[2].Socket(), c.ns, "node2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return in
+	}
+	in := info()
+	if len(in.Variables) != 1 || in.Variables[0].IndexBytes != 24*8 {
+		t.Fatalf("node2 %+v: want the index of 23 rows and nothing else", in.Variables)
+	}
+	used := in.MemoryBytes // the index, and the reader's staging region
+	c.mustEach(t, func(r int, s *ddstore.Store) error { return s.Free("rr") })
+	j2 := newRaggedJob(22, []int64{5, 3}, 8, 9)
+	j2.add(t, c, "rr", ddstore.Float64)
+	if err := readAll(r1, j1); !errors.Is(err, ddstore.ErrFreed) {
+		t.Fatalf("a read by the stale table = %v, want ErrFreed", err)
+	}
+	if in := info(); len(in.Variables) != 0 || in.MemoryBytes != used-24*8 {
+		t.Fatalf("node2 after the stale read: %+v, memory %d: want no variable, %d bytes", in.Variables, in.MemoryBytes, used-24*8)
+	}
+	if err := readAll(reader(), j2); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -295,11 +295,18 @@ func (a *Agent) prefetch(ctx context.Context, m *wire.Fetch) error {
 // coordinator again (nodes with shards learn of frees through PeerDrop).
 func (a *Agent) forgetStale(v *variable) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	v.mu.RLock()
 	stale := len(v.segs) == 0
 	v.mu.RUnlock()
-	if stale && a.mu.vars[v.name] == v {
-		delete(a.mu.vars, v.name)
+	if !stale || a.mu.vars[v.name] != v {
+		a.mu.Unlock()
+		return
+	}
+	delete(a.mu.vars, v.name)
+	held := v.heldBytes() // a ragged variable's node index, if built here
+	a.mu.Unlock()
+	if held > 0 {
+		v.drop()
+		a.shardBytes.Add(-held)
 	}
 }
