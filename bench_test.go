@@ -81,3 +81,125 @@ func BenchmarkGet(b *testing.B) {
 		})
 	}
 }
+
+// raggedBench is a 2-node job (one rank per node) holding the same rows
+// three ways: a ragged variable "r" (rows of 1 to 2×mean units of 12
+// bytes, positions [n_i, 3] of float32), a fixed-row variable "f" of
+// mean-unit rows (the same bytes per batch), and the ragged rows flattened
+// into a uint8 variable "b" read a row at a time by byte range (the
+// per-sample pattern DDStore's users write by hand).
+type raggedBench struct {
+	c              *cluster
+	rows           int64 // rows per rank
+	mean           int64 // units per row on average, and per fixed row
+	first, lengths []int64
+}
+
+func newRaggedBench(b *testing.B, mean int64) *raggedBench {
+	const ub = 12
+	rows := int64(32<<20) / (mean * ub)
+	rb := &raggedBench{c: startCluster(b, []int{1, 1}, viaRendezvous), rows: rows, mean: mean}
+	rng := rand.New(rand.NewPCG(5, 6))
+	var values [2][]byte
+	var lengths [2][]int64
+	for r := range 2 {
+		for range rows {
+			n := 1 + rng.Int64N(2*mean-1)
+			lengths[r] = append(lengths[r], n)
+			rb.first = append(rb.first, int64(len(values[0])+len(values[1])))
+			row := make([]byte, n*ub)
+			for i := range row {
+				row[i] = byte(i)
+			}
+			values[r] = append(values[r], row...)
+		}
+		rb.lengths = append(rb.lengths, lengths[r]...)
+	}
+	fixed := make([]byte, rows*mean*ub)
+	rb.c.mustEach(b, func(r int, s *ddstore.Store) error {
+		if err := s.AddRagged("r", values[r], lengths[r], ddstore.Float32, 3); err != nil {
+			return err
+		}
+		if err := s.Add("f", fixed, mean*ub, 1); err != nil {
+			return err
+		}
+		return s.Add("b", values[r], 1, 1)
+	})
+	return rb
+}
+
+// batches are random batches of 64 rows of one node (or the other).
+func (rb *raggedBench) batches(remote bool) [][]int64 {
+	lo := int64(0)
+	if remote {
+		lo = rb.rows
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	out := make([][]int64, 64)
+	for i := range out {
+		out[i] = make([]int64, 64)
+		for k := range out[i] {
+			out[i][k] = lo + rng.Int64N(rb.rows)
+		}
+	}
+	return out
+}
+
+// BenchmarkRagged: a batch of 64 ragged rows (GetRagged) against GetBatch
+// of fixed rows of the same bytes, and against a Get per row of the same
+// bytes (per-sample), node-local and of the other node, into a receive
+// buffer.
+func BenchmarkRagged(b *testing.B) {
+	for _, mean := range []int64{100, 1000} {
+		for _, remote := range []bool{false, true} {
+			where := "local"
+			if remote {
+				where = "remote"
+			}
+			b.Run(fmt.Sprintf("%s/%dB", where, mean*12), func(b *testing.B) {
+				rb := newRaggedBench(b, mean)
+				s := rb.c.stores[0]
+				idx := rb.batches(remote)
+				dst, err := s.AllocRecv(int(64 * 2 * mean * 12))
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Run("ragged", func(b *testing.B) {
+					var bytes int64
+					for i := 0; b.Loop(); i++ {
+						n, err := s.GetRagged("r", dst, idx[i%len(idx)], nil)
+						if err != nil {
+							b.Fatal(err)
+						}
+						bytes += n
+					}
+					b.ReportMetric(float64(bytes)/b.Elapsed().Seconds()/1e9, "GB/s")
+				})
+				b.Run("fixed", func(b *testing.B) {
+					n := 64 * mean * 12
+					for i := 0; b.Loop(); i++ {
+						if err := s.GetBatch("f", dst[:n], idx[i%len(idx)]); err != nil {
+							b.Fatal(err)
+						}
+					}
+					b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+				})
+				b.Run("per-sample", func(b *testing.B) {
+					var bytes int64
+					for i := 0; b.Loop(); i++ {
+						var pos int64
+						for _, g := range idx[i%len(idx)] {
+							n := rb.lengths[g] * 12
+							if err := s.Get("b", dst[pos:pos+n], rb.first[g]); err != nil {
+								b.Fatal(err)
+							}
+							pos += n
+						}
+						bytes += pos
+					}
+					b.ReportMetric(float64(bytes)/b.Elapsed().Seconds()/1e9, "GB/s")
+				})
+			})
+		}
+	}
+}

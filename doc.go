@@ -22,6 +22,17 @@
 //	dst := make([]byte, 4*3*4)
 //	err = s.GetBatch("coords", dst, []int64{17, 4020, 3, 17})
 //
+// A ragged variable's rows each have a length of their own (n_i units of
+// an optional fixed trailing shape: graphs, token sequences); its index of
+// every row's extent lies in shared memory on every node, so a batch is
+// sized (RaggedSizes) and read packed (GetRagged) with no extra request:
+//
+//	// rows of positions [n_i, 3] float32, packed, and their n_i
+//	err = s.AddRagged("pos", packed, lengths, ddstore.Float32, 3)
+//	n, err := s.RaggedSizes("pos", batch, lens)
+//	dst := make([]byte, n)
+//	_, err = s.GetRagged("pos", dst, batch, lens)
+//
 // A Go program may instead run the agent itself, with package
 // github.com/ddstore-go/ddstore/agent; one that imports only this package
 // links no agent.

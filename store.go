@@ -164,6 +164,16 @@ type VarInfo struct {
 	// hold the first HeldRows of TotalRows, the file the rest.
 	Backing  string
 	HeldRows int64
+	// Ragged variables (AddRagged): Ragged is set, Shape is the rows'
+	// trailing dimensions (Disp their product), ShardItems per rank the
+	// units of Disp items its shard holds, TotalItems all of them.
+	Ragged     bool
+	Shape      []int64
+	ShardItems []int64
+	TotalItems int64
+	// Bytes is the values of every row (TotalRows × row bytes for fixed
+	// rows).
+	Bytes int64
 }
 
 // Info describes a variable.

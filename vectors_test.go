@@ -167,7 +167,15 @@ func vHello(m wire.Hello) obj {
 func vShard(m wire.Shard) obj {
 	return obj{"name": m.Name, "node": m.Node, "rank": m.Rank, "size": m.Size, "rows": m.Rows, "disp": m.Disp,
 		"itemsize": m.ItemSize, "timeout_ms": m.TimeoutMs, "attempt": m.Attempt, "failed": m.Failed, "dtype": m.Dtype,
-		"backing": m.Backing, "total": m.Total}
+		"backing": m.Backing, "total": m.Total, "kind": m.Kind, "items": m.Items, "shape": nonNil(m.Shape)}
+}
+
+// nonNil writes an empty list as [], not null, as Python decodes it.
+func nonNil(v []int64) []int64 {
+	if v == nil {
+		return []int64{}
+	}
+	return v
 }
 
 func vName(m wire.Name) obj { return obj{"name": m.Name, "node": m.Node, "rank": m.Rank} }
@@ -181,7 +189,8 @@ func vRegion(m wire.Region) obj { return obj{"id": m.ID, "size": m.Size} }
 func vTable(m wire.Table) obj {
 	return obj{"name": m.Name, "disp": m.Disp, "itemsize": m.ItemSize, "shard_rows": m.ShardRows,
 		"rank_node": m.RankNode, "nodes": m.Nodes, "addrs": m.Addrs, "paths": m.Paths, "dtype": m.Dtype, "id": m.ID,
-		"backing": m.Backing, "total": m.Total}
+		"backing": m.Backing, "total": m.Total, "kind": m.Kind, "shard_items": nonNil(m.ShardItems), "shape": nonNil(m.Shape),
+		"index": m.Index}
 }
 
 func helloFrame(name string, id uint64, m wire.Hello) vectorFrame {
@@ -211,6 +220,8 @@ func vectorFrames(t *testing.T) obj {
 	failed.Attempt, failed.Failed = 2, true
 	read := wire.Read{Name: "x", Region: 1, ID: 5, Globals: []int64{5, 0}, Offsets: []int64{0, 32}}
 	fetch := wire.Fetch{Name: "x", ID: 5, Globals: []int64{3}}
+	peerOffsets := wire.PeerOffsets{Name: "pos", ID: 6, Rank: 1, First: 0, Count: 2}
+	offsets := wire.Offsets{Offsets: []int64{0, 4, 4}}
 	frames := []vectorFrame{
 		helloFrame("hello", 1, wire.Hello{Namespace: "ns", Node: "n1", Rank: 0, Size: 2, LocalRank: 0, LocalSize: 2, Pid: 4242}),
 		// A reader that holds no shard says rank -1; a name of multi-byte
@@ -221,6 +232,9 @@ func vectorFrames(t *testing.T) obj {
 		shardFrame("publish_failed", wire.OpPublish, 4, failed),
 		shardFrame("publish_untyped", wire.OpPublish, 5, wire.Shard{Name: "données", Rank: 0, Size: 1, Rows: 0, Disp: 1,
 			ItemSize: 1, TimeoutMs: 0, Attempt: 7, Dtype: ""}),
+		// A ragged shard: 3 rows of 41 units of 3 float32 in all.
+		shardFrame("create_ragged", wire.OpCreate, 11, wire.Shard{Name: "pos", Rank: 0, Size: 2, Rows: 3, Disp: 3, ItemSize: 4,
+			TimeoutMs: 300000, Attempt: 1, Dtype: "float32", Kind: wire.KindRagged, Items: 41, Shape: []int64{3}}),
 		nameFrame("lookup", wire.OpLookup, 5, wire.Name{Name: "x", Node: "", Rank: -1}),
 		nameFrame("free", wire.OpFree, 6, wire.Name{Name: "x", Node: "", Rank: 1}),
 		{name: "read", op: wire.OpRead, id: 7, message: "Read", fields: vRead(read), encode: read.Encode,
@@ -244,6 +258,13 @@ func vectorFrames(t *testing.T) obj {
 			}, value: fetch},
 		{name: "peer_fetch_reply", op: wire.OpFetch, id: 1, reply: true, payload: 32, fields: obj{},
 			decode: func(b []byte) (any, error) { return nil, wire.NewDecoder(b).Done() }},
+		// A node asks another for rank 1's offsets of rows [0, 2] of a
+		// ragged variable, to build its index; the reply is 3 offsets.
+		{name: "peer_offsets", op: wire.OpPeerOffsets, id: 2, message: "PeerOffsets", fields: obj{"name": peerOffsets.Name,
+			"id": peerOffsets.ID, "rank": peerOffsets.Rank, "first": peerOffsets.First, "count": peerOffsets.Count},
+			encode: peerOffsets.Encode, decode: func(b []byte) (any, error) { return wire.DecodePeerOffsets(b) }, value: peerOffsets},
+		{name: "peer_offsets_reply", op: wire.OpPeerOffsets, id: 2, reply: true, message: "Offsets", fields: obj{"offsets": offsets.Offsets},
+			encode: offsets.Encode, decode: func(b []byte) (any, error) { return wire.DecodeOffsets(b) }, value: offsets},
 	}
 	out := obj{}
 	for _, f := range frames {
@@ -308,6 +329,13 @@ func vectorBodies(t *testing.T) obj {
 		Nodes: []string{"n0", "n1"}, Addrs: []string{"10.0.0.1:7000", "[::1]:7001"}, Paths: []string{},
 		Dtype: "bfloat16", ID: 1 << 33, Backing: "/data/y.h5:/cubes", Total: 100}
 	add("table_remote", "Table", vTable(table2), table2.Encode, func(b []byte) (any, error) { return wire.DecodeTable(b) }, table2)
+	// A ragged variable's table as a rank of node n1 gets it: rows of
+	// trailing shape [2, 3], per rank their units, and n1's index.
+	table3 := wire.Table{Name: "graphs", Disp: 6, ItemSize: 4, ShardRows: []int64{3, 2}, RankNode: []int64{0, 1},
+		Nodes: []string{"n1", "n2"}, Addrs: []string{"127.0.0.1:9", "127.0.0.1:10"}, Paths: []string{"/dev/shm/ddstore.ns.n1.graphs.r0", ""},
+		Dtype: "float32", ID: 8, Kind: wire.KindRagged, ShardItems: []int64{17, 4}, Shape: []int64{2, 3},
+		Index: "/dev/shm/ddstore.ns.n1.graphs.index"}
+	add("table_ragged", "Table", vTable(table3), table3.Encode, func(b []byte) (any, error) { return wire.DecodeTable(b) }, table3)
 	hr := wire.HelloReply{Node: "n1", AgentPid: 77}
 	add("hello_reply", "HelloReply", obj{"node": hr.Node, "agent_pid": hr.AgentPid}, hr.Encode,
 		func(b []byte) (any, error) { return wire.DecodeHelloReply(b) }, hr)

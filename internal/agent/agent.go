@@ -485,7 +485,7 @@ func (a *Agent) info() Info {
 	// Outside a.mu: a variable's lock may wait on rows being sent.
 	for _, v := range vars {
 		vi := v.info()
-		in.MemoryBytes += vi.LocalBytes
+		in.MemoryBytes += vi.LocalBytes + vi.IndexBytes
 		in.Variables = append(in.Variables, vi)
 	}
 	sortVarInfos(in.Variables)

@@ -10,6 +10,7 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/transport"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
@@ -65,6 +66,9 @@ func (a *Agent) window(name string, id int64) (func(*wire.Encoder), error) {
 		return nil, err
 	}
 	defer v.mu.RUnlock()
+	if v.table.Ragged() {
+		return nil, base.Errorf(base.ErrArgument, "variable %q has ragged rows, which move over TCP (Fetch) whatever the transport: no window", name)
+	}
 	return a.rows.Window(v.lay.Bytes(), exposedShards(v))
 }
 
@@ -74,6 +78,9 @@ func (a *Agent) window(name string, id int64) (func(*wire.Encoder), error) {
 // not exposed.
 func (v *variable) expose(a *Agent) {
 	v.rows = a.rows
+	if v.table.Ragged() {
+		return // ragged rows move over TCP whatever the engine (ragged.go)
+	}
 	for r, seg := range v.byRank {
 		if seg == nil || len(seg.Data) == 0 {
 			continue

@@ -38,6 +38,8 @@ type manifest struct {
 type manifestVar struct {
 	Table    *wire.Table    `json:"table"`
 	Segments map[int]string `json:"segments"` // local rank → segment file
+	// Index is the node's index of a ragged variable, "" if not built.
+	Index string `json:"index,omitempty"`
 }
 
 func (a *Agent) manifestPath() string { return a.cfg.Socket + ".manifest.json" }
@@ -63,6 +65,9 @@ func (a *Agent) saveManifest() {
 			mv := manifestVar{Table: v.table, Segments: make(map[int]string, len(v.segs))}
 			for r, seg := range v.segs {
 				mv.Segments[r] = seg.Path
+			}
+			if v.index != nil {
+				mv.Index = v.index.Path
 			}
 			m.Vars = append(m.Vars, mv)
 		}
@@ -154,14 +159,26 @@ func (a *Agent) adoptVar(mv manifestVar) (*variable, int64, error) {
 			return fail(err)
 		}
 		v.segs[r] = seg
-		if h := seg.Header; h.Rank != int64(r) || h.Rows != t.ShardRows[r] || h.Disp != t.Disp || h.ItemSize != t.ItemSize {
-			return fail(base.Errorf(base.ErrGeometry, "segment %s holds rank %d's %d rows of disp %d, itemsize %d; the table says rank %d's %d rows of disp %d, itemsize %d",
-				path, h.Rank, h.Rows, h.Disp, h.ItemSize, r, t.ShardRows[r], t.Disp, t.ItemSize))
+		if h := seg.Header; h.Rank != int64(r) || h.Rows != t.ShardRows[r] || h.Disp != t.Disp || h.ItemSize != t.ItemSize || (h.Kind == shm.KindRagged) != t.Ragged() {
+			return fail(base.Errorf(base.ErrGeometry, "segment %s holds rank %d's %d %s rows of disp %d, itemsize %d; the table says rank %d's %d %s rows of disp %d, itemsize %d",
+				path, h.Rank, h.Rows, h.Kind, h.Disp, h.ItemSize, r, t.ShardRows[r], t.Kind, t.Disp, t.ItemSize))
 		}
-		n += int64(len(seg.Data))
+		n += seg.Bytes()
 	}
 	v.mu.Lock()
 	err := v.setTable(a, t)
+	if err == nil && t.Ragged() && mv.Index != "" {
+		// The index is the agent's own file; one that does not match the
+		// table is left out and built again on first use.
+		if idx, ierr := shm.Open(mv.Index, false); ierr == nil {
+			if h := idx.Header; h.Kind == shm.KindIndex && h.Rows == v.lay.Held() && h.Items == v.rag.first[len(v.rag.first)-1] && idx.CheckOffsets(0) == nil {
+				v.index = idx
+				n += idx.Bytes()
+			} else {
+				idx.Close()
+			}
+		}
+	}
 	v.mu.Unlock()
 	if err != nil {
 		return fail(err)

@@ -72,6 +72,23 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 	if err := v.lay.CheckAll(m.Globals); err != nil {
 		return err
 	}
+	if v.rag != nil {
+		if v.index == nil {
+			// Not built on this node yet (a client of a reading job's
+			// first Read): build it, then read.
+			v.mu.RUnlock()
+			locked = false
+			if err := a.ensureIndex(ctx, v); err != nil {
+				return err
+			}
+			v.mu.RLock()
+			locked = true
+			if v.gone || v.index == nil {
+				return base.Errorf(base.ErrFreed, "variable %q was freed", m.Name)
+			}
+		}
+		return a.readRagged(ctx, s, v, m, reg.mem, func() { v.mu.RUnlock(); locked = false })
+	}
 	rb := v.lay.Bytes()
 	size := int64(len(reg.mem))
 	t := v.table
@@ -278,11 +295,18 @@ func (a *Agent) prefetch(ctx context.Context, m *wire.Fetch) error {
 // coordinator again (nodes with shards learn of frees through PeerDrop).
 func (a *Agent) forgetStale(v *variable) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	v.mu.RLock()
 	stale := len(v.segs) == 0
 	v.mu.RUnlock()
-	if stale && a.mu.vars[v.name] == v {
-		delete(a.mu.vars, v.name)
+	if !stale || a.mu.vars[v.name] != v {
+		a.mu.Unlock()
+		return
+	}
+	delete(a.mu.vars, v.name)
+	held := v.heldBytes() // a ragged variable's node index, if built here
+	a.mu.Unlock()
+	if held > 0 {
+		v.drop()
+		a.shardBytes.Add(-held)
 	}
 }

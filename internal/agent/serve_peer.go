@@ -28,6 +28,14 @@ func (h *peerHandler) Rows(name string, id int64, globals []int64, rows [][]byte
 		v.mu.RUnlock()
 		return rows, nil, err
 	}
+	if v.rag != nil {
+		rows, err := h.raggedRows(v, globals, rows)
+		if err != nil {
+			v.mu.RUnlock()
+			return rows, nil, err
+		}
+		return rows, v.mu.RUnlock, nil
+	}
 	rb := v.lay.Bytes()
 	for _, g := range globals {
 		rank, local := v.lay.Owner(g)
@@ -107,6 +115,12 @@ func (h *peerHandler) Control(ctx context.Context, op wire.Op, body []byte) (fun
 			return nil, err
 		}
 		return a.window(m.Name, m.ID)
+	case wire.OpPeerOffsets:
+		m, err := wire.DecodePeerOffsets(body)
+		if err != nil {
+			return nil, err
+		}
+		return a.offsets(m)
 	}
 	return nil, base.Errorf(base.ErrProtocol, "unknown peer op %d", op)
 }

@@ -233,6 +233,9 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 		if err != nil {
 			return nil, err
 		}
+		if err := a.ensureIndex(ctx, v); err != nil {
+			return nil, err
+		}
 		v.mu.RLock()
 		t := v.localTable()
 		v.mu.RUnlock()
@@ -331,7 +334,8 @@ func (a *Agent) createShard(m wire.Shard) (string, error) {
 	// Charge the budget before the segment exists: a shard beyond it is
 	// refused with nothing allocated (the client then fails the round for
 	// every rank).
-	n := m.Rows * m.Disp * m.ItemSize
+	h := shardHeader(m)
+	n := shm.DataBytes(h)
 	done, err := a.admit(n, true, func(size string) string {
 		return fmt.Sprintf("variable %q: rank %d's shard of %s", m.Name, m.Rank, size)
 	})
@@ -339,7 +343,7 @@ func (a *Agent) createShard(m wire.Shard) (string, error) {
 		done()
 		path := shm.SegmentPath(a.cfg.Namespace, a.cfg.Node, m.Name, int(m.Rank))
 		var seg *shm.Segment
-		if seg, err = shm.Create(path, shm.Header{Rank: m.Rank, Rows: m.Rows, Disp: m.Disp, ItemSize: m.ItemSize}); err == nil {
+		if seg, err = shm.Create(path, h); err == nil {
 			v.segs[int(m.Rank)] = seg
 			return path, nil
 		}
@@ -357,7 +361,10 @@ func (v *variable) heldBytes() int64 {
 	defer v.mu.RUnlock()
 	var n int64
 	for _, seg := range v.segs {
-		n += int64(len(seg.Data))
+		n += seg.Bytes()
+	}
+	if v.index != nil {
+		n += v.index.Bytes()
 	}
 	return n
 }
@@ -375,7 +382,10 @@ func checkShard(m wire.Shard) error {
 	if err := (layout.Row{Disp: m.Disp, ItemSize: m.ItemSize}).Validate(); err != nil {
 		return fmt.Errorf("variable %q: %w", m.Name, err)
 	}
-	if m.Rows > 0 && m.Disp*m.ItemSize > (1<<46)/m.Rows {
+	if err := checkKind(m); err != nil {
+		return err
+	}
+	if m.Kind == wire.KindRows && m.Rows > 0 && m.Disp*m.ItemSize > (1<<46)/m.Rows {
 		return base.Errorf(base.ErrGeometry, "variable %q: %d rows of %d bytes is too large for one shard", m.Name, m.Rows, m.Disp*m.ItemSize)
 	}
 	switch {
@@ -440,6 +450,14 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) 
 	} else if h := seg.Header; h.Rows != m.Rows || h.Disp != m.Disp || h.ItemSize != m.ItemSize {
 		bad = base.Errorf(base.ErrGeometry, "variable %q: rank %d created %d rows of disp %d, itemsize %d but publishes %d rows of disp %d, itemsize %d",
 			m.Name, m.Rank, h.Rows, h.Disp, h.ItemSize, m.Rows, m.Disp, m.ItemSize)
+	} else if h != shardHeader(m) {
+		bad = base.Errorf(base.ErrGeometry, "variable %q: rank %d created %s rows of %d units but publishes %s rows of %d units",
+			m.Name, m.Rank, h.Kind, h.Items, m.Kind, m.Items)
+	} else if h.Kind == shm.KindRagged {
+		// What the client wrote: checked before any rank can read by it.
+		if err := seg.CheckOffsets(0); err != nil {
+			bad = fmt.Errorf("variable %q: rank %d's offsets: %w", m.Name, m.Rank, err)
+		}
 	}
 	if bad == nil && m.Backing != "" {
 		// Open the backing file now, so that a wrong name, shape or type
@@ -474,10 +492,17 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) 
 		return nil, err
 	}
 	v.mu.Lock()
-	defer v.mu.Unlock()
-	if err := v.setTable(a, t); err != nil {
+	err = v.setTable(a, t)
+	v.mu.Unlock()
+	if err != nil {
 		return nil, err
 	}
+	// Outside v.mu: the index of a ragged variable waits on other nodes.
+	if err := a.ensureIndex(ctx, v); err != nil {
+		return nil, err
+	}
+	v.mu.RLock()
+	defer v.mu.RUnlock()
 	return v.localTable(), nil
 }
 
@@ -494,7 +519,7 @@ func (a *Agent) takeBack(v *variable, rank int, seg *shm.Segment) {
 		// shards it holds then (drop, shutdown, both under a.mu); a shard
 		// taken back before that gives back its own.
 		if a.mu.vars[v.name] == v {
-			a.shardBytes.Add(-int64(len(seg.Data)))
+			a.shardBytes.Add(-seg.Bytes())
 		}
 		seg.Close()
 		shm.Remove(seg.Path)

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"slices"
 	"sort"
 	"sync"
@@ -46,6 +47,12 @@ type variable struct {
 	// the segments are unmapped (release).
 	exposed map[int]transport.Exposure
 	rows    transport.Engine
+	// rag is set with the table of a ragged variable; index is the node's
+	// index of its rows (ragged.go), built once after publication under
+	// indexMu, which is taken before v.mu and never under another lock.
+	rag     *ragged
+	index   *shm.Segment
+	indexMu sync.Mutex
 }
 
 func newVariable(name string) *variable {
@@ -74,6 +81,20 @@ func (v *variable) setTable(a *Agent, t *wire.Table) error {
 			return base.Errorf(base.ErrFreed, "variable %q: rank %d's shard on node %q was freed", v.name, r, node)
 		}
 		byRank[r] = seg
+	}
+	if t.Ragged() {
+		for r, seg := range byRank {
+			if seg == nil {
+				continue
+			}
+			if h := seg.Header; h.Kind != shm.KindRagged || h.Items != t.ShardItems[r] {
+				return base.Errorf(base.ErrGeometry, "variable %q: rank %d's shard holds %s rows of %d units; the table says ragged rows of %d", v.name, r, h.Kind, h.Items, t.ShardItems[r])
+			}
+			if err := seg.CheckOffsets(0); err != nil {
+				return fmt.Errorf("variable %q: rank %d's shard: %w", v.name, r, err)
+			}
+		}
+		v.rag = newRagged(t)
 	}
 	v.table, v.lay, v.byRank = t, lay, byRank
 	v.expose(a)
@@ -106,6 +127,9 @@ func (v *variable) localTable() *wire.Table {
 			t.Paths[r] = seg.Path
 		}
 	}
+	if v.index != nil {
+		t.Index = v.index.Path
+	}
 	return &t
 }
 
@@ -120,6 +144,10 @@ func (v *variable) unmap() {
 	for r, seg := range v.segs {
 		v.release(r, seg)
 	}
+	if v.index != nil {
+		v.index.Close()
+		v.index = nil
+	}
 	v.segs, v.byRank, v.gone = map[int]*shm.Segment{}, nil, true
 	v.wake()
 }
@@ -132,6 +160,11 @@ func (v *variable) drop() {
 	for r, seg := range v.segs {
 		v.release(r, seg)
 		shm.Remove(seg.Path)
+	}
+	if v.index != nil {
+		v.index.Close()
+		shm.Remove(v.index.Path)
+		v.index = nil
 	}
 	v.segs, v.byRank, v.gone = map[int]*shm.Segment{}, nil, true
 	v.wake()
@@ -146,8 +179,11 @@ func (v *variable) info() VarInfo {
 	vi := VarInfo{Name: v.name, Published: v.table != nil}
 	for r, seg := range v.segs {
 		vi.LocalRanks = append(vi.LocalRanks, r)
-		vi.LocalBytes += int64(len(seg.Data))
+		vi.LocalBytes += seg.Bytes()
 		vi.Disp, vi.ItemSize = seg.Header.Disp, seg.Header.ItemSize
+	}
+	if v.index != nil {
+		vi.IndexBytes = v.index.Bytes()
 	}
 	slices.Sort(vi.LocalRanks)
 	if t := v.table; t != nil {
@@ -156,8 +192,20 @@ func (v *variable) info() VarInfo {
 		for _, n := range t.RankNode {
 			vi.Owners = append(vi.Owners, t.Nodes[n])
 		}
+		vi.Kind = t.Kind.String()
+		if t.Ragged() {
+			vi.Shape, vi.ShardItems = t.Shape, t.ShardItems
+			for _, n := range t.ShardItems {
+				vi.TotalBytes += n * t.Disp * t.ItemSize
+			}
+		} else {
+			vi.TotalBytes = v.lay.Total() * v.lay.Bytes()
+		}
 	}
 	vi.RowBytes = vi.Disp * vi.ItemSize
+	if vi.Kind == "ragged" {
+		vi.RowBytes = 0 // rows have sizes of their own
+	}
 	return vi
 }
 

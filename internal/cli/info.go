@@ -45,14 +45,20 @@ func runInfo(args []string, stdout, stderr io.Writer) error {
 	if len(in.Nodes) > 0 {
 		fmt.Fprintf(stdout, "nodes: %s\n", strings.Join(in.Nodes, ", "))
 	}
-	t := bench.NewTable("variable", "rows", "disp", "itemsize", "row bytes", "ranks", "local ranks", "local bytes", "owners")
+	t := bench.NewTable("variable", "rows", "disp", "itemsize", "row bytes", "bytes", "ranks", "local ranks", "local bytes", "owners")
 	for _, v := range in.Variables {
 		rows := "(unpublished)"
 		if v.Published {
 			rows = fmt.Sprint(v.TotalRows)
 		}
-		t.Row(v.Name, rows, fmt.Sprint(v.Disp), fmt.Sprint(v.ItemSize), fmt.Sprint(v.RowBytes), fmt.Sprint(len(v.ShardRows)),
-			fmt.Sprint(v.LocalRanks), humanBytes(v.LocalBytes), ownersSummary(v.Owners))
+		// A ragged variable's rows have sizes of their own: its kind and
+		// trailing shape stand for a row size; its index counts as local.
+		rowBytes := fmt.Sprint(v.RowBytes)
+		if v.Kind == "ragged" {
+			rowBytes = fmt.Sprintf("ragged %v", v.Shape)
+		}
+		t.Row(v.Name, rows, fmt.Sprint(v.Disp), fmt.Sprint(v.ItemSize), rowBytes, humanBytes(v.TotalBytes), fmt.Sprint(len(v.ShardRows)),
+			fmt.Sprint(v.LocalRanks), humanBytes(v.LocalBytes+v.IndexBytes), ownersSummary(v.Owners))
 	}
 	fmt.Fprintln(stdout)
 	if err := t.Write(stdout); err != nil {

@@ -21,6 +21,9 @@ func (s *Store) Get(name string, dst []byte, start int64) error {
 		return err
 	}
 	defer v.mu.RUnlock()
+	if err := notRagged(v, "Get"); err != nil {
+		return err
+	}
 	if int64(len(dst))%v.rb != 0 || len(dst) == 0 {
 		return base.Errorf(base.ErrBuffer, "variable %q: destination of %d bytes: want a whole, nonzero number of %d-byte rows (disp %d x itemsize %d)",
 			name, len(dst), v.rb, v.lay.Disp, v.lay.ItemSize)
@@ -63,6 +66,9 @@ func (s *Store) GetBatch(name string, dst []byte, indices []int64) error {
 		return err
 	}
 	defer v.mu.RUnlock()
+	if err := notRagged(v, "GetBatch"); err != nil {
+		return err
+	}
 	rb := v.rb
 	if int64(len(dst)) != int64(len(indices))*rb {
 		return base.Errorf(base.ErrBuffer, "variable %q: destination of %d bytes for %d rows of %d bytes (disp %d x itemsize %d): want %d bytes",

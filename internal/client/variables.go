@@ -42,6 +42,9 @@ type variable struct {
 	backing string
 	freed   bool
 	prof    profile
+	// rag is set for a ragged variable (ragged.go): its index, mapped
+	// from the node's index segment.
+	rag *ragged
 }
 
 type profile struct {
@@ -94,6 +97,12 @@ type Backing struct {
 // nil. A rank that cannot take part (bad, its local error) still tells the
 // coordinator, so that the other ranks fail at once instead of waiting.
 func (s *Store) Create(name string, rows []byte, nrows, disp, itemsize int64, dtype string, bad error, b *Backing) error {
+	return s.create(name, nrows, disp, itemsize, dtype, bad, b, nil, func(seg *shm.Segment) { copy(seg.Data, rows) }, len(rows) > 0)
+}
+
+// create is Create of either kind: rg declares a ragged shard (nil: fixed
+// rows), fill writes the shard's contents into its segment when write.
+func (s *Store) create(name string, nrows, disp, itemsize int64, dtype string, bad error, b *Backing, rg *raggedShard, fill func(*shm.Segment), write bool) error {
 	if err := naming.CheckVariable(name); err != nil {
 		return err
 	}
@@ -119,6 +128,9 @@ func (s *Store) Create(name string, rows []byte, nrows, disp, itemsize int64, dt
 	if b != nil {
 		sh.Backing, sh.Total = b.File, b.Rows
 	}
+	if rg != nil {
+		sh.Kind, sh.Items, sh.Shape = wire.KindRagged, rg.items, rg.shape
+	}
 	fail := func(err error) error {
 		sh.Failed = true
 		s.request(wire.OpPublish, sh.Encode, s.cfg.PublishTimeout+s.cfg.Timeout)
@@ -135,12 +147,12 @@ func (s *Store) Create(name string, rows []byte, nrows, disp, itemsize int64, dt
 	if err != nil {
 		return fail(err)
 	}
-	if len(rows) > 0 {
+	if write {
 		seg, err := shm.Open(p.Path, true)
 		if err != nil {
 			return fail(err)
 		}
-		copy(seg.Data, rows)
+		fill(seg)
 		seg.Close()
 	}
 	body, err = s.request(wire.OpPublish, sh.Encode, s.cfg.PublishTimeout+s.cfg.Timeout)
@@ -155,7 +167,9 @@ func (s *Store) Create(name string, rows []byte, nrows, disp, itemsize int64, dt
 	delete(s.mu.freed, name)
 	s.mu.Unlock()
 	v, err := s.install(&t, name)
-	if err != nil || s.one == nil {
+	if err != nil || s.one == nil || v.rag != nil {
+		// Ragged rows are read through the agents on every method: MPI
+		// gets address rows as row x row bytes (docs/design.md).
 		return err
 	}
 	if err := s.one.expose(v); err != nil {
@@ -173,12 +187,20 @@ func (s *Store) install(t *wire.Table, name string) (*variable, error) {
 		return nil, err
 	}
 	v := &variable{name: t.Name, lay: lay, rb: lay.Bytes(), local: make([][]byte, len(t.ShardRows)), nodes: make([]string, len(t.ShardRows)), dtype: t.Dtype, id: t.ID, backing: t.Backing}
+	if t.Ragged() {
+		if v.rag, err = openRagged(t, lay); err != nil {
+			return nil, fmt.Errorf("variable %q: %w", name, err)
+		}
+		v.segs = append(v.segs, v.rag.index)
+	}
 	for r := range t.ShardRows {
 		v.nodes[r] = t.Nodes[t.RankNode[r]]
 		if r >= len(t.Paths) || t.Paths[r] == "" {
 			continue
 		}
-		own := s.grp.rank == r && s.hello.Rank >= 0
+		// A ragged shard is mapped read-only by its rank too: it is never
+		// updated, and the agent serves it by the offsets it checked.
+		own := s.grp.rank == r && s.hello.Rank >= 0 && v.rag == nil
 		seg, err := shm.Open(t.Paths[r], own)
 		if err != nil {
 			v.unmap()
@@ -288,6 +310,9 @@ func (s *Store) Update(name string, rows []byte, offset int64) error {
 		return err
 	}
 	defer v.mu.RUnlock()
+	if err := notRagged(v, "Update"); err != nil {
+		return err
+	}
 	if v.own == nil {
 		return base.Errorf(base.ErrArgument, "variable %q: rank %d holds no shard to update", name, s.id.Rank)
 	}
@@ -311,6 +336,9 @@ func (s *Store) Shard(name string) ([]byte, error) {
 		return nil, err
 	}
 	defer v.mu.RUnlock()
+	if err := notRagged(v, "Shard"); err != nil {
+		return nil, err
+	}
 	if v.own == nil {
 		return nil, base.Errorf(base.ErrArgument, "variable %q: rank %d holds no shard", name, s.id.Rank)
 	}
@@ -330,6 +358,16 @@ type VarInfo struct {
 	// hold the first HeldRows of TotalRows, the file the rest.
 	Backing  string
 	HeldRows int64
+	// Ragged variables: Ragged is set, Shape is the rows' trailing
+	// dimensions (Disp their product), ShardItems per rank the units of
+	// Disp items its shard holds, and TotalItems all of them; RowBytes
+	// is 0 then.
+	Ragged     bool
+	Shape      []int64
+	ShardItems []int64
+	TotalItems int64
+	// Bytes is the values of every row.
+	Bytes int64
 }
 
 // Info describes a variable.
@@ -343,6 +381,14 @@ func (s *Store) Info(name string) (VarInfo, error) {
 		Backing: v.backing, HeldRows: v.lay.Held()}
 	for r := range v.lay.Ranks() {
 		in.ShardRows = append(in.ShardRows, v.lay.ShardRows(r))
+	}
+	in.Bytes = in.TotalRows * v.rb
+	if g := v.rag; g != nil {
+		in.Ragged, in.Shape, in.TotalItems = true, slices.Clone(g.shape), g.first[len(g.first)-1]
+		for r := range v.lay.Ranks() {
+			in.ShardItems = append(in.ShardItems, g.first[r+1]-g.first[r])
+		}
+		in.Bytes = in.TotalItems * g.ub
 	}
 	return in, nil
 }

@@ -254,11 +254,15 @@ func (r *round) check(sh wire.Shard) error {
 		return base.Errorf(base.ErrArgument, "variable %q: rank %d not in [0, %d)", sh.Name, sh.Rank, r.size)
 	case sh.Size != f.Size:
 		return base.Errorf(base.ErrGeometry, "variable %q: rank %d says the world has %d ranks, rank %d says %d", sh.Name, sh.Rank, sh.Size, f.Rank, f.Size)
+	case sh.Kind != f.Kind:
+		return base.Errorf(base.ErrGeometry, "variable %q: rank %d has %s rows but rank %d has %s rows", sh.Name, sh.Rank, sh.Kind, f.Rank, f.Kind)
 	case sh.Dtype != f.Dtype:
 		return base.Errorf(base.ErrGeometry, "variable %q: rank %d has items of type %q but rank %d has %q", sh.Name, sh.Rank, sh.Dtype, f.Rank, f.Dtype)
 	case sh.Backing != f.Backing || sh.Total != f.Total:
 		return base.Errorf(base.ErrGeometry, "variable %q: rank %d has backing file %q of %d rows but rank %d has %q of %d rows",
 			sh.Name, sh.Rank, sh.Backing, sh.Total, f.Rank, f.Backing, f.Total)
+	case !slices.Equal(sh.Shape, f.Shape):
+		return base.Errorf(base.ErrGeometry, "variable %q: rank %d has rows of trailing shape %v but rank %d has %v", sh.Name, sh.Rank, sh.Shape, f.Rank, f.Shape)
 	case sh.Disp != f.Disp || sh.ItemSize != f.ItemSize:
 		return base.Errorf(base.ErrGeometry, "variable %q: rank %d has rows of disp %d, itemsize %d but rank %d has disp %d, itemsize %d",
 			sh.Name, sh.Rank, sh.Disp, sh.ItemSize, f.Rank, f.Disp, f.ItemSize)
@@ -290,11 +294,23 @@ func (c *Coordinator) table(r *round) (*wire.Table, error) {
 	f := r.first
 	c.lastID++
 	t := &wire.Table{Name: f.Name, Disp: f.Disp, ItemSize: f.ItemSize, Dtype: f.Dtype, ID: c.lastID, Backing: f.Backing, Total: f.Total,
-		ShardRows: make([]int64, r.size), RankNode: make([]int64, r.size)}
+		ShardRows: make([]int64, r.size), RankNode: make([]int64, r.size), Kind: f.Kind}
+	if f.Kind == wire.KindRagged {
+		// Per rank, not per row: each node builds the index of every row
+		// from the shards themselves (PeerOffsets), so the table stays P
+		// entries long whatever the rows.
+		t.ShardItems, t.Shape = make([]int64, r.size), slices.Clone(f.Shape)
+		if t.Shape == nil {
+			t.Shape = []int64{}
+		}
+	}
 	nodeIndex := map[string]int64{}
 	for k := int64(0); k < r.size; k++ {
 		sh := r.shards[k]
 		t.ShardRows[k] = sh.Rows
+		if t.ShardItems != nil {
+			t.ShardItems[k] = sh.Items
+		}
 		i, ok := nodeIndex[sh.Node]
 		if !ok {
 			i = int64(len(t.Nodes))
@@ -309,6 +325,9 @@ func (c *Coordinator) table(r *round) (*wire.Table, error) {
 		t.RankNode[k] = i
 	}
 	if _, err := layout.NewBacked(layout.Row{Disp: t.Disp, ItemSize: t.ItemSize}, t.ShardRows, t.Total); err != nil {
+		return nil, fmt.Errorf("variable %q: %w", f.Name, err)
+	}
+	if err := t.Check(); err != nil {
 		return nil, fmt.Errorf("variable %q: %w", f.Name, err)
 	}
 	return t, nil

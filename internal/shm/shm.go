@@ -14,6 +14,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -27,9 +28,30 @@ var Dir = "/dev/shm"
 // so the rows start page-aligned.
 const HeaderBytes = 4096
 
+// Header versions: 1 for a shard of fixed rows (the original header, its
+// bytes unchanged), 2 for the segments of a ragged variable, whose header
+// adds the kind (bytes 12-15) and the item count (bytes 48-55), its
+// checksum moving to bytes 56-59.
 const (
-	magic   = "DDSTSHRD"
-	version = 1
+	magic       = "DDSTSHRD"
+	version     = 1
+	versionKind = 2
+)
+
+// Kind is what a segment holds.
+type Kind uint32
+
+const (
+	// KindRows: Rows rows of Disp items.
+	KindRows Kind = 0
+	// KindRagged: a ragged shard: Rows+1 local offsets (int64, in units of
+	// Disp items; offsets[0] = 0, offsets[Rows] = Items), padded to a page,
+	// then the values, Items units of Disp items.
+	KindRagged Kind = 1
+	// KindIndex: a node's index of a ragged variable: Rows+1 job-wide
+	// offsets (int64), row g being units [off[g], off[g+1]) of the
+	// variable's values in rank order; Items = off[Rows].
+	KindIndex Kind = 2
 )
 
 // Header describes the shard a segment holds, so that an agent restarted on
@@ -39,6 +61,8 @@ type Header struct {
 	Rows     int64
 	Disp     int64
 	ItemSize int64
+	Kind     Kind
+	Items    int64 // KindRagged, KindIndex: units of Disp items
 }
 
 func (h Header) encode(b []byte) {
@@ -49,7 +73,14 @@ func (h Header) encode(b []byte) {
 	le.PutUint64(b[24:], uint64(h.Rows))
 	le.PutUint64(b[32:], uint64(h.Disp))
 	le.PutUint64(b[40:], uint64(h.ItemSize))
-	le.PutUint32(b[48:], crc32.ChecksumIEEE(b[:48]))
+	if h.Kind == KindRows {
+		le.PutUint32(b[48:], crc32.ChecksumIEEE(b[:48]))
+		return
+	}
+	le.PutUint32(b[8:], versionKind)
+	le.PutUint32(b[12:], uint32(h.Kind))
+	le.PutUint64(b[48:], uint64(h.Items))
+	le.PutUint32(b[56:], crc32.ChecksumIEEE(b[:56]))
 }
 
 func decodeHeader(b []byte) (Header, error) {
@@ -57,18 +88,31 @@ func decodeHeader(b []byte) (Header, error) {
 	if len(b) < HeaderBytes || string(b[:8]) != magic {
 		return Header{}, base.Errorf(base.ErrProtocol, "segment has no ddstore header")
 	}
-	if v := le.Uint32(b[8:]); v != version {
-		return Header{}, base.Errorf(base.ErrProtocol, "segment version %d, want %d", v, version)
+	v := le.Uint32(b[8:])
+	crcAt := 48
+	switch v {
+	case version:
+	case versionKind:
+		crcAt = 56
+	default:
+		return Header{}, base.Errorf(base.ErrProtocol, "segment version %d, want %d or %d", v, version, versionKind)
 	}
-	if le.Uint32(b[48:]) != crc32.ChecksumIEEE(b[:48]) {
+	if le.Uint32(b[crcAt:]) != crc32.ChecksumIEEE(b[:crcAt]) {
 		return Header{}, base.Errorf(base.ErrProtocol, "segment header checksum mismatch")
 	}
-	return Header{
+	h := Header{
 		Rank:     int64(le.Uint64(b[16:])),
 		Rows:     int64(le.Uint64(b[24:])),
 		Disp:     int64(le.Uint64(b[32:])),
 		ItemSize: int64(le.Uint64(b[40:])),
-	}, nil
+	}
+	if v == versionKind {
+		h.Kind, h.Items = Kind(le.Uint32(b[12:])), int64(le.Uint64(b[48:]))
+		if h.Kind == KindRows || h.Kind > KindIndex {
+			return Header{}, base.Errorf(base.ErrProtocol, "segment of version %d and kind %d", v, h.Kind)
+		}
+	}
+	return h, nil
 }
 
 // Escape turns a namespace, node or variable name into a file-name part:
@@ -101,6 +145,17 @@ func SegmentPath(namespace, node, variable string, rank int) string {
 		}
 	}
 	return Dir + "/" + name
+}
+
+// indexSuffix ends the file name of a node's index of a ragged variable,
+// where a shard's has r<rank>.
+const indexSuffix = "index"
+
+// IndexPath is the file of a node's index of a ragged variable: the name of
+// its shards' segments with "index" in place of the rank.
+func IndexPath(namespace, node, variable string) string {
+	p := SegmentPath(namespace, node, variable, 0)
+	return strings.TrimSuffix(p, "r0") + indexSuffix
 }
 
 // SegmentPrefix is the common start of every segment of a namespace on a
@@ -161,6 +216,9 @@ func ParseSegmentName(name string) (namespace, node string, hashed, ok bool) {
 }
 
 func isRank(s string) bool {
+	if s == indexSuffix {
+		return true // a node's index of a ragged variable (IndexPath)
+	}
 	if len(s) < 2 || s[0] != 'r' {
 		return false
 	}
@@ -173,22 +231,120 @@ func isHex(s string) bool {
 	return err == nil && strings.ToLower(s) == s
 }
 
-// Segment is one mapped shard: a header page, then Rows rows.
+// Segment is one mapped shard: a header page, then Rows rows (or, for a
+// ragged shard, its offsets and values; for an index, its offsets).
 type Segment struct {
 	Path   string
 	Header Header
 	mem    []byte
-	// Data is the rows, Header.Rows * rowBytes bytes.
+	// Data is the rows, Header.Rows * rowBytes bytes; of a ragged shard,
+	// its values, Items * Disp * ItemSize bytes; of an index, its offsets.
 	Data []byte
+	// Offsets are a ragged shard's Rows+1 local offsets, an index's Rows+1
+	// job-wide ones; nil for fixed rows.
+	Offsets []int64
 }
 
-func dataBytes(h Header) int64 { return h.Rows * h.Disp * h.ItemSize }
+// offsetsBytes is the size of a ragged shard's offsets, padded to a page
+// so that its values start page-aligned.
+func offsetsBytes(rows int64) int64 {
+	return ((rows+1)*8 + HeaderBytes - 1) / HeaderBytes * HeaderBytes
+}
+
+// DataBytes is what a segment of header h holds past its header: the
+// memory it takes.
+func DataBytes(h Header) int64 {
+	switch h.Kind {
+	case KindRagged:
+		return offsetsBytes(h.Rows) + h.Items*h.Disp*h.ItemSize
+	case KindIndex:
+		return (h.Rows + 1) * 8
+	}
+	return h.Rows * h.Disp * h.ItemSize
+}
+
+func dataBytes(h Header) int64 { return DataBytes(h) }
 
 // checkHeader rejects a shape whose size is negative or overflows.
 func checkHeader(h Header) error {
-	if h.Rows < 0 || h.Disp < 1 || h.ItemSize < 1 || h.ItemSize > 64 || h.Disp > (1<<46)/h.ItemSize ||
-		(h.Rows > 0 && h.Disp*h.ItemSize > (1<<46)/h.Rows) {
+	if h.Rows < 0 || h.Disp < 1 || h.ItemSize < 1 || h.ItemSize > 64 || h.Disp > (1<<46)/h.ItemSize {
 		return base.Errorf(base.ErrGeometry, "segment of %d rows of disp %d, itemsize %d", h.Rows, h.Disp, h.ItemSize)
+	}
+	switch h.Kind {
+	case KindRows:
+		if h.Rows > 0 && h.Disp*h.ItemSize > (1<<46)/h.Rows {
+			return base.Errorf(base.ErrGeometry, "segment of %d rows of disp %d, itemsize %d", h.Rows, h.Disp, h.ItemSize)
+		}
+	case KindRagged, KindIndex:
+		if h.Rows > 1<<42 || h.Items < 0 || (h.Items > 0 && h.Disp*h.ItemSize > (1<<46)/h.Items) {
+			return base.Errorf(base.ErrGeometry, "%s segment of %d rows, %d units of disp %d, itemsize %d", h.Kind, h.Rows, h.Items, h.Disp, h.ItemSize)
+		}
+	default:
+		return base.Errorf(base.ErrGeometry, "segment of kind %d", h.Kind)
+	}
+	return nil
+}
+
+func (k Kind) String() string {
+	switch k {
+	case KindRows:
+		return "fixed"
+	case KindRagged:
+		return "ragged"
+	case KindIndex:
+		return "index"
+	}
+	return "kind" + strconv.Itoa(int(k))
+}
+
+// slices sets Data and Offsets from the mapping.
+func (s *Segment) slices() {
+	h := s.Header
+	d := s.mem[HeaderBytes:]
+	switch h.Kind {
+	case KindRagged:
+		s.Offsets = int64s(d[:(h.Rows+1)*8])
+		d = d[offsetsBytes(h.Rows):]
+		s.Data = d[:h.Items*h.Disp*h.ItemSize]
+	case KindIndex:
+		s.Offsets = int64s(d[:(h.Rows+1)*8])
+		s.Data = d[:(h.Rows+1)*8]
+	default:
+		s.Data = d[:DataBytes(h)]
+	}
+}
+
+// int64s views b, page-aligned mapped memory, as int64s of the host's byte
+// order (little-endian on every platform ddstore builds for).
+func int64s(b []byte) []int64 {
+	if len(b) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*int64)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/8)
+}
+
+// Bytes is the memory the segment takes past its header.
+func (s *Segment) Bytes() int64 { return DataBytes(s.Header) }
+
+// CheckOffsets checks a ragged shard's or an index's offsets: from first,
+// never decreasing, up to Items (what a client wrote into its shard before
+// publishing it, checked before anyone reads by them). It names the first
+// offset that is wrong.
+func (s *Segment) CheckOffsets(first int64) error {
+	off, h := s.Offsets, s.Header
+	if int64(len(off)) != h.Rows+1 {
+		return base.Errorf(base.ErrGeometry, "segment %s has %d offsets for %d rows", s.Path, len(off), h.Rows)
+	}
+	if off[0] != first {
+		return base.Errorf(base.ErrGeometry, "offsets[0] = %d: want %d", off[0], first)
+	}
+	for i := 1; i < len(off); i++ {
+		if off[i] < off[i-1] {
+			return base.Errorf(base.ErrGeometry, "offsets[%d] = %d after offsets[%d] = %d: a row of negative length", i, off[i], i-1, off[i-1])
+		}
+	}
+	if last := off[len(off)-1]; last != first+h.Items {
+		return base.Errorf(base.ErrGeometry, "offsets[%d] = %d: want %d, the %d units the values hold", h.Rows, last, first+h.Items, h.Items)
 	}
 	return nil
 }
@@ -226,7 +382,9 @@ func Create(path string, h Header) (*Segment, error) {
 		return nil, fmt.Errorf("ddstore: map segment %s: %w", path, err)
 	}
 	h.encode(mem[:HeaderBytes])
-	return &Segment{Path: path, Header: h, mem: mem, Data: mem[HeaderBytes:size]}, nil
+	seg := &Segment{Path: path, Header: h, mem: mem}
+	seg.slices()
+	return seg, nil
 }
 
 // Open maps an existing segment, read-only unless writable, after checking
@@ -271,13 +429,15 @@ func Open(path string, writable bool) (*Segment, error) {
 		err = base.Errorf(base.ErrProtocol, "segment %s: header of %d rows of disp %d, itemsize %d", path, h.Rows, h.Disp, h.ItemSize)
 	}
 	if err == nil && HeaderBytes+dataBytes(h) != st.Size {
-		err = base.Errorf(base.ErrProtocol, "segment %s: header says %d rows of %d bytes, file has %d bytes", path, h.Rows, h.Disp*h.ItemSize, st.Size-HeaderBytes)
+		err = base.Errorf(base.ErrProtocol, "segment %s: header says %d rows of %d bytes (%s, %d units), file has %d bytes", path, h.Rows, h.Disp*h.ItemSize, h.Kind, h.Items, st.Size-HeaderBytes)
 	}
 	if err != nil {
 		unix.Munmap(mem)
 		return nil, fmt.Errorf("%w (%s)", err, path)
 	}
-	return &Segment{Path: path, Header: h, mem: mem, Data: mem[HeaderBytes:st.Size]}, nil
+	seg := &Segment{Path: path, Header: h, mem: mem}
+	seg.slices()
+	return seg, nil
 }
 
 // Close unmaps the segment; the file stays.
@@ -286,7 +446,7 @@ func (s *Segment) Close() error {
 		return nil
 	}
 	err := unix.Munmap(s.mem)
-	s.mem, s.Data = nil, nil
+	s.mem, s.Data, s.Offsets = nil, nil, nil
 	return err
 }
 

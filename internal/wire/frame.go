@@ -67,6 +67,9 @@ const (
 	// OpPeerWindow (peer protocol 1.1) asks an agent of a one-sided
 	// transport (mpi, fabric) where its shards of a variable lie.
 	OpPeerWindow Op = 42
+	// OpPeerOffsets asks an agent for a rank's offsets of a ragged
+	// variable, to build the asker's node index.
+	OpPeerOffsets Op = 43
 )
 
 var opNames = map[Op]string{
@@ -74,7 +77,7 @@ var opNames = map[Op]string{
 	OpRead: "read", OpRegister: "register", OpUnregister: "unregister", OpFree: "free",
 	OpInfo: "info", OpPrefetch: "prefetch", OpJoin: "join", OpPeerPublish: "peer-publish", OpPeerLookup: "peer-lookup",
 	OpFetch: "fetch", OpPeerFree: "peer-free", OpPeerNodes: "peer-nodes", OpPeerInfo: "peer-info",
-	OpPeerDrop: "peer-drop", OpPeerWindow: "peer-window",
+	OpPeerDrop: "peer-drop", OpPeerWindow: "peer-window", OpPeerOffsets: "peer-offsets",
 }
 
 func (o Op) String() string {

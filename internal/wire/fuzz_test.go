@@ -149,6 +149,24 @@ func FuzzDecodeDrop(f *testing.F)       { fuzzCodec(f, dropSamples, DecodeDrop) 
 func FuzzDecodeWindow(f *testing.F)     { fuzzCodec(f, windowSamples, DecodeWindow) }
 func FuzzDecodePeerWindow(f *testing.F) { fuzzCodec(f, peerWindowSamples, DecodePeerWindow) }
 func FuzzDecodePeerNodes(f *testing.F)  { fuzzCodec(f, peerNodesSamples, DecodePeerNodes) }
+func FuzzDecodePeerOffsets(f *testing.F) {
+	fuzzCodec(f, peerOffsetsSamples, DecodePeerOffsets)
+}
+
+func FuzzDecodeOffsets(f *testing.F) {
+	f.Add(encodeMsg(Offsets{Offsets: []int64{0, 5, 4}})) // decreasing: refused
+	fuzzCodec(f, offsetsSamples, func(b []byte) (Offsets, error) {
+		m, err := DecodeOffsets(b)
+		if err == nil {
+			for i := 1; i < len(m.Offsets); i++ {
+				if m.Offsets[i] < m.Offsets[i-1] {
+					panic("DecodeOffsets accepted decreasing offsets")
+				}
+			}
+		}
+		return m, err
+	})
+}
 
 func FuzzDecodeTable(f *testing.F) {
 	// A few invalid tables too: Check must refuse them.

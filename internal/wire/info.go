@@ -44,4 +44,14 @@ type AgentVariable struct {
 	// without one.
 	Backing  string `json:"backing,omitempty"`
 	HeldRows int64  `json:"held_rows"`
+	// Kind is "fixed" (every row RowBytes) or "ragged" (rows of a length
+	// of their own: RowBytes 0, Shape the trailing dimensions, ShardItems
+	// per rank the units of Disp items); "" before publication.
+	// TotalBytes is the values of every row; IndexBytes the node's index
+	// of a ragged variable (counted in memory_bytes, like LocalBytes).
+	Kind       string  `json:"kind,omitempty"`
+	Shape      []int64 `json:"shape,omitempty"`
+	ShardItems []int64 `json:"shard_items,omitempty"`
+	TotalBytes int64   `json:"total_bytes"`
+	IndexBytes int64   `json:"index_bytes,omitempty"`
 }

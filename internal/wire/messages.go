@@ -74,7 +74,38 @@ type Shard struct {
 	// file the rest. Ranks must agree on both.
 	Backing string
 	Total   int64
+	// Kind is KindRows (fixed rows of Disp items) or KindRagged (rows of a
+	// length of their own: Items units of Disp items in this rank's shard,
+	// Disp the product of Shape, the trailing dimensions). Ranks must
+	// agree on Kind and Shape.
+	Kind  Kind
+	Items int64
+	Shape []int64
 }
+
+// Kind is what a variable's rows are like.
+type Kind uint8
+
+const (
+	// KindRows: every row is Disp items.
+	KindRows Kind = 0
+	// KindRagged: row i is n_i units of Disp items, n_i its own; the
+	// shards hold offsets next to the values (docs/protocol.md, Segments).
+	KindRagged Kind = 1
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindRows:
+		return "fixed"
+	case KindRagged:
+		return "ragged"
+	}
+	return "kind" + itoa(int(k))
+}
+
+// MaxShape bounds the trailing dimensions of a ragged variable.
+const MaxShape = 32
 
 func (m *Shard) Encode(e *Encoder) {
 	e.String(m.Name)
@@ -94,6 +125,9 @@ func (m *Shard) Encode(e *Encoder) {
 	e.String(m.Dtype)
 	e.String32(m.Backing)
 	e.I64(m.Total)
+	e.U8(uint8(m.Kind))
+	e.I64(m.Items)
+	e.I64s(m.Shape)
 }
 
 func DecodeShard(b []byte) (m Shard, err error) {
@@ -110,6 +144,11 @@ func DecodeShard(b []byte) (m Shard, err error) {
 	m.Dtype = d.String()
 	m.Backing = d.String32()
 	m.Total = d.I64()
+	m.Kind, m.Items = Kind(d.U8()), d.I64()
+	m.Shape = d.I64s(nil)
+	if d.err == nil && (m.Kind > KindRagged || len(m.Shape) > MaxShape) {
+		return m, protoErr("shard of %q: kind %d with %d trailing dimensions", m.Name, m.Kind, len(m.Shape))
+	}
 	return m, d.Done()
 }
 
@@ -161,7 +200,19 @@ type Table struct {
 	// none; rows from the sum of ShardRows up to Total are read from it.
 	Backing string
 	Total   int64
+	// Kind is the rows' kind (Shard.Kind). A ragged variable's table also
+	// has ShardItems (per rank, the units of Disp items its shard holds)
+	// and Shape (the trailing dimensions, as every rank declared them);
+	// Index is, in a client's reply, the node's index segment: the
+	// job-wide offsets of every row, which the client maps read-only.
+	Kind       Kind
+	ShardItems []int64
+	Shape      []int64
+	Index      string
 }
+
+// Ragged tells whether the table is of a ragged variable.
+func (m *Table) Ragged() bool { return m.Kind == KindRagged }
 
 func (m *Table) Encode(e *Encoder) {
 	e.String(m.Name)
@@ -176,6 +227,10 @@ func (m *Table) Encode(e *Encoder) {
 	e.I64(m.ID)
 	e.String32(m.Backing)
 	e.I64(m.Total)
+	e.U8(uint8(m.Kind))
+	e.I64s(m.ShardItems)
+	e.I64s(m.Shape)
+	e.String32(m.Index)
 }
 
 func DecodeTable(b []byte) (m Table, err error) {
@@ -188,6 +243,10 @@ func DecodeTable(b []byte) (m Table, err error) {
 	m.ID = d.I64()
 	m.Backing = d.String32()
 	m.Total = d.I64()
+	m.Kind = Kind(d.U8())
+	m.ShardItems = d.I64s(nil)
+	m.Shape = d.I64s(nil)
+	m.Index = d.String32()
 	if err := d.Done(); err != nil {
 		return m, err
 	}
@@ -216,6 +275,36 @@ func (m *Table) Check() error {
 		if n < 0 || n >= int64(len(m.Nodes)) {
 			return protoErr("table of %q: rank %d on node %d of %d", m.Name, r, n, len(m.Nodes))
 		}
+	}
+	switch m.Kind {
+	case KindRows:
+		if len(m.ShardItems) != 0 || len(m.Shape) != 0 || m.Index != "" {
+			return protoErr("table of %q: fixed rows with %d shard item counts, %d trailing dimensions, index %q", m.Name, len(m.ShardItems), len(m.Shape), m.Index)
+		}
+	case KindRagged:
+		if len(m.ShardItems) != p || len(m.Shape) > MaxShape || m.Backing != "" {
+			return protoErr("table of %q: ragged rows with %d shard item counts for %d shards, %d trailing dimensions, backing %q",
+				m.Name, len(m.ShardItems), p, len(m.Shape), m.Backing)
+		}
+		var items int64
+		for r, n := range m.ShardItems {
+			if n < 0 || n > 1<<62-items {
+				return protoErr("table of %q: rank %d holds %d items", m.Name, r, n)
+			}
+			items += n
+		}
+		disp := int64(1)
+		for _, d := range m.Shape {
+			if d < 1 || d > 1<<40/disp {
+				return protoErr("table of %q: trailing shape %v", m.Name, m.Shape)
+			}
+			disp *= d
+		}
+		if disp != m.Disp {
+			return protoErr("table of %q: trailing shape %v of %d items per unit, disp %d", m.Name, m.Shape, disp, m.Disp)
+		}
+	default:
+		return protoErr("table of %q: kind %d", m.Name, m.Kind)
 	}
 	return nil
 }
@@ -312,6 +401,58 @@ func DecodeFetch(b []byte, m *Fetch) error {
 	m.ID = d.I64()
 	m.Globals = d.I64s(m.Globals)
 	return d.Done()
+}
+
+// PeerOffsets asks the agent holding a rank's ragged shard for its local
+// offsets (PeerOffsets request), from which the asker builds its node's
+// index: offsets First to First+Count of the rank's shard, Count+1 values
+// (row l of the shard is units offsets[l] to offsets[l+1]).
+type PeerOffsets struct {
+	Name  string
+	ID    int64 // the variable's Table.ID
+	Rank  int64
+	First int64
+	Count int64
+}
+
+// MaxOffsets bounds the rows one PeerOffsets asks for, so that its reply
+// (Count+1 offsets) fits in a frame's body.
+const MaxOffsets = 1 << 20
+
+func (m *PeerOffsets) Encode(e *Encoder) {
+	e.String(m.Name)
+	e.I64(m.ID)
+	e.I64(m.Rank)
+	e.I64(m.First)
+	e.I64(m.Count)
+}
+
+func DecodePeerOffsets(b []byte) (m PeerOffsets, err error) {
+	d := NewDecoder(b)
+	m.Name, m.ID, m.Rank, m.First, m.Count = d.String(), d.I64(), d.I64(), d.I64(), d.I64()
+	return m, d.Done()
+}
+
+// Offsets is the reply to PeerOffsets: Count+1 offsets, in units from the
+// start of the rank's shard, never decreasing.
+type Offsets struct {
+	Offsets []int64
+}
+
+func (m *Offsets) Encode(e *Encoder) { e.I64s(m.Offsets) }
+
+func DecodeOffsets(b []byte) (m Offsets, err error) {
+	d := NewDecoder(b)
+	m.Offsets = d.I64s(nil)
+	if err := d.Done(); err != nil {
+		return m, err
+	}
+	for i := 1; i < len(m.Offsets); i++ {
+		if m.Offsets[i] < m.Offsets[i-1] {
+			return m, protoErr("offsets: offsets[%d] = %d after %d", i, m.Offsets[i], m.Offsets[i-1])
+		}
+	}
+	return m, nil
 }
 
 // Drop tells an agent that every rank has freed a variable: its shards on

@@ -76,6 +76,7 @@ var (
 		{Name: "features", Node: "n0", Rank: 1, Size: 4, Rows: 1000, Disp: 3, ItemSize: 4, TimeoutMs: 30000},
 		{Name: "変数", Node: "ノード", Rank: -1, Size: math.MaxInt64, Rows: math.MinInt64, Disp: -3, ItemSize: 1 << 40, TimeoutMs: -1},
 		{Name: "tiered", Rank: 1, Size: 2, Rows: 10, Disp: 4, ItemSize: 4, Dtype: "float32", Backing: "/data/x.h5:/cubes", Total: 80},
+		{Name: "positions", Rank: 0, Size: 2, Rows: 3, Disp: 3, ItemSize: 4, Dtype: "float32", Kind: KindRagged, Items: 41, Shape: []int64{3}},
 	}
 	pathSamples = []Path{
 		{},
@@ -113,6 +114,21 @@ var (
 			Name: "backed", Disp: 2, ItemSize: 4, ShardRows: []int64{3, 0}, RankNode: []int64{0, 0},
 			Nodes: []string{"a"}, Addrs: []string{""}, Backing: "/data/x.npy", Total: 12, ID: 7,
 		},
+		{
+			Name: "positions", Disp: 3, ItemSize: 4, Dtype: "float32", ShardRows: []int64{3, 2}, RankNode: []int64{0, 1},
+			Nodes: []string{"a", "b"}, Addrs: []string{"x", "y"}, Paths: []string{"/dev/shm/p.r0", ""}, ID: 9,
+			Kind: KindRagged, ShardItems: []int64{17, 0}, Shape: []int64{3}, Index: "/dev/shm/p.index",
+		},
+	}
+	peerOffsetsSamples = []PeerOffsets{
+		{},
+		{Name: "positions", ID: 9, Rank: 3, First: 0, Count: MaxOffsets},
+		{Name: "ü", ID: math.MinInt64, Rank: -1, First: math.MaxInt64, Count: -1},
+	}
+	offsetsSamples = []Offsets{
+		{},
+		{Offsets: []int64{0}},
+		{Offsets: []int64{0, 0, 3, 3, 1 << 40}},
 	}
 	readSamples = []Read{
 		{},
@@ -250,6 +266,8 @@ func TestMessageRoundTrip(t *testing.T) {
 	t.Run("Window", func(t *testing.T) { testCodec(t, windowSamples, DecodeWindow) })
 	t.Run("PeerWindow", func(t *testing.T) { testCodec(t, peerWindowSamples, DecodePeerWindow) })
 	t.Run("PeerNodes", func(t *testing.T) { testCodec(t, peerNodesSamples, DecodePeerNodes) })
+	t.Run("PeerOffsets", func(t *testing.T) { testCodec(t, peerOffsetsSamples, DecodePeerOffsets) })
+	t.Run("Offsets", func(t *testing.T) { testCodec(t, offsetsSamples, DecodeOffsets) })
 }
 
 // TestWindowCheck: a window whose shards a reader could not search is
@@ -305,7 +323,15 @@ func TestMessageBytes(t *testing.T) {
 				0, 0, 0, 0, 0, 0, 0, 0,
 				0, 0, 0, 0,
 				0, 0, 0, 0, 0, 0, 0, 0,
+				0,
+				0, 0, 0, 0,
+				0, 0, 0, 0,
+				0, 0, 0, 0,
 			}},
+		{"PeerOffsets", encodeMsg(PeerOffsets{Name: "v", ID: 2, Rank: 1, First: 3, Count: 4}),
+			[]byte{1, 0, 'v', 2, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0}},
+		{"Offsets", encodeMsg(Offsets{Offsets: []int64{0, 5}}),
+			[]byte{2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0}},
 	} {
 		if !bytes.Equal(c.got, c.want) {
 			t.Errorf("%s encodes as\n% x\nwant\n% x", c.name, c.got, c.want)
@@ -355,6 +381,16 @@ func TestTableCheck(t *testing.T) {
 		{"huge node", mod(func(m *Table) { m.RankNode[1] = math.MaxInt64 }), fmt.Sprintf("rank 1 on node %d of 2", int64(math.MaxInt64))},
 		{"min node", mod(func(m *Table) { m.RankNode[0] = math.MinInt64 }), fmt.Sprintf("rank 0 on node %d of 2", int64(math.MinInt64))},
 		{"ranks without nodes", Table{Name: "v", ShardRows: []int64{1}, RankNode: []int64{0}}, "rank 0 on node 0 of 0"},
+		{"unknown kind", mod(func(m *Table) { m.Kind = 2 }), "kind 2"},
+		{"fixed rows with items", mod(func(m *Table) { m.ShardItems = []int64{1, 2} }), "fixed rows with 2 shard item counts"},
+		{"fixed rows with an index", mod(func(m *Table) { m.Index = "/dev/shm/i" }), "index"},
+		{"ragged without items", mod(func(m *Table) { m.Kind, m.Disp = KindRagged, 1 }), "ragged rows with 0 shard item counts for 2 shards"},
+		{"ragged with negative items", mod(func(m *Table) { m.Kind, m.Disp, m.ShardItems = KindRagged, 1, []int64{1, -3} }), "rank 1 holds -3 items"},
+		{"ragged with a backing file", mod(func(m *Table) {
+			m.Kind, m.Disp, m.ShardItems, m.Backing, m.Total = KindRagged, 1, []int64{1, 3}, "f.npy", 3
+		}), "backing"},
+		{"ragged shape and disp differ", mod(func(m *Table) { m.Kind, m.Disp, m.ShardItems, m.Shape = KindRagged, 4, []int64{1, 3}, []int64{2, 3} }), "trailing shape [2 3] of 6 items per unit, disp 4"},
+		{"ragged shape of zero", mod(func(m *Table) { m.Kind, m.Disp, m.ShardItems, m.Shape = KindRagged, 0, []int64{1, 3}, []int64{0} }), "trailing shape [0]"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			check := func(what string, err error) {

@@ -16,6 +16,15 @@ from ._errors import ArgumentError, ProtocolError, UnknownVariable
 HEADER_BYTES = 4096
 _MAGIC = b"DDSTSHRD"
 _FIELDS = struct.Struct("<8sI4xqqqqI")  # magic, version, rank, rows, disp, itemsize, crc
+# Version 2 (the segments of a ragged variable): magic, version, kind, rank,
+# rows, disp, itemsize, items, crc of bytes 0-55.
+_FIELDS2 = struct.Struct("<8sIIqqqqqI")
+KIND_ROWS, KIND_RAGGED, KIND_INDEX = 0, 1, 2
+
+
+def _offsets_bytes(rows):
+    """A ragged shard's offsets, padded to a page (its values start on one)."""
+    return ((rows + 1) * 8 + HEADER_BYTES - 1) // HEADER_BYTES * HEADER_BYTES
 
 
 # Segments up to this size are mapped with MAP_POPULATE.
@@ -25,7 +34,7 @@ _POPULATE_MAX = 4 << 30
 class Segment:
     """One mapped shard: `rows` is a (rows, row_bytes) uint8 view of it."""
 
-    __slots__ = ("path", "mm", "rows", "rank", "nrows", "disp", "itemsize")
+    __slots__ = ("path", "mm", "rows", "rank", "nrows", "disp", "itemsize", "kind", "items", "offsets", "values")
 
     def __init__(self, path, writable):
         try:
@@ -57,21 +66,46 @@ class Segment:
         finally:
             os.close(fd)
         magic, version, self.rank, self.nrows, self.disp, self.itemsize, crc = _FIELDS.unpack_from(self.mm, 0)
-        if magic != _MAGIC or version != 1 or crc != zlib.crc32(self.mm[:48]):
+        self.kind, self.items, self.offsets, self.values = KIND_ROWS, 0, None, None
+        ok = magic == _MAGIC and version == 1 and crc == zlib.crc32(self.mm[:48])
+        if magic == _MAGIC and version == 2:
+            _, _, self.kind, self.rank, self.nrows, self.disp, self.itemsize, self.items, crc = _FIELDS2.unpack_from(self.mm, 0)
+            ok = crc == zlib.crc32(self.mm[:56]) and self.kind in (KIND_RAGGED, KIND_INDEX) and self.nrows >= 0 \
+                and self.items >= 0 and self.disp >= 1 and self.itemsize >= 1
+        if not ok:
             self.mm.close()
             raise ProtocolError(f"ddstore: protocol error: segment {path} has no valid ddstore header")
         rb = self.disp * self.itemsize
-        if HEADER_BYTES + self.nrows * rb != st.st_size:
+        if self.kind == KIND_RAGGED:
+            size = _offsets_bytes(self.nrows) + self.items * rb
+        elif self.kind == KIND_INDEX:
+            size = (self.nrows + 1) * 8
+        else:
+            size = self.nrows * rb
+        if HEADER_BYTES + size != st.st_size:
             self.mm.close()
             raise ProtocolError(f"ddstore: protocol error: segment {path}: header and file size disagree")
         self.path = path
-        buf = np.frombuffer(self.mm, dtype=np.uint8, count=self.nrows * rb, offset=HEADER_BYTES)
+        if self.kind == KIND_ROWS:
+            buf = np.frombuffer(self.mm, dtype=np.uint8, count=self.nrows * rb, offset=HEADER_BYTES)
+            if not writable:
+                buf.flags.writeable = False  # a read-only mapping: numpy must not try
+            self.rows = buf.reshape(self.nrows, rb)
+            return
+        # A ragged shard: its offsets (rows + 1 int64), then its values (a
+        # uint8 view, items * row bytes); an index: job-wide offsets.
+        self.rows = None
+        self.offsets = np.frombuffer(self.mm, dtype="<i8", count=self.nrows + 1, offset=HEADER_BYTES)
+        if self.kind == KIND_RAGGED:
+            self.values = np.frombuffer(self.mm, dtype=np.uint8, count=self.items * rb,
+                                        offset=HEADER_BYTES + _offsets_bytes(self.nrows))
         if not writable:
-            buf.flags.writeable = False  # a read-only mapping: numpy must not try
-        self.rows = buf.reshape(self.nrows, rb)
+            self.offsets.flags.writeable = False
+            if self.values is not None:
+                self.values.flags.writeable = False
 
     def close(self):
-        self.rows = None
+        self.rows = self.offsets = self.values = None
         try:
             self.mm.close()
         except BufferError:

@@ -3,7 +3,9 @@ node, its MPI window), and the copying of its rows out of mapped shards."""
 
 import numpy as np
 
-from ._shm import Segment
+from . import _wire
+from ._errors import ProtocolError
+from ._shm import KIND_INDEX, Segment
 from .dtypes import numpy_dtype
 
 
@@ -12,7 +14,7 @@ class Var:
 
     __slots__ = ("name", "id", "disp", "itemsize", "rb", "dtype", "npdtype", "total", "held", "backing", "prefix",
                  "bounds", "shard_rows", "nodes", "local", "typed", "own", "segs", "single", "single_first", "profile",
-                 "win")
+                 "win", "ragged", "shape", "index", "first_unit")
 
     def __init__(self, t, own_rank):
         self.name, self.id, self.disp, self.itemsize, self.dtype = t.name, t.id, t.disp, t.itemsize, t.dtype
@@ -26,14 +28,33 @@ class Var:
         self.backing = t.backing
         self.nodes = [t.nodes[i] for i in t.rank_node]
         self.local, self.segs, self.own = [None] * len(t.shard_rows), [], None
+        # A ragged variable (_wire.KIND_RAGGED): rows of a length of their
+        # own. index is the node's index of every row (N+1 job-wide offsets,
+        # in units of shape's items), mapped read-only from the agent's
+        # segment; first_unit[r] is rank r's first unit; local[r] is then a
+        # local shard's values (uint8), never written after publication.
+        self.ragged = t.kind == _wire.KIND_RAGGED
+        self.shape = tuple(int(x) for x in t.shape)
+        self.index = self.first_unit = None
         try:
+            if self.ragged:
+                if not t.index:
+                    raise ProtocolError(f"ddstore: protocol error: the agent's table of ragged variable {t.name!r} "
+                                        f"names no index")
+                seg = Segment(t.index, writable=False)
+                self.segs.append(seg)
+                self.index = seg.offsets
+                self.first_unit = np.concatenate(([0], np.cumsum(t.shard_items))).astype(np.int64)
+                if seg.kind != KIND_INDEX or seg.nrows != self.held or int(self.index[-1]) != int(self.first_unit[-1]):
+                    raise ProtocolError(f"ddstore: protocol error: index {t.index} does not match the table of "
+                                        f"{t.name!r}")
             for r, path in enumerate(t.paths):
                 if not path:
                     continue
-                seg = Segment(path, writable=(r == own_rank))
+                seg = Segment(path, writable=(r == own_rank and not self.ragged))
                 self.segs.append(seg)
-                self.local[r] = seg.rows
-                if r == own_rank:
+                self.local[r] = seg.values if self.ragged else seg.rows
+                if r == own_rank and not self.ragged:
                     self.own = seg.rows
         except BaseException:
             self.unmap()
@@ -49,7 +70,7 @@ class Var:
         self.bounds = [int(x) for x in self.prefix] + [self.total]
         self.npdtype = numpy_dtype(self.dtype) if self.dtype else None
         self.typed = [None] * len(self.local)
-        if self.npdtype is not None:
+        if self.npdtype is not None and not self.ragged:
             for r, rows in enumerate(self.local):
                 if rows is not None:
                     self.typed[r] = rows.view(self.npdtype).reshape(rows.shape[0], self.disp)
@@ -64,7 +85,7 @@ class Var:
     def unmap(self):
         self.local = [None] * len(self.local)
         self.typed = [None] * len(self.local)
-        self.own = self.single = None
+        self.own = self.single = self.index = None
         for s in self.segs:
             s.close()
         self.segs = []

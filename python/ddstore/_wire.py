@@ -80,6 +80,9 @@ class Decoder:
         self.i += n
         return v
 
+    def u8(self):
+        return self._take(1)[0]
+
     def u32(self):
         return _U32.unpack(self._take(4))[0]
 
@@ -123,16 +126,21 @@ def status_error(status, body):
     return from_status(status, msg)
 
 
-def shard(e, name, node, rank, size, rows, disp, itemsize, timeout_ms, attempt, failed, dtype, backing="", total=0):
+KIND_ROWS, KIND_RAGGED = 0, 1  # wire.Kind: fixed rows, or rows of a length of their own
+MAX_SHAPE = 32
+
+
+def shard(e, name, node, rank, size, rows, disp, itemsize, timeout_ms, attempt, failed, dtype, backing="", total=0,
+          kind=KIND_ROWS, items=0, shape=()):
     e.string(name).string(node).i64(rank, size, rows, disp, itemsize, timeout_ms, attempt).u8(1 if failed else 0)
-    return e.string(dtype).string32(backing).i64(total)
+    return e.string(dtype).string32(backing).i64(total).u8(kind).i64(items).i64s(np.asarray(shape, dtype=np.int64))
 
 
 class Table:
     """A published variable's geometry (wire.Table)."""
 
     __slots__ = ("name", "disp", "itemsize", "shard_rows", "rank_node", "nodes", "addrs", "paths", "dtype", "id",
-                 "backing", "total")
+                 "backing", "total", "kind", "shard_items", "shape", "index")
 
     @classmethod
     def decode(cls, body):
@@ -144,6 +152,8 @@ class Table:
         t.dtype = d.string()
         t.id = d.i64()
         t.backing, t.total = d.string32(), d.i64()
+        t.kind = d.u8()
+        t.shard_items, t.shape, t.index = d.i64s(), d.i64s(), d.string32()
         d.done()
         p = len(t.shard_rows)
         held = int(t.shard_rows.sum()) if p else 0
@@ -153,4 +163,15 @@ class Table:
             raise ProtocolError(f"ddstore: protocol error: table of {t.name!r} with inconsistent lists")
         if p and (t.rank_node.min() < 0 or t.rank_node.max() >= len(t.nodes)):
             raise ProtocolError(f"ddstore: protocol error: table of {t.name!r} names a node out of range")
+        if t.kind == KIND_ROWS:
+            ok = len(t.shard_items) == 0 and len(t.shape) == 0 and not t.index
+        elif t.kind == KIND_RAGGED:
+            ok = (len(t.shard_items) == p and len(t.shape) <= MAX_SHAPE and not t.backing
+                  and not (t.shard_items < 0).any() and not (t.shape < 1).any()
+                  and int(np.prod(t.shape, dtype=np.int64)) == t.disp)
+        else:
+            ok = False
+        if not ok:
+            raise ProtocolError(f"ddstore: protocol error: table of {t.name!r} of kind {t.kind} with "
+                                f"{len(t.shard_items)} shard item counts, trailing shape {list(t.shape)}")
         return t

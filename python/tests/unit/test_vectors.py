@@ -42,7 +42,8 @@ def _body(message, f):
                                                               f["local_size"], f["pid"])
     if message == "Shard":  # Store.add
         return _wire.shard(e, f["name"], f["node"], f["rank"], f["size"], f["rows"], f["disp"], f["itemsize"],
-                           f["timeout_ms"], f["attempt"], f["failed"], f["dtype"], f["backing"], f["total"])
+                           f["timeout_ms"], f["attempt"], f["failed"], f["dtype"], f["backing"], f["total"],
+                           f["kind"], f["items"], f["shape"])
     if message == "Name":  # Lookup, Free
         return e.string(f["name"]).string(f["node"]).i64(f["rank"])
     if message == "Read":  # Store._fetch
@@ -52,6 +53,8 @@ def _body(message, f):
         return e.u32(f["id"]).i64(f["size"])
     if message == "Fetch":  # peer protocol: the client never sends it, but its encoder can
         return e.string(f["name"]).i64(f["id"]).i64s(np.array(f["globals"], dtype=np.int64))
+    if message == "PeerOffsets":  # peer protocol, likewise
+        return e.string(f["name"]).i64(f["id"], f["rank"], f["first"], f["count"])
     assert message is None, message
     return e  # Info: empty body
 
@@ -125,7 +128,7 @@ def test_table_decode(name):
     v = V["bodies"][name]
     t = _wire.Table.decode(bytes.fromhex(v["hex"]))
     got = {k: getattr(t, k) for k in _wire.Table.__slots__}
-    for k in ("shard_rows", "rank_node"):
+    for k in ("shard_rows", "rank_node", "shard_items", "shape"):
         assert got[k].dtype == np.int64
         got[k] = got[k].tolist()
     assert got == v["fields"]
@@ -277,7 +280,8 @@ def test_layout(case):
     p = len(rows)
     t = types.SimpleNamespace(name="x", disp=1, itemsize=1, dtype="", shard_rows=rows,
                               rank_node=np.zeros(p, dtype=np.int64), nodes=["n"], addrs=["a"], paths=[], id=1,
-                              backing="", total=0)
+                              backing="", total=0, kind=_wire.KIND_ROWS, shard_items=np.zeros(0, np.int64),
+                              shape=np.zeros(0, np.int64), index="")
     v = _vars.Var(t, 0)  # builds the prefix sums the way a Store does
     assert v.total == case["total"]
     assert v.prefix.tolist() == case["first"] + [case["total"]]

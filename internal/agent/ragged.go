@@ -1,0 +1,363 @@
+package agent
+
+// Ragged variables on the agent: the checks of a ragged shard, the node's
+// index of every row (built once per variable from the local shards and,
+// for other nodes' ranks, one PeerOffsets stream per rank), a client's Read
+// of ragged rows and a peer's Fetch of them. Ragged rows move between nodes
+// over the TCP Fetch path whatever the engine: the one-sided engines
+// address rows as row × row bytes, which ragged rows are not.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/shm"
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
+
+// checkKind checks what Shard fields the kind of rows asks for.
+func checkKind(m wire.Shard) error {
+	switch m.Kind {
+	case wire.KindRows:
+		if m.Items != 0 || len(m.Shape) != 0 {
+			return base.Errorf(base.ErrGeometry, "variable %q: fixed rows with %d items and trailing shape %v: want neither", m.Name, m.Items, m.Shape)
+		}
+		return nil
+	case wire.KindRagged:
+	default:
+		return base.Errorf(base.ErrGeometry, "variable %q: rows of kind %d: want %d (fixed) or %d (ragged)", m.Name, m.Kind, wire.KindRows, wire.KindRagged)
+	}
+	if len(m.Shape) > wire.MaxShape {
+		return base.Errorf(base.ErrGeometry, "variable %q: %d trailing dimensions: want at most %d", m.Name, len(m.Shape), wire.MaxShape)
+	}
+	disp := int64(1)
+	for _, d := range m.Shape {
+		if d < 1 || d > (1<<40)/disp {
+			return base.Errorf(base.ErrGeometry, "variable %q: trailing shape %v: want dimensions >= 1", m.Name, m.Shape)
+		}
+		disp *= d
+	}
+	switch {
+	case disp != m.Disp:
+		return base.Errorf(base.ErrGeometry, "variable %q: trailing shape %v is %d items per unit, disp says %d", m.Name, m.Shape, disp, m.Disp)
+	case m.Items < 0:
+		return base.Errorf(base.ErrGeometry, "variable %q: %d items: want >= 0", m.Name, m.Items)
+	case m.Rows > 1<<40:
+		return base.Errorf(base.ErrGeometry, "variable %q: %d ragged rows in one shard: want at most 2^40", m.Name, m.Rows)
+	case m.Items > 0 && m.Disp*m.ItemSize > (1<<46)/m.Items:
+		return base.Errorf(base.ErrGeometry, "variable %q: %d units of %d bytes is too large for one shard", m.Name, m.Items, m.Disp*m.ItemSize)
+	case m.Backing != "" || m.Total != 0:
+		return base.Errorf(base.ErrArgument, "variable %q: a ragged variable with a backing file: not supported yet (its rows must all be in memory)", m.Name)
+	}
+	return nil
+}
+
+// shardHeader is the segment header of a declared shard.
+func shardHeader(m wire.Shard) shm.Header {
+	h := shm.Header{Rank: m.Rank, Rows: m.Rows, Disp: m.Disp, ItemSize: m.ItemSize}
+	if m.Kind == wire.KindRagged {
+		h.Kind, h.Items = shm.KindRagged, m.Items
+	}
+	return h
+}
+
+// ragged is what the agent keeps of a ragged variable once published.
+type ragged struct {
+	// first[r] is rank r's first unit in the job-wide values; first[P] all
+	// of them.
+	first []int64
+	// ub is the bytes of one unit (disp × itemsize).
+	ub int64
+}
+
+func newRagged(t *wire.Table) *ragged {
+	g := &ragged{first: make([]int64, len(t.ShardItems)+1), ub: t.Disp * t.ItemSize}
+	for r, n := range t.ShardItems {
+		g.first[r+1] = g.first[r] + n
+	}
+	return g
+}
+
+// localRow is row l of a local ragged shard: its bytes, checked against
+// the shard (its offsets were checked at publish; nobody but the agent
+// maps the segment writable since, but a bound costs nothing).
+func (g *ragged) localRow(seg *shm.Segment, l int64) ([]byte, error) {
+	off := seg.Offsets
+	if l < 0 || l+1 >= int64(len(off)) {
+		return nil, base.Errorf(base.ErrInternal, "row %d of a shard of %d rows", l, len(off)-1)
+	}
+	lo, hi := off[l], off[l+1]
+	if lo < 0 || hi < lo || hi > seg.Header.Items {
+		return nil, base.Errorf(base.ErrInternal, "shard %s: row %d at units [%d, %d) of %d", seg.Path, l, lo, hi, seg.Header.Items)
+	}
+	return seg.Data[lo*g.ub : hi*g.ub : hi*g.ub], nil
+}
+
+// ensureIndex builds the node's index of a ragged variable if it has none:
+// a segment of N+1 job-wide offsets, which the node's clients map
+// read-only. Local ranks' offsets come from their shards, the others' from
+// their agents (PeerOffsets). The caller holds no lock of v's; the index is
+// built once (indexMu), outside v.mu, since it waits on other nodes.
+func (a *Agent) ensureIndex(ctx context.Context, v *variable) error {
+	v.mu.RLock()
+	t, done, gone := v.table, v.index != nil, v.gone
+	v.mu.RUnlock()
+	if t == nil || !t.Ragged() || done {
+		return nil
+	}
+	if gone {
+		return base.Errorf(base.ErrFreed, "variable %q was freed", v.name)
+	}
+	v.indexMu.Lock()
+	defer v.indexMu.Unlock()
+	v.mu.RLock()
+	done, byRank, lay, g := v.index != nil, v.byRank, v.lay, v.rag
+	v.mu.RUnlock()
+	if done {
+		return nil
+	}
+	n := lay.Held()
+	h := shm.Header{Rank: -1, Rows: n, Disp: t.Disp, ItemSize: t.ItemSize, Kind: shm.KindIndex, Items: g.first[len(g.first)-1]}
+	size := shm.DataBytes(h)
+	release, err := a.admit(size, true, func(s string) string { return fmt.Sprintf("variable %q: the index of its %d rows, %s", v.name, n, s) })
+	if err != nil {
+		return err
+	}
+	release()
+	path := shm.IndexPath(a.cfg.Namespace, a.cfg.Node, v.name)
+	// Only an earlier agent of this namespace and node (the lock file
+	// keeps it one) made a file of this name: a stale index of a variable
+	// gone since.
+	shm.Remove(path)
+	seg, err := shm.Create(path, h)
+	if err == nil {
+		err = a.fillIndex(ctx, v, t, byRank, seg.Offsets)
+	}
+	if err == nil {
+		err = seg.CheckOffsets(0)
+	}
+	if err == nil {
+		v.mu.Lock()
+		if v.gone {
+			err = base.Errorf(base.ErrFreed, "variable %q was freed", v.name)
+		} else {
+			v.index = seg
+		}
+		v.mu.Unlock()
+	}
+	if err != nil {
+		if seg != nil {
+			seg.Close()
+			shm.Remove(path)
+		}
+		a.shardBytes.Add(-size)
+		return fmt.Errorf("variable %q: building its index: %w", v.name, err)
+	}
+	a.saveManifest()
+	return nil
+}
+
+// fillIndex writes every row's job-wide offsets into idx (N+1 entries).
+func (a *Agent) fillIndex(ctx context.Context, v *variable, t *wire.Table, byRank []*shm.Segment, idx []int64) error {
+	g := v.rag
+	var row int64
+	for r, rows := range t.ShardRows {
+		from := g.first[r]
+		if seg := byRank[r]; seg != nil {
+			for l, o := range seg.Offsets[:rows] {
+				idx[row+int64(l)] = from + o
+			}
+			row += rows
+			continue
+		}
+		node := t.RankNode[r]
+		for lo := int64(0); lo < rows; lo += wire.MaxOffsets {
+			cnt := min(rows-lo, wire.MaxOffsets)
+			off, err := a.peerOffsets(ctx, t.Addrs[node], t, r, lo, cnt)
+			if err != nil {
+				return fmt.Errorf("rank %d's offsets from node %q: %w", r, t.Nodes[node], err)
+			}
+			if int64(len(off)) != cnt+1 || (lo == 0 && off[0] != 0) || (lo+cnt == rows && off[cnt] != t.ShardItems[r]) {
+				return base.Errorf(base.ErrProtocol, "rank %d's offsets [%d, %d] from node %q: %d values from %d to %d, for a shard of %d units",
+					r, lo, lo+cnt, t.Nodes[node], len(off), off[0], off[len(off)-1], t.ShardItems[r])
+			}
+			for l, o := range off[:cnt] {
+				idx[row+int64(l)] = from + o
+			}
+			row += cnt
+		}
+	}
+	idx[row] = g.first[len(g.first)-1]
+	return nil
+}
+
+// peerOffsets asks the agent at addr for rank r's offsets [first,
+// first+count].
+func (a *Agent) peerOffsets(ctx context.Context, addr string, t *wire.Table, r int, first, count int64) ([]int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
+	defer cancel()
+	m := wire.PeerOffsets{Name: t.Name, ID: t.ID, Rank: int64(r), First: first, Count: count}
+	body, err := a.pool.Call(ctx, addr, wire.OpPeerOffsets, m.Encode)
+	if err != nil {
+		return nil, err
+	}
+	o, err := wire.DecodeOffsets(body)
+	return o.Offsets, err
+}
+
+// offsets answers PeerOffsets: a local rank's offsets of a ragged shard.
+func (a *Agent) offsets(m wire.PeerOffsets) (func(*wire.Encoder), error) {
+	v, err := a.served(m.Name, m.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer v.mu.RUnlock()
+	if !v.table.Ragged() {
+		return nil, base.Errorf(base.ErrArgument, "variable %q has rows of one size: it has no offsets", m.Name)
+	}
+	if m.Rank < 0 || m.Rank >= int64(len(v.byRank)) || v.byRank[m.Rank] == nil {
+		return nil, base.Errorf(base.ErrArgument, "variable %q: rank %d's shard is not on node %q", m.Name, m.Rank, a.cfg.Node)
+	}
+	seg := v.byRank[m.Rank]
+	rows := seg.Header.Rows
+	if m.First < 0 || m.Count < 0 || m.Count > wire.MaxOffsets || m.First > rows-m.Count {
+		return nil, base.Errorf(base.ErrIndex, "variable %q: offsets of rows [%d, +%d) of rank %d's shard of %d rows (at most %d at once)",
+			m.Name, m.First, m.Count, m.Rank, rows, wire.MaxOffsets)
+	}
+	// A copy: the reply is encoded after v.mu is released, when the
+	// segment may be unmapped.
+	r := wire.Offsets{Offsets: slices.Clone(seg.Offsets[m.First : m.First+m.Count+1])}
+	return r.Encode, nil
+}
+
+// raggedRows serves a Fetch of ragged rows: slices of this node's shards.
+// The caller holds v.mu (R) and has checked the indices.
+func (h *peerHandler) raggedRows(v *variable, globals []int64, rows [][]byte) ([][]byte, error) {
+	a := (*Agent)(h)
+	var n int64
+	for _, gi := range globals {
+		rank, local := v.lay.Owner(gi)
+		seg := v.byRank[rank]
+		if seg == nil {
+			return rows[:0], base.Errorf(base.ErrArgument, "row %d of %q belongs to rank %d on node %q, not on node %q",
+				gi, v.name, rank, v.table.Nodes[v.table.RankNode[rank]], a.cfg.Node)
+		}
+		row, err := v.rag.localRow(seg, local)
+		if err != nil {
+			return rows[:0], err
+		}
+		rows = append(rows, row)
+		n += int64(len(row))
+	}
+	a.stats.servedRows.Add(int64(len(globals)))
+	a.stats.servedBytes.Add(n)
+	return rows, nil
+}
+
+// readRagged serves a client's Read of a ragged variable: every row's size
+// from the node's index, rows of this node copied from the shards, the
+// others fetched from their agents, one Fetch per node (over TCP,
+// whatever the engine), straight into the client's region. The caller
+// holds v.mu (R), which readRagged releases before the fetches (unlock).
+func (a *Agent) readRagged(ctx context.Context, s *session, v *variable, m *wire.Read, mem []byte, unlock func()) error {
+	idx := v.index.Offsets
+	g, t, f := v.rag, v.table, &s.fan
+	size := int64(len(mem))
+	for len(f.nodes) < len(t.Nodes) {
+		f.nodes = append(f.nodes, nodeRows{})
+	}
+	for i := range t.Nodes {
+		f.nodes[i].globals, f.nodes[i].dst = f.nodes[i].globals[:0], f.nodes[i].dst[:0]
+	}
+	bytesOf := make([]int64, len(t.Nodes))
+	for i, gi := range m.Globals {
+		off, nb := m.Offsets[i], (idx[gi+1]-idx[gi])*g.ub
+		if off < 0 || off > size-nb {
+			return base.Errorf(base.ErrBuffer, "row %d of the read (global %d, %d bytes) goes to offset %d of a %d-byte receive region", i, gi, nb, off, size)
+		}
+	}
+	for i, gi := range m.Globals {
+		off, nb := m.Offsets[i], (idx[gi+1]-idx[gi])*g.ub
+		dst := mem[off : off+nb : off+nb]
+		rank, local := v.lay.Owner(gi)
+		if seg := v.byRank[rank]; seg != nil {
+			row, err := g.localRow(seg, local)
+			if err != nil {
+				return err
+			}
+			copy(dst, row)
+			continue
+		}
+		node := t.RankNode[rank]
+		n := &f.nodes[node]
+		n.globals = append(n.globals, gi)
+		n.dst = append(n.dst, dst)
+		bytesOf[node] += nb
+	}
+	unlock()
+	a.stats.readRows.Add(int64(len(m.Globals)))
+	f.pieces = f.pieces[:0]
+	for i := range t.Nodes {
+		n := &f.nodes[i]
+		if len(n.globals) == 0 {
+			continue
+		}
+		a.stats.fetches.Add(1)
+		k := max(1, int(min(int64(a.connsPerPeer()), bytesOf[i]/splitBytes)))
+		per := (len(n.globals) + k - 1) / k
+		for lo := 0; lo < len(n.globals); lo += per {
+			hi := min(lo+per, len(n.globals))
+			f.pieces = append(f.pieces, piece{node: t.Nodes[i], addr: t.Addrs[i], globals: n.globals[lo:hi], dst: n.dst[lo:hi]})
+		}
+	}
+	fetch := func(p *piece, addr string) error { return a.pool.Fetch(ctx, addr, m.Name, t.ID, p.globals, p.dst) }
+	err := a.fetchPieces(ctx, v, f.pieces, fetch)
+	clear(f.pieces)
+	for i := range t.Nodes {
+		clear(f.nodes[i].dst)
+	}
+	return err
+}
+
+// fetchPieces fetches pieces concurrently (the first on this goroutine)
+// and handles their errors: a stale table, a node that moved.
+func (a *Agent) fetchPieces(ctx context.Context, v *variable, pieces []piece, fetch func(p *piece, addr string) error) error {
+	if len(pieces) == 0 {
+		return nil
+	}
+	done := make(chan struct{}, len(pieces))
+	for i := 1; i < len(pieces); i++ {
+		p := &pieces[i]
+		go func() {
+			defer func() { done <- struct{}{} }()
+			p.err = fetch(p, p.addr)
+		}()
+	}
+	pieces[0].err = fetch(&pieces[0], pieces[0].addr)
+	for i := 1; i < len(pieces); i++ {
+		<-done
+	}
+	for i := range pieces {
+		p := &pieces[i]
+		err := p.err
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, base.ErrFreed) {
+			a.forgetStale(v)
+			return err
+		}
+		if errors.Is(err, base.ErrPeer) {
+			if addr, ok := a.refreshAddr(ctx, v, p.node, p.addr); ok {
+				if err = fetch(p, addr); err == nil {
+					continue
+				}
+			}
+		}
+		return fmt.Errorf("rows of %q on node %q: %w", v.name, p.node, err)
+	}
+	return nil
+}
