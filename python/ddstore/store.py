@@ -386,10 +386,9 @@ class Store:
         """Take a dropped variable out of the store and unmap it: the next
         use of its name looks it up again."""
         with self._lock:
-            if self._vars.get(name) is v:
-                del self._vars[name]
-            else:
-                return
+            if self._vars.get(name) is not v:
+                return  # forgotten, freed or closed already, and unmapped there
+            del self._vars[name]
         if v.win is None:  # a window is collective: it goes with free() or close()
             v.unmap()
 
@@ -409,7 +408,6 @@ class Store:
             wait = min(2 * wait, 0.2)
 
     # -- ragged rows --------------------------------------------------------------
-
 
     def _ragged_indices(self, v, indices):
         idx = np.asarray(indices)
