@@ -562,10 +562,22 @@ func TestAgentFullFlow(t *testing.T) {
 		t.Errorf("%d regions left", n)
 	}
 
-	// Free: the segment goes, and the name can be created again.
+	// Free: the segment goes, and the name can be created again. A client
+	// still mapping it (a reader) finds it marked dropped.
+	mapped, err := shm.Open(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mapped.Close()
+	if mapped.Dropped() {
+		t.Fatal("a published segment reads dropped")
+	}
 	r.must(wire.OpFree, (&wire.Name{Name: sh.Name, Rank: 0}).Encode)
 	if _, err := os.Stat(path); !os.IsNotExist(err) {
 		t.Fatalf("segment %s after free: %v", path, err)
+	}
+	if !mapped.Dropped() {
+		t.Fatal("the freed segment is not marked dropped for a client mapping it")
 	}
 	if _, err := r.call(wire.OpLookup, (&wire.Name{Name: sh.Name}).Encode); !errors.Is(err, base.ErrUnknown) {
 		t.Errorf("lookup after free: %v, want ErrUnknown", err)
@@ -885,5 +897,44 @@ func TestCheckPrivateDir(t *testing.T) {
 func TestStartChecksNames(t *testing.T) {
 	if _, err := Start(Config{Namespace: "a\x00b", Node: "n", Socket: filepath.Join(t.TempDir(), "s")}); !errors.Is(err, base.ErrArgument) {
 		t.Errorf("Start with a NUL in the namespace: %v, want ErrArgument", err)
+	}
+}
+
+// TestAgentSkipsDroppedSegments: an agent stopped with Persist leaves its
+// segments unmarked (they are re-adopted); one whose segment is marked
+// dropped (an agent killed between marking and unlinking it, whose readers
+// have been told the variable is gone) does not re-adopt it.
+func TestAgentSkipsDroppedSegments(t *testing.T) {
+	cfg := Config{Namespace: testNamespace(), Node: "n1", Socket: filepath.Join(privateTempDir(t), "s.sock"), Persist: true}
+	a := startAgent(t, cfg)
+	r := dialRaw(t, a)
+	r.hello(a, 0, 1)
+	sh := wire.Shard{Name: "kept", Rank: 0, Size: 1, Rows: 2, Disp: 1, ItemSize: 8, TimeoutMs: 5000, Attempt: 1}
+	p, err := wire.DecodePath(r.must(wire.OpCreate, sh.Encode))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { shm.Remove(p.Path) })
+	r.must(wire.OpPublish, sh.Encode)
+	a.Close()
+	seg, err := shm.Open(p.Path, true)
+	if err != nil {
+		t.Fatalf("the segment after a stop with Persist: %v", err)
+	}
+	defer seg.Close()
+	if seg.Dropped() {
+		t.Fatal("a stop with Persist marked the segment dropped")
+	}
+	seg.MarkDropped()
+	b := startAgent(t, cfg)
+	if n := b.info().Counters["adopted_variables"]; n != 0 {
+		t.Fatalf("adopted_variables = %d, want 0", n)
+	}
+	r = dialRaw(t, b)
+	r.hello(b, 0, 1)
+	// The coordinator's restored state still lists the table; its shard
+	// here is gone.
+	if _, err := r.call(wire.OpLookup, (&wire.Name{Name: sh.Name}).Encode); !errors.Is(err, base.ErrFreed) {
+		t.Fatalf("lookup of the dropped variable: %v, want ErrFreed", err)
 	}
 }

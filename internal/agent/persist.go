@@ -159,6 +159,11 @@ func (a *Agent) adoptVar(mv manifestVar) (*variable, int64, error) {
 			return fail(err)
 		}
 		v.segs[r] = seg
+		if seg.Dropped() {
+			// The previous agent stopped while dropping it: its readers
+			// have been told the variable is gone.
+			return fail(base.Errorf(base.ErrFreed, "segment %s was being dropped", path))
+		}
 		if h := seg.Header; h.Rank != int64(r) || h.Rows != t.ShardRows[r] || h.Disp != t.Disp || h.ItemSize != t.ItemSize || (h.Kind == shm.KindRagged) != t.Ragged() {
 			return fail(base.Errorf(base.ErrGeometry, "segment %s holds rank %d's %d %s rows of disp %d, itemsize %d; the table says rank %d's %d %s rows of disp %d, itemsize %d",
 				path, h.Rank, h.Rows, h.Kind, h.Disp, h.ItemSize, r, t.ShardRows[r], t.Kind, t.Disp, t.ItemSize))
@@ -170,8 +175,9 @@ func (a *Agent) adoptVar(mv manifestVar) (*variable, int64, error) {
 	if err == nil && t.Ragged() && mv.Index != "" {
 		// The index is the agent's own file; one that does not match the
 		// table is left out and built again on first use.
-		if idx, ierr := shm.Open(mv.Index, false); ierr == nil {
-			if h := idx.Header; h.Kind == shm.KindIndex && h.Rows == v.lay.Held() && h.Items == v.rag.first[len(v.rag.first)-1] && idx.CheckOffsets(0) == nil {
+		// Writable, as a made one is, so that its drop can mark it.
+		if idx, ierr := shm.Open(mv.Index, true); ierr == nil {
+			if h := idx.Header; h.Kind == shm.KindIndex && h.Rows == v.lay.Held() && h.Items == v.rag.first[len(v.rag.first)-1] && idx.CheckOffsets(0) == nil && !idx.Dropped() {
 				v.index = idx
 				n += idx.Bytes()
 			} else {

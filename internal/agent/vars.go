@@ -153,10 +153,21 @@ func (v *variable) unmap() {
 }
 
 // drop unmaps and removes every local segment; the caller holds no lock on
-// v (it takes the write lock, so it waits for rows being served).
+// v (it takes the write lock, so it waits for rows being served). Each
+// segment is marked dropped first: a client (a reader of another job
+// above all) still maps it, and its rows stay readable there after the
+// unlink; the mark tells the client they are a freed variable's, before
+// the Free that dropped them returns and so before the name can be added
+// again.
 func (v *variable) drop() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	for _, seg := range v.segs {
+		seg.MarkDropped()
+	}
+	if v.index != nil {
+		v.index.MarkDropped()
+	}
 	for r, seg := range v.segs {
 		v.release(r, seg)
 		shm.Remove(seg.Path)

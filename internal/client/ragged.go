@@ -40,6 +40,10 @@ func openRagged(t *wire.Table, lay *layout.Layout) (*ragged, error) {
 	if err != nil {
 		return nil, err
 	}
+	if seg.Dropped() {
+		seg.Close()
+		return nil, &staleTable{base.Errorf(base.ErrFreed, "index %s was dropped since the agent answered", t.Index)}
+	}
 	g := &ragged{index: seg, off: seg.Offsets, first: make([]int64, len(t.ShardItems)+1), ub: t.Disp * t.ItemSize, shape: t.Shape}
 	for r, n := range t.ShardItems {
 		g.first[r+1] = g.first[r] + n
@@ -117,17 +121,14 @@ func (s *Store) CreateRagged(name string, values []byte, lengths []int64, shape 
 	return s.create(name, int64(len(lengths)), disp, itemsize, dtype, nil, nil, &raggedShard{items: items, shape: shape}, fill, true)
 }
 
-// acquireRagged is acquire of a ragged variable; the caller RUnlocks it.
-func (s *Store) acquireRagged(name string) (*variable, error) {
-	v, err := s.acquire(name)
-	if err != nil {
-		return nil, err
-	}
-	if v.rag == nil {
-		v.mu.RUnlock()
-		return nil, base.Errorf(base.ErrArgument, "variable %q has rows of one size (%d bytes): read it with Get or GetBatch", name, v.rb)
-	}
-	return v, nil
+// readRagged is read (stale.go) of a ragged variable.
+func (s *Store) readRagged(name string, f func(v *variable) error) error {
+	return s.read(name, func(v *variable) error {
+		if v.rag == nil {
+			return base.Errorf(base.ErrArgument, "variable %q has rows of one size (%d bytes): read it with Get or GetBatch", name, v.rb)
+		}
+		return f(v)
+	})
 }
 
 // notRagged refuses a fixed-row operation on a ragged variable.
@@ -164,23 +165,30 @@ func (v *variable) sizes(indices, lengths []int64) (int64, error) {
 // take packed: what GetRagged needs, read from the node's index with no
 // request to the agent.
 func (s *Store) RaggedSizes(name string, indices, lengths []int64) (int64, error) {
-	v, err := s.acquireRagged(name)
-	if err != nil {
-		return 0, err
-	}
-	defer v.mu.RUnlock()
-	return v.sizes(indices, lengths)
+	var n int64
+	err := s.readRagged(name, func(v *variable) error {
+		var err error
+		n, err = v.sizes(indices, lengths)
+		return err
+	})
+	return n, err
 }
 
 // GetRagged reads rows indices of a ragged variable packed into dst, row
 // after row, and their lengths into lengths (nil: not wanted); it returns
 // the bytes written. A dst too small fails before any row is read.
 func (s *Store) GetRagged(name string, dst []byte, indices, lengths []int64) (int64, error) {
-	v, err := s.acquireRagged(name)
-	if err != nil {
-		return 0, err
-	}
-	defer v.mu.RUnlock()
+	var n int64
+	err := s.readRagged(name, func(v *variable) error {
+		var err error
+		n, err = s.getRagged(v, name, dst, indices, lengths)
+		return err
+	})
+	return n, err
+}
+
+// getRagged is GetRagged of v, read-locked.
+func (s *Store) getRagged(v *variable, name string, dst []byte, indices, lengths []int64) (int64, error) {
 	need, err := v.sizes(indices, lengths)
 	if err != nil {
 		return 0, err

@@ -16,11 +16,11 @@ import (
 // Get reads len(dst)/rowBytes consecutive rows from global row start; the
 // range may span several ranks' shards.
 func (s *Store) Get(name string, dst []byte, start int64) error {
-	v, err := s.acquire(name)
-	if err != nil {
-		return err
-	}
-	defer v.mu.RUnlock()
+	return s.read(name, func(v *variable) error { return s.get(v, name, dst, start) })
+}
+
+// get is Get of v, read-locked.
+func (s *Store) get(v *variable, name string, dst []byte, start int64) error {
 	if err := notRagged(v, "Get"); err != nil {
 		return err
 	}
@@ -61,11 +61,11 @@ func (s *Store) Get(name string, dst []byte, start int64) error {
 // any order, repeat, and belong to any rank. Every index is checked before
 // any row is read.
 func (s *Store) GetBatch(name string, dst []byte, indices []int64) error {
-	v, err := s.acquire(name)
-	if err != nil {
-		return err
-	}
-	defer v.mu.RUnlock()
+	return s.read(name, func(v *variable) error { return s.getBatch(v, name, dst, indices) })
+}
+
+// getBatch is GetBatch of v, read-locked.
+func (s *Store) getBatch(v *variable, name string, dst []byte, indices []int64) error {
 	if err := notRagged(v, "GetBatch"); err != nil {
 		return err
 	}
@@ -80,6 +80,7 @@ func (s *Store) GetBatch(name string, dst []byte, indices []int64) error {
 	t0 := time.Now()
 	var remote []int64
 	var stored int64
+	var err error
 	for i, g := range indices {
 		r, loc := v.lay.Owner(g)
 		if r == layout.Backed {

@@ -41,6 +41,10 @@ type variable struct {
 	// lay.Held() on are read from it by the agent.
 	backing string
 	freed   bool
+	// dropped: the agent dropped the variable and this store forgot it
+	// (stale.go); a read that acquired it before then looks the name up
+	// again.
+	dropped bool
 	prof    profile
 	// rag is set for a ragged variable (ragged.go): its index, mapped
 	// from the node's index segment.
@@ -207,6 +211,12 @@ func (s *Store) install(t *wire.Table, name string) (*variable, error) {
 			return nil, err
 		}
 		v.segs = append(v.segs, seg)
+		if h := seg.Header; seg.Dropped() || h.Rank != int64(r) || h.Rows != t.ShardRows[r] || h.Disp != t.Disp || h.ItemSize != t.ItemSize {
+			// The variable was freed since the agent answered, and the
+			// path may be a newer variable's segment by now.
+			v.unmap()
+			return nil, &staleTable{base.Errorf(base.ErrFreed, "variable %q: segment %s is not of the table looked up (freed since)", name, t.Paths[r])}
+		}
 		v.local[r] = seg.Data
 		if own {
 			v.own, v.ownSeg = seg.Data, seg
@@ -246,11 +256,39 @@ func (s *Store) release(v *variable) {
 }
 
 // acquire returns a variable read-locked (the caller RUnlocks it), asking
-// the agent for its table the first time this rank uses it.
+// the agent for its table the first time this rank uses it, and again
+// after a read found it dropped (stale.go).
 func (s *Store) acquire(name string) (*variable, error) {
 	if err := naming.CheckVariable(name); err != nil {
 		return nil, err
 	}
+	for try := 1; ; try++ {
+		v, err := s.acquireOnce(name)
+		if try < staleTries && (err == nil && v == nil || isStaleTable(err)) {
+			continue
+		}
+		if err == nil && v == nil {
+			err = base.Errorf(base.ErrFreed, "variable %q was freed and added again while it was looked up, %d times", name, staleTries)
+		}
+		return v, err
+	}
+}
+
+// staleTable is install's refusal of a table whose segments were dropped
+// since the agent answered (ErrFreed): acquire asks again.
+type staleTable struct{ err error }
+
+func (e *staleTable) Error() string { return e.err.Error() }
+func (e *staleTable) Unwrap() error { return e.err }
+
+func isStaleTable(err error) bool {
+	var st *staleTable
+	return errors.As(err, &st)
+}
+
+// acquireOnce is one try of acquire: nil and no error for a variable that
+// was forgotten as it was acquired.
+func (s *Store) acquireOnce(name string) (*variable, error) {
 	s.mu.RLock()
 	v, ok := s.mu.vars[name]
 	closed, freed := s.mu.closed, s.mu.freed[name]
@@ -281,6 +319,10 @@ func (s *Store) acquire(name string) (*variable, error) {
 	if v.freed {
 		v.mu.RUnlock()
 		return nil, base.Errorf(base.ErrFreed, "variable %q was freed", name)
+	}
+	if v.dropped {
+		v.mu.RUnlock()
+		return nil, nil
 	}
 	return v, nil
 }
@@ -372,11 +414,16 @@ type VarInfo struct {
 
 // Info describes a variable.
 func (s *Store) Info(name string) (VarInfo, error) {
-	v, err := s.acquire(name)
-	if err != nil {
-		return VarInfo{}, err
-	}
-	defer v.mu.RUnlock()
+	var in VarInfo
+	err := s.read(name, func(v *variable) error {
+		in = v.info(name)
+		return nil
+	})
+	return in, err
+}
+
+// info describes v, read-locked.
+func (v *variable) info(name string) VarInfo {
 	in := VarInfo{Name: name, TotalRows: v.lay.Total(), Disp: v.lay.Disp, ItemSize: v.lay.ItemSize, Dtype: v.dtype, Nodes: slices.Clone(v.nodes),
 		Backing: v.backing, HeldRows: v.lay.Held()}
 	for r := range v.lay.Ranks() {
@@ -390,7 +437,7 @@ func (s *Store) Info(name string) (VarInfo, error) {
 		}
 		in.Bytes = in.TotalItems * g.ub
 	}
-	return in, nil
+	return in
 }
 
 // Profile is ddstore.Profile, which documents it.

@@ -14,6 +14,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -37,6 +38,17 @@ const (
 	version     = 1
 	versionKind = 2
 )
+
+// droppedAt is the offset in the header page of the dropped word: 0 while
+// the segment's variable is live, 1 once its agent has dropped it (the
+// variable freed by every rank, or the agent stopping without Persist).
+// The agent sets it before it unmaps and unlinks the segment, so a client
+// still mapping the file, whose mapping keeps the old rows readable, learns
+// from it that they are a freed variable's: it checks the word after
+// copying rows out (no syscall, no round trip) and discards them. Outside
+// the checksummed bytes and zero in every segment made before it existed,
+// so headers of versions 1 and 2 are unchanged.
+const droppedAt = 64
 
 // Kind is what a segment holds.
 type Kind uint32
@@ -323,6 +335,29 @@ func int64s(b []byte) []int64 {
 	return unsafe.Slice((*int64)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/8)
 }
 
+// dropped is the segment's dropped word (droppedAt), 4-aligned in a
+// page-aligned mapping: loaded and stored only atomically, being shared
+// with other processes.
+func (s *Segment) dropped() *uint32 {
+	return (*uint32)(unsafe.Pointer(&s.mem[droppedAt]))
+}
+
+// MarkDropped tells every process mapping the segment that its variable is
+// gone; the agent calls it on its writable mapping before it unmaps and
+// unlinks the file (the store is sequentially consistent, so a client
+// that loads the word after the drop began sees it set).
+func (s *Segment) MarkDropped() {
+	if s.mem != nil {
+		atomic.StoreUint32(s.dropped(), 1)
+	}
+}
+
+// Dropped reports whether the agent has dropped the segment: rows read out
+// of it before a true answer may be a freed variable's.
+func (s *Segment) Dropped() bool {
+	return s.mem != nil && atomic.LoadUint32(s.dropped()) != 0
+}
+
 // Bytes is the memory the segment takes past its header.
 func (s *Segment) Bytes() int64 { return DataBytes(s.Header) }
 
@@ -457,6 +492,16 @@ func Remove(path string) error {
 		return nil
 	}
 	return err
+}
+
+// Discard removes a segment some earlier agent left, marking it dropped
+// first when it opens as one, for a client that may still map it.
+func Discard(path string) error {
+	if seg, err := Open(path, true); err == nil {
+		seg.MarkDropped()
+		seg.Close()
+	}
+	return Remove(path)
 }
 
 // Region is an anonymous shared-memory region (memfd) that can be mapped by

@@ -20,6 +20,11 @@ _FIELDS = struct.Struct("<8sI4xqqqqI")  # magic, version, rank, rows, disp, item
 # rows, disp, itemsize, items, crc of bytes 0-55.
 _FIELDS2 = struct.Struct("<8sIIqqqqqI")
 KIND_ROWS, KIND_RAGGED, KIND_INDEX = 0, 1, 2
+# The dropped word (u32 at this offset of the header, outside the checksum):
+# the agent sets it to 1 before it unmaps and unlinks a dropped segment, so
+# a process still mapping it, whose mapping keeps the old rows readable,
+# learns they are a freed variable's (shm.Segment.MarkDropped).
+DROPPED_AT = 64
 
 
 def _offsets_bytes(rows):
@@ -34,7 +39,8 @@ _POPULATE_MAX = 4 << 30
 class Segment:
     """One mapped shard: `rows` is a (rows, row_bytes) uint8 view of it."""
 
-    __slots__ = ("path", "mm", "rows", "rank", "nrows", "disp", "itemsize", "kind", "items", "offsets", "values")
+    __slots__ = ("path", "mm", "rows", "rank", "nrows", "disp", "itemsize", "kind", "items", "offsets", "values",
+                 "mark")
 
     def __init__(self, path, writable):
         try:
@@ -86,6 +92,9 @@ class Segment:
             self.mm.close()
             raise ProtocolError(f"ddstore: protocol error: segment {path}: header and file size disagree")
         self.path = path
+        # The dropped word as a native u32 (little-endian: every platform
+        # ddstore builds for); mark[0] is one aligned 4-byte load.
+        self.mark = memoryview(self.mm)[DROPPED_AT:DROPPED_AT + 4].cast("I")
         if self.kind == KIND_ROWS:
             buf = np.frombuffer(self.mm, dtype=np.uint8, count=self.nrows * rb, offset=HEADER_BYTES)
             if not writable:
@@ -104,8 +113,15 @@ class Segment:
             if self.values is not None:
                 self.values.flags.writeable = False
 
+    def dropped(self):
+        """Whether the agent dropped the segment: rows copied out of it
+        before this says so may be a freed variable's."""
+        return self.mark[0] != 0
+
     def close(self):
-        self.rows = self.offsets = self.values = None
+        # The mark is dropped, not released: a thread reading the variable
+        # may still check it; the mapping then lives as long as it does.
+        self.rows = self.offsets = self.values = self.mark = None
         try:
             self.mm.close()
         except BufferError:

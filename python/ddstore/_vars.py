@@ -4,9 +4,14 @@ node, its MPI window), and the copying of its rows out of mapped shards."""
 import numpy as np
 
 from . import _wire
-from ._errors import ProtocolError
+from ._errors import FreedVariable, ProtocolError
 from ._shm import KIND_INDEX, Segment
 from .dtypes import numpy_dtype
+
+
+class StaleTable(FreedVariable):
+    """A table whose segments were dropped between the agent's answer and
+    their mapping: the store looks the variable up again."""
 
 
 class Var:
@@ -14,7 +19,7 @@ class Var:
 
     __slots__ = ("name", "id", "disp", "itemsize", "rb", "dtype", "npdtype", "total", "held", "backing", "prefix",
                  "bounds", "shard_rows", "nodes", "local", "typed", "own", "segs", "single", "single_first", "profile",
-                 "win", "ragged", "shape", "index", "first_unit")
+                 "win", "ragged", "shape", "index", "first_unit", "marks", "mark")
 
     def __init__(self, t, own_rank):
         self.name, self.id, self.disp, self.itemsize, self.dtype = t.name, t.id, t.disp, t.itemsize, t.dtype
@@ -28,6 +33,9 @@ class Var:
         self.backing = t.backing
         self.nodes = [t.nodes[i] for i in t.rank_node]
         self.local, self.segs, self.own = [None] * len(t.shard_rows), [], None
+        # marks: the dropped word of each mapped segment (stale()); mark[r]
+        # rank r's, for get()'s one-shard path.
+        self.marks, self.mark = [], [None] * (len(t.shard_rows) + 1)
         # A ragged variable (_wire.KIND_RAGGED): rows of a length of their
         # own. index is the node's index of every row (N+1 job-wide offsets,
         # in units of shape's items), mapped read-only from the agent's
@@ -43,6 +51,10 @@ class Var:
                                         f"names no index")
                 seg = Segment(t.index, writable=False)
                 self.segs.append(seg)
+                self.marks.append(seg.mark)
+                if seg.dropped():
+                    raise StaleTable(f"ddstore: variable freed: index {t.index} of {t.name!r} was dropped since the "
+                                     f"agent answered")
                 self.index = seg.offsets
                 self.first_unit = np.concatenate(([0], np.cumsum(t.shard_items))).astype(np.int64)
                 if seg.kind != KIND_INDEX or seg.nrows != self.held or int(self.index[-1]) != int(self.first_unit[-1]):
@@ -53,6 +65,14 @@ class Var:
                     continue
                 seg = Segment(path, writable=(r == own_rank and not self.ragged))
                 self.segs.append(seg)
+                self.marks.append(seg.mark)
+                self.mark[r] = seg.mark
+                if seg.dropped() or (seg.rank, seg.nrows, seg.disp, seg.itemsize) != (r, t.shard_rows[r], t.disp,
+                                                                                       t.itemsize):
+                    # Freed since the agent answered: the path may be a
+                    # newer variable's segment by now.
+                    raise StaleTable(f"ddstore: variable freed: segment {path} is not of the table of {t.name!r} "
+                                     f"looked up (freed since)")
                 self.local[r] = seg.values if self.ragged else seg.rows
                 if r == own_rank and not self.ragged:
                     self.own = seg.rows
@@ -82,7 +102,17 @@ class Var:
         # The MPI window over the job's shards (Store(method="mpi")), or None.
         self.win = None
 
+    def stale(self):
+        """Whether the agent has dropped a segment this variable maps: rows
+        copied out of it before this says so may be a freed variable's. Only
+        loads of mapped words: no syscall, no request."""
+        for m in self.marks:
+            if m[0]:
+                return True
+        return False
+
     def unmap(self):
+        self.marks, self.mark = [], [None] * len(self.mark)
         self.local = [None] * len(self.local)
         self.typed = [None] * len(self.local)
         self.own = self.single = self.index = None

@@ -22,10 +22,13 @@ from ._errors import (ArgumentError, BadBuffer, ClosedError, Error, FreedVariabl
                       RegionLost, UnknownVariable, VariableExists)
 from ._recv import RecvBuffers, close_regions
 from ._shm import Segment
-from ._vars import Var, copy_rows, count
+from ._vars import StaleTable, Var, copy_rows, count
 from .dtypes import as_array, dtype_name, itemsize as dtype_itemsize
 
 _MAX_ROWS_PER_READ = 1 << 20
+# Tries of one read whose variable turns out dropped (_reading): it would
+# have to be freed and added again between each of them.
+_STALE_TRIES = 3
 
 
 class Store:
@@ -339,13 +342,55 @@ class Store:
         if name in self._freed:
             raise FreedVariable(f"ddstore: variable freed: variable {name!r} was freed")
         enc = _wire.Encoder().string(self._wire_name(name)).string("").i64(-1)
-        try:
-            body = self._request(_wire.OP_LOOKUP, enc)
-        except UnknownVariable:
-            if self._wait_published <= 0:
-                raise
-            body = self._wait_for(name, enc)
-        return self._install(_wire.Table.decode(body), name)
+        for attempt in range(1, _STALE_TRIES + 1):
+            try:
+                body = self._request(_wire.OP_LOOKUP, enc)
+            except UnknownVariable:
+                if self._wait_published <= 0:
+                    raise
+                body = self._wait_for(name, enc)
+            try:
+                return self._install(_wire.Table.decode(body), name)
+            except StaleTable as e:
+                if attempt == _STALE_TRIES:
+                    raise FreedVariable(str(e)) from None
+
+    def _reading(self, name, read):
+        """read(v) of the variable name, run again on the variable looked up
+        anew if the agent dropped the one it read: its segments marked
+        dropped once read(v) had copied its node-local rows (a reader of
+        another job keeps them mapped, old rows and all, after every rank
+        freed the variable), or an agent refusing its table id with
+        FreedVariable. The rows it copied are then discarded (read(v)
+        writes every row it returns again)."""
+        for attempt in range(1, _STALE_TRIES + 1):
+            try:
+                v = self._var(name)
+            except UnknownVariable as e:
+                if attempt == 1:
+                    raise
+                raise FreedVariable(f"ddstore: variable freed: variable {name!r} was freed, and there is no variable "
+                                    f"of that name now ({e})") from None
+            try:
+                out = read(v)
+            except FreedVariable:
+                pass
+            else:
+                if not v.stale():
+                    return out
+            self._forget(name, v)
+        raise FreedVariable(f"ddstore: variable freed: variable {name!r} was freed and added again while it was "
+                            f"read, {_STALE_TRIES} times")
+
+    def _forget(self, name, v):
+        """Take a dropped variable out of the store and unmap it: the next
+        use of its name looks it up again."""
+        with self._lock:
+            if self._vars.get(name) is not v:
+                return  # forgotten, freed or closed already, and unmapped there
+            del self._vars[name]
+        if v.win is None:  # a window is collective: it goes with free() or close()
+            v.unmap()
 
     def _wait_for(self, name, enc):
         """Look a variable up until it is published or wait_published has
@@ -363,13 +408,6 @@ class Store:
             wait = min(2 * wait, 0.2)
 
     # -- ragged rows --------------------------------------------------------------
-
-    def _ragged_var(self, name):
-        v = self._var(name)
-        if not v.ragged:
-            raise ArgumentError(f"ddstore: bad argument: variable {name!r} has rows of one size ({v.rb} bytes): "
-                                f"read it with get or get_batch")
-        return v
 
     def _ragged_indices(self, v, indices):
         idx = np.asarray(indices)
@@ -389,7 +427,10 @@ class Store:
         node's index in shared memory, with no request to the agent. Their
         sum is the first dimension get_ragged's `out` needs."""
         self._check_fork()
-        v = self._ragged_var(name)
+        return self._reading(name, lambda v: self._ragged_sizes(v, name, indices))
+
+    def _ragged_sizes(self, v, name, indices):
+        _ragged_only(v, name)
         idx = self._ragged_indices(v, indices)
         return v.index[idx + 1] - v.index[idx]
 
@@ -405,7 +446,10 @@ class Store:
         first rows. An out too small is an error naming both sizes, before
         any row is read."""
         self._check_fork()
-        v = self._ragged_var(name)
+        return self._reading(name, lambda v: self._get_ragged(v, name, indices, out))
+
+    def _get_ragged(self, v, name, indices, out):
+        _ragged_only(v, name)
         idx = self._ragged_indices(v, indices)
         index, ub = v.index, v.rb
         starts = index[idx]
@@ -535,6 +579,9 @@ class Store:
                 p = v.profile
                 if v.typed[r] is not None:
                     arr.reshape(n, v.disp)[...] = v.typed[r][lo:lo + n]
+                    if v.mark[r][0]:  # dropped: those rows may be a freed variable's
+                        self._forget(name, v)
+                        return self._get(name, arr, start)
                     p["local_rows"] += n
                 elif v.win is not None and r < len(v.shard_rows) and self._mpi.usable():
                     # Rows of one shard of another node: one MPI get.
@@ -552,7 +599,9 @@ class Store:
 
     def _get(self, name, arr, start):
         self._check_fork()
-        v = self._var(name)
+        return self._reading(name, lambda v: self._get_from(v, name, arr, start))
+
+    def _get_from(self, v, name, arr, start):
         _not_ragged(v, "get")
         a, _ = as_array(arr)
         n = a.shape[0] if a.ndim else 1
@@ -577,7 +626,9 @@ class Store:
         """Rows indices[i] into arr[i]: any order, repeats, any owners. Every
         index is checked before any row is read."""
         self._check_fork()
-        v = self._var(name)
+        return self._reading(name, lambda v: self._get_batch(v, name, arr, indices))
+
+    def _get_batch(self, v, name, arr, indices):
         _not_ragged(v, "get_batch")
         idx = np.asarray(indices)
         if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
@@ -729,13 +780,14 @@ class Store:
 
     def info(self, name):
         """(total rows, disp, itemsize), as DDStore's info()."""
-        v = self._var(name)
-        return v.total, v.disp, v.itemsize
+        return self._reading(name, lambda v: (v.total, v.disp, v.itemsize))
 
     def describe(self, name):
         """Everything known of a variable: geometry, dtype, shards, nodes,
         and its backing file ("" for none) with the rows the shards hold."""
-        v = self._var(name)
+        return self._reading(name, lambda v: self._describe(v, name))
+
+    def _describe(self, v, name):
         d = {"name": name, "total_rows": v.total, "disp": v.disp, "itemsize": v.itemsize, "dtype": v.dtype,
              "shard_rows": [int(x) for x in v.shard_rows], "nodes": list(v.nodes), "backing": v.backing,
              "held_rows": v.held, "kind": "ragged" if v.ragged else "fixed", "bytes": v.total * v.rb}
@@ -893,6 +945,12 @@ def _is_hdf5(file):
             return f.read(8) == b"\x89HDF\r\n\x1a\n"
     except OSError:
         return False
+
+
+def _ragged_only(v, name):
+    if not v.ragged:
+        raise ArgumentError(f"ddstore: bad argument: variable {name!r} has rows of one size ({v.rb} bytes): "
+                            f"read it with get or get_batch")
 
 
 def _not_ragged(v, op):
