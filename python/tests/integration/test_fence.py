@@ -129,3 +129,63 @@ def test_fence_through_the_agents(job, mode, nodes):
     finally:
         kill_agents(job["DDSTORE_NAMESPACE"])
     assert sorted(o.split()[0] for o in outs) == ["ok"] * len(nodes), outs
+
+
+# One rank never reaches the second fence: it fails there (mpi: it skips the
+# fence, as a rank whose step raised would; agents: its process dies). The
+# others' fence fails with TimeoutError once publish_timeout has passed,
+# rather than hang; through the agents the error names the missing rank.
+MISSING = r"""
+import os, sys
+import numpy as np
+mode = sys.argv[1]
+if mode == "mpi":
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    os.environ["DDSTORE_NODE_ID"] = "n%d" % (world.Get_rank() % 2)
+    wrank = world.Get_rank()
+else:
+    wrank = int(os.environ["DDSTORE_RANK"])
+import ddstore, pyddstore
+s = pyddstore.PyDDStore(world if mode == "mpi" else None, publish_timeout=3)
+r, n = s.rank, s.size
+s.init("v", 2, 1, 8, dtype="int64")
+s.update("v", np.full((2, 1), r, np.int64), 0)
+s.epoch_begin()
+if r == n - 1:
+    if mode != "mpi":
+        os._exit(0)      # dies: no goodbye to its agent or the others
+    s.close()
+    sys.stdout.write("ok %d\n" % wrank); sys.stdout.flush()
+    sys.exit(0)
+try:
+    s.epoch_end()
+except TimeoutError as e:
+    assert isinstance(e, ddstore.Timeout), type(e)
+    if mode != "mpi":
+        assert "missing ranks %d" % (n - 1) in str(e), e
+    s.close()
+    sys.stdout.write("ok %d\n" % wrank); sys.stdout.flush()
+else:
+    raise AssertionError("the fence passed without rank %d" % (n - 1))
+"""
+
+
+@needs_mpirun
+@needs_mpi4py
+@pytest.mark.parametrize("np_", [2, 4])
+def test_a_rank_missing_from_the_fence_under_mpirun(job, tmp_path, np_):
+    try:
+        mpirun_ranks(job, tmp_path, MISSING, np_, "mpi", timeout=120)
+    finally:
+        kill_agents(job["DDSTORE_NAMESPACE"])
+
+
+@pytest.mark.parametrize("nodes", [["a", "b"], ["a", "b", "a", "b"]])
+def test_a_rank_dead_before_the_fence_through_the_agents(job, nodes):
+    try:
+        outs = run_ranks(MISSING, nodes, {**job, "DDSTORE_MPI": "0"}, timeout=120, args=("env",))
+    finally:
+        kill_agents(job["DDSTORE_NAMESPACE"])
+    assert [o.split()[:1] for o in outs[:-1]] == [["ok"]] * (len(nodes) - 1), outs
+    assert outs[-1] == "", outs
