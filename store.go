@@ -201,11 +201,21 @@ func (s *Store) Profile(name string) (Profile, error) {
 	return Profile(p), err
 }
 
-// EpochBegin and EpochEnd mark epochs. Reads here are one-sided through the
-// agents, so no fence is needed (DDStore's MPI backend needs one); they are
-// accepted so that code written for DDStore runs unchanged.
-func (s *Store) EpochBegin() error { return s.c.EpochBegin() }
-func (s *Store) EpochEnd() error   { return s.c.EpochEnd() }
+// Fence is collective over this rank's replica group (the whole job
+// without Width): it returns once every rank of the group has called it,
+// each rank's n-th call meeting the others' n-th. Every Update a rank made
+// before its Fence is then seen by every read of the group's ranks after
+// theirs, rows of this node and of others. A rank that does not come within
+// PublishTimeout fails the fence for every rank with ErrTimeout, naming the
+// missing ranks. A Reader takes part in no fence (it returns at once).
+func (s *Store) Fence() error { return s.c.Fence() }
+
+// EpochBegin and EpochEnd are DDStore's names of Fence (an MPI window fence
+// there), so that code written for DDStore runs unchanged: a rank's
+// updates before EpochBegin are read by every rank after it, and no rank
+// updates again before every rank has reached EpochEnd.
+func (s *Store) EpochBegin() error { return s.c.Fence() }
+func (s *Store) EpochEnd() error   { return s.c.Fence() }
 
 // Free releases a variable on this rank: its reads fail with ErrFreed from
 // now on. The shards stay until every rank of the job has freed it (a rank

@@ -208,6 +208,12 @@ func nameFrame(name string, op wire.Op, id uint64, m wire.Name) vectorFrame {
 		decode: func(b []byte) (any, error) { return wire.DecodeName(b) }, value: m}
 }
 
+func barrierFrame(name string, op wire.Op, id uint64, m wire.Barrier) vectorFrame {
+	return vectorFrame{name: name, op: op, id: id, message: "Barrier", fields: obj{"key": m.Key, "rank": m.Rank, "size": m.Size,
+		"seq": m.Seq, "timeout_ms": m.TimeoutMs}, encode: m.Encode,
+		decode: func(b []byte) (any, error) { return wire.DecodeBarrier(b) }, value: m}
+}
+
 func regionFrame(name string, op wire.Op, id uint64, m wire.Region) vectorFrame {
 	return vectorFrame{name: name, op: op, id: id, message: "Region", fields: vRegion(m), encode: m.Encode,
 		decode: func(b []byte) (any, error) { return wire.DecodeRegion(b) }, value: m}
@@ -243,6 +249,11 @@ func vectorFrames(t *testing.T) obj {
 				err := wire.DecodeRead(b, &m)
 				return m, err
 			}, value: read},
+		barrierFrame("barrier", wire.OpBarrier, 12, wire.Barrier{Key: "", Rank: 1, Size: 2, Seq: 3, TimeoutMs: 300000}),
+		// A rank of the replica group of world ranks 4.. at its 1st fence.
+		barrierFrame("barrier_group", wire.OpBarrier, 13, wire.Barrier{Key: "@r4", Rank: 0, Size: 4, Seq: 1, TimeoutMs: 0}),
+		{name: "barrier_reply", op: wire.OpBarrier, id: 12, reply: true, fields: obj{},
+			decode: func(b []byte) (any, error) { return nil, wire.NewDecoder(b).Done() }},
 		regionFrame("register", wire.OpRegister, 8, wire.Region{ID: 0, Size: 1 << 20}),
 		regionFrame("unregister", wire.OpUnregister, 9, wire.Region{ID: 7}),
 		{name: "info", op: wire.OpInfo, id: 10, fields: obj{},

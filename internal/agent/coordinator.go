@@ -78,6 +78,32 @@ func (c *coordinator) publish(ctx context.Context, sh wire.Shard, timeout time.D
 	return r.Table, r.Err
 }
 
+// barrier adds one rank's arrival at a fence and waits until every rank of
+// it has come, the ranks disagree (an error for all), or timeout has
+// passed or ctx ended (the fence fails with ErrTimeout for every rank).
+func (c *coordinator) barrier(ctx context.Context, m wire.Barrier, timeout time.Duration) error {
+	ch := make(chan coord.Reply, 1)
+	now := time.Now()
+	c.mu.Lock()
+	c.mu.next++
+	req := c.mu.next
+	c.mu.waiting[req] = ch
+	c.deliverLocked(c.mu.core.Barrier(now, req, m, now.Add(timeout)))
+	c.mu.Unlock()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case r := <-ch:
+		return r.Err
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	c.deliverLocked(c.mu.core.Expire(time.Now(), req))
+	c.mu.Unlock()
+	return (<-ch).Err
+}
+
 func (c *coordinator) join(node, addr string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -239,10 +265,33 @@ func (a *Agent) coordPublish(ctx context.Context, m wire.Shard) (*wire.Table, er
 	return &t, err
 }
 
+// barrierTimeout is how long the coordinator waits for a fence's ranks: the
+// rank's own timeout, bounded by the agent's join timeout.
+func (a *Agent) barrierTimeout(m wire.Barrier) time.Duration {
+	if m.TimeoutMs > 0 {
+		return min(a.cfg.JoinTimeout, msDuration(m.TimeoutMs))
+	}
+	return a.cfg.JoinTimeout
+}
+
+// coordBarrier hands a rank's arrival at a fence to the coordinator, here
+// or over the peer protocol, and waits for the fence's other ranks.
+func (a *Agent) coordBarrier(ctx context.Context, m wire.Barrier) error {
+	addr, err := a.coordinatorAddr(ctx)
+	if err != nil {
+		return err
+	}
+	if addr == "" {
+		return a.coord.Load().barrier(ctx, m, a.barrierTimeout(m))
+	}
+	_, err = a.pool.Call(ctx, addr, wire.OpPeerBarrier, m.Encode)
+	return err
+}
+
 // isCoordinatorOp says whether only the coordinator answers op.
 func isCoordinatorOp(op wire.Op) bool {
 	switch op {
-	case wire.OpJoin, wire.OpPeerPublish, wire.OpPeerLookup, wire.OpPeerFree, wire.OpPeerNodes:
+	case wire.OpJoin, wire.OpPeerPublish, wire.OpPeerLookup, wire.OpPeerFree, wire.OpPeerNodes, wire.OpPeerBarrier:
 		return true
 	}
 	return false
@@ -278,6 +327,12 @@ func (a *Agent) coordinatorOp(ctx context.Context, op wire.Op, body []byte) (fun
 		}
 		a.saveManifest()
 		return t.Encode, nil
+	case wire.OpPeerBarrier:
+		m, err := wire.DecodeBarrier(body)
+		if err != nil {
+			return nil, err
+		}
+		return nil, c.barrier(ctx, m, a.barrierTimeout(m))
 	case wire.OpPeerLookup:
 		m, err := wire.DecodeName(body)
 		if err != nil {

@@ -100,7 +100,7 @@ func (a *Agent) serveSession(s *session) {
 		// Not so a collective, which may wait minutes for other ranks: a
 		// stop cancels it, as the other ranks' errors then say.
 		counted := int64(1)
-		if h.Op == wire.OpPublish || h.Op == wire.OpFree {
+		if h.Op == wire.OpPublish || h.Op == wire.OpFree || h.Op == wire.OpBarrier {
 			counted = 0
 		}
 		a.inflight.Add(counted)
@@ -223,6 +223,16 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 		}
 		a.saveManifest()
 		return t.Encode, nil
+	case wire.OpBarrier:
+		m, err := wire.DecodeBarrier(body)
+		if err != nil {
+			s.decodeFailed = true
+			return nil, err
+		}
+		if s.hello.Rank < 0 {
+			return nil, base.Errorf(base.ErrArgument, "a reader (rank -1) takes part in no fence")
+		}
+		return nil, a.coordBarrier(ctx, m)
 	case wire.OpLookup:
 		m, err := wire.DecodeName(body)
 		if err != nil {

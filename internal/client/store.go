@@ -235,12 +235,6 @@ func (s *Store) Size() int      { return s.id.Size }
 func (s *Store) Node() string   { return s.id.Node }
 func (s *Store) Socket() string { return s.socket }
 
-// EpochBegin and EpochEnd mark epochs. Reads here are one-sided through the
-// agents, so no fence is needed (DDStore's MPI backend needs one); they are
-// accepted so that code written for DDStore runs unchanged.
-func (s *Store) EpochBegin() error { return s.checkOpen() }
-func (s *Store) EpochEnd() error   { return s.checkOpen() }
-
 // Close releases this rank's mappings and connections. The data stay with
 // the agent; Close is idempotent.
 func (s *Store) Close() error {

@@ -2,7 +2,8 @@
 // learns every node's address and turns the ranks' shard declarations into
 // a variable's table. A variable exists once every rank has published;
 // until then nobody can read it, and a geometry that ranks disagree on
-// fails every rank.
+// fails every rank. It also holds the ranks' fences (Barrier): a fence
+// ends once every rank of its group has reached it, or fails for all.
 //
 // Coordinator is a deterministic state machine, like raft's RawNode: no
 // goroutine, no socket, no clock, no blocking. Each call carries what
@@ -40,6 +41,7 @@ type Coordinator struct {
 	freed   map[string]map[int64]bool // variable → ranks done with it
 	lastID  int64
 	waits   map[uint64]*wait // by request
+	fences  map[fenceKey]*fence
 
 	// LateGrace: see DefaultLateGrace.
 	LateGrace time.Duration
@@ -76,16 +78,37 @@ type round struct {
 	timedOut time.Time
 }
 
-// wait is one request waiting for its round.
+// wait is one request waiting for its round or its fence (one of them).
 type wait struct {
 	round    *round
+	fence    *fence
 	deadline time.Time
+}
+
+// fenceKey names one fence: the ranks' n-th Barrier under one key (one
+// group of ranks).
+type fenceKey struct {
+	key string
+	seq int64
+}
+
+// fence gathers the ranks of one fence.
+type fence struct {
+	key     fenceKey
+	size    int64
+	first   int64            // the rank that set size
+	arrived map[int64]uint64 // rank → its request
+	seen    map[int64]bool   // ranks that came, in time or late
+	err     error
+	// timedOut: as round's, for LateGrace.
+	timedOut time.Time
 }
 
 // New makes an empty coordinator.
 func New() *Coordinator {
 	return &Coordinator{nodes: make(map[string]string), pending: make(map[roundKey]*round), tables: make(map[string]*wire.Table),
-		freed: make(map[string]map[int64]bool), waits: make(map[uint64]*wait), LateGrace: DefaultLateGrace}
+		freed: make(map[string]map[int64]bool), waits: make(map[uint64]*wait), fences: make(map[fenceKey]*fence),
+		LateGrace: DefaultLateGrace}
 }
 
 // Join notes a node's agent address; a node that joins again (its agent
@@ -173,10 +196,112 @@ func (c *Coordinator) Expire(now time.Time, req uint64) []Reply {
 	if w == nil {
 		return nil
 	}
+	if f := w.fence; f != nil {
+		out := c.failFence(f, base.Errorf(base.ErrTimeout, "%s: %s", f.what(), f.missing()), nil)
+		f.timedOut = now
+		return out
+	}
 	r := w.round
 	out := c.fail(r, base.Errorf(base.ErrTimeout, "variable %q: %s", r.first.Name, r.missing()), nil)
 	r.timedOut = now
 	return out
+}
+
+// Barrier adds rank m.Rank's arrival at fence (m.Key, m.Seq), request req,
+// at now. It returns the replies of the requests whose fence ended with it
+// (req's own among them: no error, or the fence's), or none when req waits
+// for more ranks: until then its fence fails when req's deadline passes
+// (Expire, Tick). A failed fence answers its late ranks with its error, for
+// LateGrace after it timed out, rather than start a fence no one else
+// comes to.
+func (c *Coordinator) Barrier(now time.Time, req uint64, m wire.Barrier, deadline time.Time) []Reply {
+	if m.Size < 1 || m.Rank < 0 || m.Rank >= m.Size || m.Seq < 1 {
+		return []Reply{{Req: req, Err: base.Errorf(base.ErrArgument, "fence %d of rank %d of %d ranks: want seq >= 1 and 0 <= rank < ranks", m.Seq, m.Rank, m.Size)}}
+	}
+	for k, f := range c.fences {
+		if !f.timedOut.IsZero() && now.Sub(f.timedOut) > c.LateGrace {
+			delete(c.fences, k)
+		}
+	}
+	key := fenceKey{m.Key, m.Seq}
+	f := c.fences[key]
+	if f == nil {
+		f = &fence{key: key, size: m.Size, first: m.Rank, arrived: make(map[int64]uint64), seen: make(map[int64]bool)}
+		c.fences[key] = f
+	}
+	f.seen[m.Rank] = true
+	var out []Reply
+	switch _, twice := f.arrived[m.Rank]; {
+	case f.err != nil:
+	case m.Size != f.size:
+		out = c.failFence(f, base.Errorf(base.ErrArgument, "%s: rank %d says the group has %d ranks, rank %d says %d", f.what(), m.Rank, m.Size, f.first, f.size), out)
+	case twice:
+		out = c.failFence(f, base.Errorf(base.ErrArgument, "%s: rank %d reached it twice (two stores of one rank fencing under one key?)", f.what(), m.Rank), out)
+	}
+	if f.err != nil {
+		if f.timedOut.IsZero() {
+			f.timedOut = now // forgotten LateGrace from now, whoever never comes
+		}
+		if f.allSeen() {
+			delete(c.fences, key)
+		}
+		return append(out, Reply{Req: req, Err: f.err})
+	}
+	f.arrived[m.Rank] = req
+	if int64(len(f.arrived)) < f.size {
+		c.waits[req] = &wait{fence: f, deadline: deadline}
+		return out
+	}
+	delete(c.fences, key)
+	for _, w := range f.arrived {
+		delete(c.waits, w)
+		out = append(out, Reply{Req: w})
+	}
+	return out
+}
+
+// Fences is how many fences are pending (waiting for ranks, or failed and
+// still answering late ones).
+func (c *Coordinator) Fences() int { return len(c.fences) }
+
+// failFence sets a fence's error, unless it has one, and appends the
+// replies of its waiting requests.
+func (c *Coordinator) failFence(f *fence, err error, out []Reply) []Reply {
+	if f.err != nil {
+		return out
+	}
+	f.err = err
+	for _, w := range slices.Sorted(maps.Values(f.arrived)) {
+		delete(c.waits, w)
+		out = append(out, Reply{Req: w, Err: err})
+	}
+	return out
+}
+
+func (f *fence) what() string {
+	if f.key.key == "" {
+		return fmt.Sprintf("fence %d", f.key.seq)
+	}
+	return fmt.Sprintf("fence %d of group %q", f.key.seq, f.key.key)
+}
+
+func (f *fence) allSeen() bool {
+	for k := range f.size {
+		if !f.seen[k] {
+			return false
+		}
+	}
+	return true
+}
+
+func (f *fence) missing() string {
+	var miss []string
+	for k := int64(0); k < f.size && len(miss) < 16; k++ {
+		if _, ok := f.arrived[k]; !ok {
+			miss = append(miss, fmt.Sprint(k))
+		}
+	}
+	return fmt.Sprintf("%d of %d ranks reached it before the timeout; missing ranks %s", len(f.arrived), f.size, strings.Join(miss, ", "))
 }
 
 // Tick expires every wait whose deadline is not after now, earliest first.

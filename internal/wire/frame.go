@@ -52,6 +52,9 @@ const (
 	OpFree       Op = 8
 	OpInfo       Op = 9
 	OpPrefetch   Op = 10
+	// OpBarrier (client protocol 1.2) is a rank's part in a fence: it
+	// returns once every rank of its group has sent its own.
+	OpBarrier Op = 13
 )
 
 // Peer protocol ops.
@@ -70,6 +73,8 @@ const (
 	// OpPeerOffsets asks an agent for a rank's offsets of a ragged
 	// variable, to build the asker's node index.
 	OpPeerOffsets Op = 43
+	// OpPeerBarrier hands a rank's Barrier to the coordinator.
+	OpPeerBarrier Op = 44
 )
 
 var opNames = map[Op]string{
@@ -78,6 +83,7 @@ var opNames = map[Op]string{
 	OpInfo: "info", OpPrefetch: "prefetch", OpJoin: "join", OpPeerPublish: "peer-publish", OpPeerLookup: "peer-lookup",
 	OpFetch: "fetch", OpPeerFree: "peer-free", OpPeerNodes: "peer-nodes", OpPeerInfo: "peer-info",
 	OpPeerDrop: "peer-drop", OpPeerWindow: "peer-window", OpPeerOffsets: "peer-offsets",
+	OpBarrier: "barrier", OpPeerBarrier: "peer-barrier",
 }
 
 func (o Op) String() string {

@@ -149,6 +149,7 @@ func FuzzDecodeDrop(f *testing.F)       { fuzzCodec(f, dropSamples, DecodeDrop) 
 func FuzzDecodeWindow(f *testing.F)     { fuzzCodec(f, windowSamples, DecodeWindow) }
 func FuzzDecodePeerWindow(f *testing.F) { fuzzCodec(f, peerWindowSamples, DecodePeerWindow) }
 func FuzzDecodePeerNodes(f *testing.F)  { fuzzCodec(f, peerNodesSamples, DecodePeerNodes) }
+func FuzzDecodeBarrier(f *testing.F)    { fuzzCodec(f, barrierSamples, DecodeBarrier) }
 func FuzzDecodePeerOffsets(f *testing.F) {
 	fuzzCodec(f, peerOffsetsSamples, DecodePeerOffsets)
 }

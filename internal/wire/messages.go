@@ -502,6 +502,36 @@ func DecodePeerNodes(b []byte) (m PeerNodes, err error) {
 	return m, d.Done()
 }
 
+// Barrier is one rank's arrival at a fence (Barrier, PeerBarrier): the
+// ranks that send the same Key and Seq meet, Size of them, each once.
+type Barrier struct {
+	// Key names the ranks that meet: the client's replica group and world
+	// (see docs/protocol.md), opaque to the agents.
+	Key  string
+	Rank int64
+	Size int64
+	// Seq counts the rank's fences under Key, from 1: all ranks' n-th
+	// fences form one round, so a late rank of a failed round gets its
+	// error and the next fence starts a fresh one.
+	Seq       int64
+	TimeoutMs int64 // how long to wait for the other ranks; <= 0: the agent's join timeout
+}
+
+func (m *Barrier) Encode(e *Encoder) {
+	e.String(m.Key)
+	e.I64(m.Rank)
+	e.I64(m.Size)
+	e.I64(m.Seq)
+	e.I64(m.TimeoutMs)
+}
+
+func DecodeBarrier(b []byte) (m Barrier, err error) {
+	d := NewDecoder(b)
+	m.Key = d.String()
+	m.Rank, m.Size, m.Seq, m.TimeoutMs = d.I64(), d.I64(), d.I64(), d.I64()
+	return m, d.Done()
+}
+
 // Window is where an agent of the MPI transport exposes its shards of a
 // variable (PeerWindow reply): a reader in the same MPI world gets rows
 // straight out of the owner's memory with one-sided gets, with no work on

@@ -162,6 +162,12 @@ var (
 		{Name: "x", ID: 7},
 		{Name: "features/0", ID: -1},
 	}
+	barrierSamples = []Barrier{
+		{},
+		{Key: "@r4", Rank: 1, Size: 2, Seq: 7, TimeoutMs: 300000},
+		{Key: "グループ", Rank: math.MaxInt64, Size: math.MinInt64, Seq: -1, TimeoutMs: -1},
+		{Key: long, Rank: 3, Size: 4, Seq: 1 << 40},
+	}
 	peerNodesSamples = []PeerNodes{
 		{},
 		{Node: "node-1"},
@@ -266,6 +272,7 @@ func TestMessageRoundTrip(t *testing.T) {
 	t.Run("Window", func(t *testing.T) { testCodec(t, windowSamples, DecodeWindow) })
 	t.Run("PeerWindow", func(t *testing.T) { testCodec(t, peerWindowSamples, DecodePeerWindow) })
 	t.Run("PeerNodes", func(t *testing.T) { testCodec(t, peerNodesSamples, DecodePeerNodes) })
+	t.Run("Barrier", func(t *testing.T) { testCodec(t, barrierSamples, DecodeBarrier) })
 	t.Run("PeerOffsets", func(t *testing.T) { testCodec(t, peerOffsetsSamples, DecodePeerOffsets) })
 	t.Run("Offsets", func(t *testing.T) { testCodec(t, offsetsSamples, DecodeOffsets) })
 }

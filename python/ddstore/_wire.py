@@ -16,6 +16,7 @@ MAX_BODY = 32 << 20
 OP_HELLO, OP_CREATE, OP_PUBLISH, OP_LOOKUP, OP_READ, OP_REGISTER, OP_UNREGISTER, OP_FREE, OP_INFO = range(1, 10)
 OP_PREFETCH = 10
 OP_AUTH, OP_AUTH_PROOF = 11, 12  # the authentication handshake, first on every connection (_auth.py)
+OP_BARRIER = 13  # a rank's part in a fence (_fence.py)
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from . import _agent, _lanes, _onesided, _prefetch, _wire
+from . import _agent, _fence, _lanes, _onesided, _prefetch, _wire
 from ._errors import (ArgumentError, BadBuffer, ClosedError, Error, FreedVariable, GeometryError, IndexOutOfRange,
                       RegionLost, UnknownVariable, VariableExists)
 from ._recv import RecvBuffers, close_regions
@@ -85,6 +85,12 @@ class Store:
         # holds no shard: it says rank -1 to the agent and cannot add.
         self.reader = bool(reader)
         self.method, self._mpi = _onesided.check_method(method, comm, self.reader), None
+        # The fence's communicator: the group's, with an mpi4py one (else
+        # the fence is a round on the coordinator agent).
+        self._fence_comm = None
+        if hasattr(comm, "Split_type") and not self.reader:
+            self._fence_comm = _fence.group_comm(comm, self.group if width is not None else None, self._world_rank)
+        self._fence_own_comm = self._fence_comm is not None and self._fence_comm is not comm
         if self.method == "mpi":
             self._mpi = _onesided.Windows(comm, self.group if width is not None and self.group is not None else 0)
         # How long a first read of a variable not published yet waits for it
@@ -827,12 +833,33 @@ class Store:
     def get_profile(self, name):
         return dict(self._var(name).profile)
 
-    def epoch_begin(self):
-        """Accepted for DDStore code; reads need no fence here."""
+    def fence(self):
+        """Collective over this store's ranks (its replica group): returns once
+        every rank has called it, each rank's n-th call meeting the others'
+        n-th. Rows a rank updated before its fence are then read by every
+        rank after theirs, rows of this node and of others. A rank that does
+        not come within publish_timeout fails the fence with TimeoutError
+        (through the agents, on every rank, naming the missing ranks). An
+        MPI barrier of the group with an mpi4py communicator, else a round
+        on the coordinator agent; a reader takes part in none."""
         if self._closed:
             raise ClosedError(f"ddstore: closed: store of rank {self.rank} closed")
+        if self.reader or self.size <= 1:
+            return
+        if self._fence_comm is not None and self._pid == os.getpid():
+            mpi = self._mpi
+            wins = [v.win for v in list(self._vars.values()) if v.win is not None] if mpi is not None else ()
+            _fence.mpi_fence(self._fence_comm, wins, mpi.lock if mpi is not None else None, self._publish_timeout,
+                             self.rank, self.size)
+            return
+        key = "" if self.group is None else f"@r{self.group}"
+        seq = _fence.next_seq((self.namespace, self.socket_path, key, self.rank, self.size))
+        self._request(_wire.OP_BARRIER, _fence.barrier_request(key, self.rank, self.size, seq, self._publish_timeout),
+                      timeout=self._publish_timeout + self._timeout)
 
-    epoch_end = epoch_begin
+    # DDStore's names of the fence (an MPI window fence there).
+    epoch_begin = fence
+    epoch_end = fence
 
     def free(self, name=None):
         """Release one variable, or every variable with no name (DDStore's
@@ -879,6 +906,8 @@ class Store:
             v.unmap()
         _lanes.close_lanes(lanes, own=self._pid == os.getpid())
         close_regions(recv)
+        if collective and self._fence_own_comm and self._pid == os.getpid():
+            self._fence_comm.Free()
 
     def __enter__(self):
         return self

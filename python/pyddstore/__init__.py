@@ -85,8 +85,9 @@ buffer of another dtype of the same size raises ValueError (DDStore silently
 reinterprets the bytes; a variable made by init() without dtype= has no dtype
 and is read into any buffer of its item size); get() may cross shard
 boundaries (DDStore raises "Invalid count on target"); update() checks its
-bounds; get_batch() is never collective; epoch_begin/epoch_end are no-ops
-(reads need no fence), so calling begin twice is not an error; errors are
+bounds; get_batch() is never collective; epoch_begin/epoch_end are fences
+with every method (DDStore's are with method 0 only), and each call is one,
+so calling begin twice is not an error; errors are
 ddstore exceptions that derive from IndexError (indices), ValueError (shapes,
 dtypes), KeyError (unknown variables), TimeoutError and ConnectionError
 (peers), and the store keeps working after one.
@@ -432,11 +433,16 @@ class PyDDStore:
         return out
 
     def epoch_begin(self):
-        """A no-op here (reads need no fence); accepted for DDStore code."""
-        self.store.epoch_begin()
+        """Collective: a fence of the store's communicator (or group), as
+        DDStore's MPI_Win_fence: every rank's update() before it is read by
+        every rank after it. (ddstore.Store.fence; a reader takes part in
+        none.)"""
+        self.store.fence()
 
     def epoch_end(self):
-        self.store.epoch_end()
+        """Collective: the same fence, so that no rank updates rows before
+        every rank has finished its reads."""
+        self.store.fence()
 
     # -- ending ---------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ PY = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, PY)
 
 import ddstore  # noqa: E402
-from ddstore import _agent, _auth, _env, _errors, _lanes, _vars, _wire, store  # noqa: E402
+from ddstore import _agent, _auth, _env, _errors, _fence, _lanes, _vars, _wire, store  # noqa: E402
 
 VECTORS = os.path.join(os.path.dirname(PY), "testdata", "vectors.json")
 
@@ -49,6 +49,8 @@ def _body(message, f):
     if message == "Read":  # Store._fetch
         return (e.string(f["name"]).u32(f["region"]).i64(f["id"]).i64s(np.array(f["globals"], dtype=np.int64))
                 .i64s(np.array(f["offsets"], dtype=np.int64)))
+    if message == "Barrier":  # Store.fence
+        return _fence.barrier_request(f["key"], f["rank"], f["size"], f["seq"], f["timeout_ms"] / 1000)
     if message == "Region":  # register(), Unregister
         return e.u32(f["id"]).i64(f["size"])
     if message == "Fetch":  # peer protocol: the client never sends it, but its encoder can
@@ -65,7 +67,7 @@ REQUESTS = {k: v for k, v in V["frames"].items() if not v["reply"]}
 def test_vectors_hold_every_request():
     assert {v["op"] for v in REQUESTS.values()} >= {_wire.OP_HELLO, _wire.OP_CREATE, _wire.OP_PUBLISH, _wire.OP_LOOKUP,
                                                     _wire.OP_READ, _wire.OP_REGISTER, _wire.OP_UNREGISTER,
-                                                    _wire.OP_FREE, _wire.OP_INFO}
+                                                    _wire.OP_FREE, _wire.OP_INFO, _wire.OP_BARRIER}
 
 
 @pytest.mark.parametrize("name", sorted(REQUESTS))
