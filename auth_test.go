@@ -64,10 +64,18 @@ func startAuthAgent(t *testing.T, secret string, args ...string) *authAgent {
 	return a
 }
 
-// openAt opens rank r of size on node's agent (already running).
+// openAt opens rank r of size on node's agent (already running), the
+// job's only rank on that node.
 func openAt(t *testing.T, ns, node, runDir string, r, size int) *ddstore.Store {
 	t.Helper()
-	s, err := ddstore.Open(ddstore.Config{Namespace: ns, Rank: r, Size: size, LocalRank: 0, LocalSize: 1, Node: node,
+	return openLocal(t, ns, node, runDir, r, size, 0, 1)
+}
+
+// openLocal opens rank r of size on node's agent (already running), as
+// local rank lr of the node's ls.
+func openLocal(t *testing.T, ns, node, runDir string, r, size, lr, ls int) *ddstore.Store {
+	t.Helper()
+	s, err := ddstore.Open(ddstore.Config{Namespace: ns, Rank: r, Size: size, LocalRank: lr, LocalSize: ls, Node: node,
 		RunDir: runDir, NoSpawn: true, AgentWait: 20 * time.Second, Timeout: 10 * time.Second, PublishTimeout: 20 * time.Second})
 	if err != nil {
 		t.Fatal(err)

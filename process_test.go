@@ -111,14 +111,7 @@ func TestAgentProcesses(t *testing.T) {
 	rank := 0
 	for i, n := range ranksPerNode {
 		for l := range n {
-			s, err := ddstore.Open(ddstore.Config{Namespace: ns, Rank: rank, Size: 4, LocalRank: l, LocalSize: n,
-				Node: nodes[i], RunDir: runDir, NoSpawn: true, AgentWait: 20 * time.Second, Timeout: 10 * time.Second,
-				PublishTimeout: 20 * time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			c.stores = append(c.stores, s)
-			t.Cleanup(func() { s.Close() })
+			c.stores = append(c.stores, openLocal(t, ns, nodes[i], runDir, rank, 4, l, n))
 			rank++
 		}
 	}

@@ -330,15 +330,7 @@ func TestAgentRestartReadoptsRagged(t *testing.T) {
 	ns := fmt.Sprintf("rrestart%d", os.Getpid())
 	runDir := filepath.Join(dir, "run")
 	p := startRestartableAgent(t, "--namespace", ns, "--node", "n0", "--run-dir", runDir, "--timeout", "5s")
-	open := func(rank, size int) *ddstore.Store {
-		s, err := ddstore.Open(ddstore.Config{Namespace: ns, Rank: rank, Size: size, LocalRank: rank, LocalSize: size, Node: "n0",
-			RunDir: runDir, NoSpawn: true, AgentWait: 20 * time.Second, Timeout: 10 * time.Second, PublishTimeout: 20 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s
-	}
+	open := func(rank, size int) *ddstore.Store { return openLocal(t, ns, "n0", runDir, rank, size, rank, size) }
 	c := &cluster{ns: ns, stores: []*ddstore.Store{open(0, 2), open(1, 2)}}
 	j := newRaggedJob(7, []int64{30, 20}, 4, 6)
 	j.add(t, c, "rg", ddstore.Int32)

@@ -80,15 +80,7 @@ func TestAgentRestartReadopts(t *testing.T) {
 	runDir := filepath.Join(dir, "run")
 	args := []string{"--namespace", ns, "--node", "n0", "--run-dir", runDir, "--timeout", "5s"}
 	p := startRestartableAgent(t, args...)
-	open := func(rank, size int) *ddstore.Store {
-		s, err := ddstore.Open(ddstore.Config{Namespace: ns, Rank: rank, Size: size, LocalRank: rank, LocalSize: size, Node: "n0",
-			RunDir: runDir, NoSpawn: true, AgentWait: 20 * time.Second, Timeout: 10 * time.Second, PublishTimeout: 20 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s
-	}
+	open := func(rank, size int) *ddstore.Store { return openLocal(t, ns, "n0", runDir, rank, size, rank, size) }
 	c := &cluster{ns: ns, stores: []*ddstore.Store{open(0, 2), open(1, 2)}}
 	c.addPattern(t, "v", []int64{30, 20}, 8, 8)
 	segs := segments(ns)
@@ -206,13 +198,7 @@ func startTwoNodeProcs(t *testing.T, prefix, timeout string) (*cluster, *restart
 	p1 := startRestartableAgent(t, append([]string{"--node", "n1"}, common...)...)
 	c := &cluster{ns: ns}
 	for r, node := range []string{"n0", "n1"} {
-		s, err := ddstore.Open(ddstore.Config{Namespace: ns, Rank: r, Size: 2, LocalRank: 0, LocalSize: 1, Node: node,
-			RunDir: runDir, NoSpawn: true, AgentWait: 20 * time.Second, Timeout: 10 * time.Second, PublishTimeout: 20 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		c.stores = append(c.stores, s)
+		c.stores = append(c.stores, openAt(t, ns, node, runDir, r, 2))
 	}
 	return c, p1
 }

@@ -54,27 +54,9 @@ func (c *coordinator) deliverLocked(replies []coord.Reply) {
 // table), a rank disagrees (an error for all), or timeout has passed or ctx
 // ended (the round fails with ErrTimeout for every rank).
 func (c *coordinator) publish(ctx context.Context, sh wire.Shard, timeout time.Duration) (*wire.Table, error) {
-	ch := make(chan coord.Reply, 1)
-	now := time.Now()
-	c.mu.Lock()
-	c.mu.next++
-	req := c.mu.next
-	c.mu.waiting[req] = ch
-	c.deliverLocked(c.mu.core.Publish(now, req, sh, now.Add(timeout)))
-	c.mu.Unlock()
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case r := <-ch:
-		return r.Table, r.Err
-	case <-t.C:
-	case <-ctx.Done():
-	}
-	c.mu.Lock()
-	c.deliverLocked(c.mu.core.Expire(time.Now(), req))
-	c.mu.Unlock()
-	// Expire answered req, or its round had answered it already.
-	r := <-ch
+	r := c.await(ctx, timeout, func(now time.Time, req uint64) []coord.Reply {
+		return c.mu.core.Publish(now, req, sh, now.Add(timeout))
+	})
 	return r.Table, r.Err
 }
 
@@ -82,26 +64,37 @@ func (c *coordinator) publish(ctx context.Context, sh wire.Shard, timeout time.D
 // it has come, the ranks disagree (an error for all), or timeout has
 // passed or ctx ended (the fence fails with ErrTimeout for every rank).
 func (c *coordinator) barrier(ctx context.Context, m wire.Barrier, timeout time.Duration) error {
+	return c.await(ctx, timeout, func(now time.Time, req uint64) []coord.Reply {
+		return c.mu.core.Barrier(now, req, m, now.Add(timeout))
+	}).Err
+}
+
+// await files one request with the core through enter (called under c.mu
+// with the time and the request's id) and waits for its reply. When
+// timeout passes or ctx ends first, the core expires the request, so its
+// round fails for every rank rather than leaving the others waiting.
+func (c *coordinator) await(ctx context.Context, timeout time.Duration, enter func(now time.Time, req uint64) []coord.Reply) coord.Reply {
 	ch := make(chan coord.Reply, 1)
 	now := time.Now()
 	c.mu.Lock()
 	c.mu.next++
 	req := c.mu.next
 	c.mu.waiting[req] = ch
-	c.deliverLocked(c.mu.core.Barrier(now, req, m, now.Add(timeout)))
+	c.deliverLocked(enter(now, req))
 	c.mu.Unlock()
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
 	case r := <-ch:
-		return r.Err
+		return r
 	case <-t.C:
 	case <-ctx.Done():
 	}
 	c.mu.Lock()
 	c.deliverLocked(c.mu.core.Expire(time.Now(), req))
 	c.mu.Unlock()
-	return (<-ch).Err
+	// Expire answered req, or its round had answered it already.
+	return <-ch
 }
 
 func (c *coordinator) join(node, addr string) {

@@ -9,7 +9,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 
@@ -341,23 +340,9 @@ func (a *Agent) fetchPieces(ctx context.Context, v *variable, pieces []piece, fe
 		<-done
 	}
 	for i := range pieces {
-		p := &pieces[i]
-		err := p.err
-		if err == nil {
-			continue
-		}
-		if errors.Is(err, base.ErrFreed) {
-			a.forgetStale(v)
+		if err := a.settlePiece(ctx, v, &pieces[i], fetch, nil); err != nil {
 			return err
 		}
-		if errors.Is(err, base.ErrPeer) {
-			if addr, ok := a.refreshAddr(ctx, v, p.node, p.addr); ok {
-				if err = fetch(p, addr); err == nil {
-					continue
-				}
-			}
-		}
-		return fmt.Errorf("rows of %q on node %q: %w", v.name, p.node, err)
 	}
 	return nil
 }

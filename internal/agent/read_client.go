@@ -178,44 +178,63 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 	if backedErr != nil {
 		return backedErr
 	}
-	for i := range f.pieces {
-		p := &f.pieces[i]
-		err := p.err
-		if err == nil {
-			continue
-		}
-		if errors.Is(err, base.ErrFreed) {
-			a.forgetStale(v)
-			return err
-		}
-		if errors.Is(err, base.ErrPeer) {
-			// The node's agent may have restarted elsewhere (a new port):
-			// ask the coordinator where it is now, and try there once.
-			if addr, ok := a.refreshAddr(ctx, v, p.node, p.addr); ok {
-				if err = a.rows.Fetch(ctx, addr, m.Name, t.ID, p.globals, p.dst); err == nil {
-					continue
-				}
-			}
-		}
-		if v.tier != nil && errors.Is(err, base.ErrPeer) {
+	fetch := func(p *piece, addr string) error { return a.rows.Fetch(ctx, addr, m.Name, t.ID, p.globals, p.dst) }
+	var fallback func(p *piece, err error) error
+	if v.tier != nil {
+		fallback = func(p *piece, err error) error {
 			// The node is gone or unreachable, but the backing file holds
 			// every row: read its rows from there instead.
 			tctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
 			ferr := v.tier.ReadAny(tctx, p.globals, p.dst)
 			cancel()
-			if ferr == nil {
-				a.stats.peerFallbackRows.Add(int64(len(p.globals)))
-				continue
+			if ferr != nil {
+				return errors.Join(err, ferr)
 			}
-			err = errors.Join(err, ferr)
+			a.stats.peerFallbackRows.Add(int64(len(p.globals)))
+			return nil
 		}
-		return fmt.Errorf("rows of %q on node %q: %w", m.Name, p.node, err)
+	}
+	for i := range f.pieces {
+		if err := a.settlePiece(ctx, v, &f.pieces[i], fetch, fallback); err != nil {
+			return err
+		}
 	}
 	clear(f.pieces)
 	for i := range t.Nodes {
 		clear(f.nodes[i].dst)
 	}
 	return nil
+}
+
+// settlePiece deals with a fetched piece's error and returns what the read
+// is to fail with, or nil once the piece's rows are in. A freed variable
+// means this node's table is stale: it is forgotten, and the error goes
+// back as it is. A node that did not answer may have restarted elsewhere
+// (a new port): the coordinator is asked where it is now, and the piece
+// fetched there once; failing that, fallback (when not nil) may still
+// fill the piece.
+func (a *Agent) settlePiece(ctx context.Context, v *variable, p *piece, fetch func(p *piece, addr string) error, fallback func(p *piece, err error) error) error {
+	err := p.err
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, base.ErrFreed) {
+		a.forgetStale(v)
+		return err
+	}
+	if errors.Is(err, base.ErrPeer) {
+		if addr, ok := a.refreshAddr(ctx, v, p.node, p.addr); ok {
+			if err = fetch(p, addr); err == nil {
+				return nil
+			}
+		}
+	}
+	if fallback != nil && errors.Is(err, base.ErrPeer) {
+		if err = fallback(p, err); err == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("rows of %q on node %q: %w", v.name, p.node, err)
 }
 
 // refreshAddr asks the coordinator for node's address now; when it is not

@@ -275,14 +275,7 @@ func (s *Store) fetchRagged(v *variable, dst []byte, globals, at, size []int64) 
 				return err
 			}
 		}
-		_, err := l.call(wire.OpRead, m.Encode, s.cfg.Timeout)
-		if err != nil && rbuf != nil && regionLost(err) {
-			if id, ok := s.regionAgain(rbuf, m.Region); ok {
-				m.Region = id
-				_, err = l.call(wire.OpRead, m.Encode, s.cfg.Timeout)
-			}
-		}
-		if err != nil {
+		if err := s.callRead(l, rbuf); err != nil {
 			return fmt.Errorf("variable %q: %w", v.name, err)
 		}
 		if stage != nil {

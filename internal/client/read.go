@@ -10,7 +10,6 @@ import (
 
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/layout"
-	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
 // Get reads len(dst)/rowBytes consecutive rows from global row start; the
@@ -171,14 +170,7 @@ func (s *Store) fetchOn(l *lane, v *variable, dst []byte, pos []int64, at func(i
 			m.Offsets = append(m.Offsets, int64(k)*rb)
 		}
 	}
-	_, err = l.call(wire.OpRead, m.Encode, s.cfg.Timeout)
-	if err != nil && rbuf != nil && regionLost(err) {
-		if id, ok := s.regionAgain(rbuf, m.Region); ok {
-			m.Region = id
-			_, err = l.call(wire.OpRead, m.Encode, s.cfg.Timeout)
-		}
-	}
-	if err != nil {
+	if err = s.callRead(l, rbuf); err != nil {
 		return fmt.Errorf("variable %q: %w", v.name, err)
 	}
 	if stage != nil {

@@ -47,6 +47,21 @@ func (s *Store) regionAgain(rbuf *recvBuf, used uint32) (uint32, bool) {
 	return rbuf.id.Load(), true
 }
 
+// callRead sends the read l.read holds. When it named rbuf's region and
+// the agent had lost that, rbuf is registered again and the read sent once
+// more, under the new id.
+func (s *Store) callRead(l *lane, rbuf *recvBuf) error {
+	m := &l.read
+	_, err := l.call(wire.OpRead, m.Encode, s.cfg.Timeout)
+	if err != nil && rbuf != nil && regionLost(err) {
+		if id, ok := s.regionAgain(rbuf, m.Region); ok {
+			m.Region = id
+			_, err = l.call(wire.OpRead, m.Encode, s.cfg.Timeout)
+		}
+	}
+	return err
+}
+
 // recvOf finds the receive buffer dst lies in, and dst's offset there.
 func (s *Store) recvOf(dst []byte) (*recvBuf, int64) {
 	if len(dst) == 0 {
