@@ -19,7 +19,7 @@ import time
 import weakref
 
 from . import _agent, _auth, _wire
-from ._errors import ClosedError, NoAgent, ProtocolError, Timeout
+from ._errors import ClosedError, NoAgent, ProtocolError, RegionLost, Timeout
 from ._shm import Region
 
 
@@ -255,6 +255,20 @@ class LanePool:
                 self.free.notify_all()
             for lane in idle:
                 lane.close()
+
+    def read(self, read, region):
+        """read(lane) on a lane, for a read into region (a registered
+        receive region, or None for one through staging). When the agent no
+        longer holds region (the session that registered it ended, or the
+        agent was restarted), the buffers are registered again on a new
+        session and read runs once more; an error of that read stands."""
+        try:
+            return self.with_lane(read)
+        except RegionLost:
+            if region is None:
+                raise
+            self.renew_ctl()
+            return self.with_lane(read)
 
     def take(self):
         with self.lock:

@@ -6,10 +6,9 @@ background thread of the store, so that prefetch() returns at once."""
 import queue
 import threading
 
-import numpy as np
-
 from . import _wire
-from ._errors import ArgumentError, Error, IndexOutOfRange
+from ._errors import ArgumentError, Error
+from ._vars import check_rows, row_indices
 
 
 def request(v, indices):
@@ -18,15 +17,7 @@ def request(v, indices):
     if not v.backing:
         raise ArgumentError(f"ddstore: bad argument: variable {v.name!r} has no backing file: its rows are all in "
                             f"memory, there is nothing to prefetch")
-    idx = np.asarray(indices)
-    if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
-        raise ArgumentError(f"ddstore: bad argument: indices of shape {idx.shape} and type {idx.dtype}: "
-                            f"want a 1-d sequence of integers")
-    idx = idx.astype(np.int64, copy=False)
-    if idx.size and (idx.min() < 0 or idx.max() >= v.total):
-        i = int(np.flatnonzero((idx < 0) | (idx >= v.total))[0])
-        raise IndexOutOfRange(f"ddstore: index out of range: variable {v.name!r}: indices[{i}] = {int(idx[i])} "
-                              f"not in [0, {v.total})")
+    idx = check_rows(row_indices(indices), v.total, v.name)
     idx = idx[idx >= v.held]
     if not idx.size:
         return None

@@ -4,9 +4,13 @@ node, its MPI window), and the copying of its rows out of mapped shards."""
 import numpy as np
 
 from . import _wire
-from ._errors import FreedVariable, ProtocolError
+from ._errors import ArgumentError, FreedVariable, IndexOutOfRange, ProtocolError
 from ._shm import KIND_INDEX, Segment
 from .dtypes import numpy_dtype
+
+# The most rows one read request to the agent names: a larger read goes in
+# several.
+MAX_ROWS_PER_READ = 1 << 20
 
 
 class StaleTable(FreedVariable):
@@ -166,3 +170,23 @@ def count(v, rows, remote, wait):
         p["remote_rows"] += remote
         p["remote_calls"] += 1
         p["wait_s"] += wait
+
+
+def row_indices(indices):
+    """indices as a 1-d int64 array; ArgumentError when they are not a 1-d
+    sequence of integers."""
+    idx = np.asarray(indices)
+    if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+        raise ArgumentError(f"ddstore: bad argument: indices of shape {idx.shape} and type {idx.dtype}: "
+                            f"want a 1-d sequence of integers")
+    return idx.astype(np.int64, copy=False)
+
+
+def check_rows(idx, total, name):
+    """idx, after checking every index is a row of variable name (total
+    rows): IndexOutOfRange names the first that is not."""
+    if idx.size and (idx.min() < 0 or idx.max() >= total):
+        i = int(np.flatnonzero((idx < 0) | (idx >= total))[0])
+        raise IndexOutOfRange(f"ddstore: index out of range: variable {name!r}: indices[{i}] = {int(idx[i])} "
+                              f"not in [0, {total})")
+    return idx

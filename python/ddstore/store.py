@@ -17,15 +17,14 @@ import time
 
 import numpy as np
 
-from . import _agent, _fence, _lanes, _onesided, _prefetch, _wire
+from . import _agent, _fence, _lanes, _onesided, _prefetch, _ragged, _wire
 from ._errors import (ArgumentError, BadBuffer, ClosedError, Error, FreedVariable, GeometryError, IndexOutOfRange,
-                      RegionLost, UnknownVariable, VariableExists)
+                      UnknownVariable, VariableExists)
 from ._recv import RecvBuffers, close_regions
 from ._shm import Segment
-from ._vars import StaleTable, Var, copy_rows, count
+from ._vars import MAX_ROWS_PER_READ, StaleTable, Var, check_rows, copy_rows, count, row_indices
 from .dtypes import as_array, dtype_name, itemsize as dtype_itemsize
 
-_MAX_ROWS_PER_READ = 1 << 20
 # Tries of one read whose variable turns out dropped (_reading): it would
 # have to be freed and added again between each of them.
 _STALE_TRIES = 3
@@ -227,24 +226,7 @@ class Store:
         decreasing, ending at values.shape[0]). Every rank passes the same
         dtype and trailing shape; lengths that are negative or do not add up
         to the values fail the add on every rank, naming them."""
-        try:
-            a, dt = as_array(values)
-            if a.ndim == 0:
-                raise GeometryError(f"ddstore: bad geometry: variable {name!r}: 0-d values have no rows")
-            shape = tuple(int(d) for d in a.shape[1:])
-            if any(d < 1 for d in shape):
-                raise GeometryError(f"ddstore: bad geometry: variable {name!r}: trailing shape {list(shape)}: "
-                                    f"want dimensions >= 1")
-            lens = _ragged_lengths(name, lengths, offsets)
-            units = int(lens.sum()) if lens.size else 0
-            if units != a.shape[0]:
-                raise GeometryError(f"ddstore: bad geometry: variable {name!r}: lengths add up to {units} units, "
-                                    f"but the values have {a.shape[0]} (values of shape {a.shape})")
-        except Error as e:
-            return self._create(name, None, 0, 1, 1, "", bad=e, kind=_wire.KIND_RAGGED)
-        disp = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        return self._create(name, (a, lens), int(lens.shape[0]), disp, a.dtype.itemsize, dt, kind=_wire.KIND_RAGGED,
-                            items=units, shape=shape)
+        return _ragged.add(self, name, values, lengths, offsets)
 
     def _create(self, name, a, nrows, disp, itemsize, dt, bad=None, backing="", total=0, kind=_wire.KIND_ROWS,
                 items=0, shape=()):
@@ -415,30 +397,13 @@ class Store:
 
     # -- ragged rows --------------------------------------------------------------
 
-    def _ragged_indices(self, v, indices):
-        idx = np.asarray(indices)
-        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
-            raise ArgumentError(f"ddstore: bad argument: indices of shape {idx.shape} and type {idx.dtype}: "
-                                f"want a 1-d sequence of integers")
-        idx = idx.astype(np.int64, copy=False)
-        if idx.size and (idx.min() < 0 or idx.max() >= v.total):
-            i = int(np.flatnonzero((idx < 0) | (idx >= v.total))[0])
-            raise IndexOutOfRange(f"ddstore: index out of range: variable {v.name!r}: indices[{i}] = {int(idx[i])} "
-                                  f"not in [0, {v.total})")
-        return idx
-
     def ragged_sizes(self, name, indices):
         """The lengths (units of the trailing shape) of rows `indices` of a
         ragged variable, as int64: what get_ragged will read, from the
         node's index in shared memory, with no request to the agent. Their
         sum is the first dimension get_ragged's `out` needs."""
         self._check_fork()
-        return self._reading(name, lambda v: self._ragged_sizes(v, name, indices))
-
-    def _ragged_sizes(self, v, name, indices):
-        _ragged_only(v, name)
-        idx = self._ragged_indices(v, indices)
-        return v.index[idx + 1] - v.index[idx]
+        return self._reading(name, lambda v: _ragged.sizes(v, name, indices))
 
     def get_ragged(self, name, indices, out=None):
         """Rows `indices` of a ragged variable (any order, repeats, any
@@ -452,101 +417,12 @@ class Store:
         first rows. An out too small is an error naming both sizes, before
         any row is read."""
         self._check_fork()
-        return self._reading(name, lambda v: self._get_ragged(v, name, indices, out))
-
-    def _get_ragged(self, v, name, indices, out):
-        _ragged_only(v, name)
-        idx = self._ragged_indices(v, indices)
-        index, ub = v.index, v.rb
-        starts = index[idx]
-        lengths = index[idx + 1] - starts
-        units = int(lengths.sum())
-        dt = v.npdtype if v.npdtype is not None else np.dtype(np.uint8)
-        if out is None:
-            out = np.empty((units,) + v.shape, dtype=dt)
-            flat = out.reshape(-1).view(np.uint8)
-        else:
-            o, odt = as_array(out)
-            if v.dtype and odt != v.dtype:
-                raise BadBuffer(f"ddstore: bad buffer: variable {name!r} holds {v.dtype}, destination is {odt}")
-            if not o.flags.c_contiguous or not o.flags.writeable:
-                raise BadBuffer(f"ddstore: bad buffer: variable {name!r}: destination must be C-contiguous and "
-                                f"writable")
-            if o.nbytes < units * ub:
-                raise BadBuffer(f"ddstore: bad buffer: variable {name!r}: destination of {o.nbytes} bytes for "
-                                f"{idx.shape[0]} ragged rows of {units * ub} bytes: want at least {units * ub} "
-                                f"({units} units of shape {list(v.shape)})")
-            flat = o.reshape(-1).view(np.uint8)
-            out = o.reshape(-1)[:units * v.disp].reshape((units,) + v.shape)
-        t0 = time.perf_counter()
-        pos = np.zeros(idx.shape[0] + 1, dtype=np.int64)
-        np.cumsum(lengths, out=pos[1:])
-        owner = np.searchsorted(v.prefix, idx, side="right") - 1
-        remote = []
-        for r in np.unique(owner).tolist():
-            sel = np.flatnonzero(owner == r)
-            src = v.local[r]
-            if src is None:
-                remote.append(sel)
-                continue
-            s0 = (starts[sel] - v.first_unit[r]) * ub
-            d0, nb = pos[sel] * ub, lengths[sel] * ub
-            for a, b, n in zip(d0.tolist(), s0.tolist(), nb.tolist()):
-                flat[a:a + n] = src[b:b + n]
-        nremote = 0
-        if remote:
-            sel = np.concatenate(remote) if len(remote) > 1 else remote[0]
-            sel = sel[lengths[sel] > 0]
-            nremote = sel.shape[0]
-            for lo in range(0, nremote, _MAX_ROWS_PER_READ):
-                part = sel[lo:lo + _MAX_ROWS_PER_READ]
-                self._fetch_ragged(v, flat, idx[part], pos[part] * ub, lengths[part] * ub)
-        p = v.profile
-        p["calls"] += 1
-        p["rows"] += idx.shape[0]
-        p["bytes"] += units * ub
-        p["local_rows"] += idx.shape[0] - nremote
-        if nremote:
-            p["remote_rows"] += nremote
-            p["remote_calls"] += 1
-            p["wait_s"] += time.perf_counter() - t0
-        return out, lengths
+        return self._reading(name, lambda v: _ragged.get(self, v, name, indices, out))
 
     def get_ragged_row(self, name, index):
         """One row of a ragged variable: an array of shape (n, *trailing)."""
         values, _ = self.get_ragged(name, [index])
         return values
-
-    def _fetch_ragged(self, v, flat, globals_, at, size):
-        """Rows globals_ of other nodes into flat[at[k]:at[k] + size[k]]:
-        one request to the agent, rows written into a registered region
-        (flat itself when it lies in a buffer from alloc_recv)."""
-        region, base = self._recv.region_of(flat)
-
-        def read(lane):
-            if region is not None:
-                offsets = base + at
-                rid = region.id
-            else:
-                offsets = np.zeros(size.shape[0], dtype=np.int64)
-                np.cumsum(size[:-1], out=offsets[1:])
-                total = int(size.sum())
-                stage = lane.staging(total, self._timeout)
-                rid = stage.id
-            enc = _wire.Encoder().string(v.name).u32(rid).i64(v.id).i64s(globals_).i64s(offsets)
-            lane.call(_wire.OP_READ, enc)
-            if region is None:
-                buf = stage.array()
-                for a, o, n in zip(at.tolist(), offsets.tolist(), size.tolist()):
-                    flat[a:a + n] = buf[o:o + n]
-
-        try:
-            self._pool.with_lane(read)
-        except RegionLost:
-            if region is None:
-                raise
-            self._pool.renew_ctl()
-            self._pool.with_lane(read)
 
     # -- reading ----------------------------------------------------------------
 
@@ -636,18 +512,9 @@ class Store:
 
     def _get_batch(self, v, name, arr, indices):
         _not_ragged(v, "get_batch")
-        idx = np.asarray(indices)
-        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
-            raise ArgumentError(f"ddstore: bad argument: indices of shape {idx.shape} and type {idx.dtype}: "
-                                f"want a 1-d sequence of integers")
-        idx = idx.astype(np.int64, copy=False)
+        idx = row_indices(indices)
         dst = self._dst(v, arr, idx.shape[0])
-        if idx.size:
-            lo, hi = idx.min(), idx.max()
-            if lo < 0 or hi >= v.total:
-                i = int(np.flatnonzero((idx < 0) | (idx >= v.total))[0])
-                raise IndexOutOfRange(f"ddstore: index out of range: variable {name!r}: indices[{i}] = {int(idx[i])} "
-                                      f"not in [0, {v.total})")
+        check_rows(idx, v.total, name)
         self._gather(v, dst, idx)
         return arr
 
@@ -689,8 +556,8 @@ class Store:
                 v.profile["storage_rows"] += int(np.count_nonzero(idx[pos] >= v.held))
             if v.win is not None and self._mpi.usable():
                 pos = self._mpi.get_rows(v, dst, idx, pos, owner)
-            for lo in range(0, pos.shape[0], _MAX_ROWS_PER_READ):
-                self._fetch(v, dst, idx, pos[lo:lo + _MAX_ROWS_PER_READ])
+            for lo in range(0, pos.shape[0], MAX_ROWS_PER_READ):
+                self._fetch(v, dst, idx, pos[lo:lo + MAX_ROWS_PER_READ])
         count(v, n, nremote, time.perf_counter() - t0 if nremote else 0.0)
 
     def _fetch(self, v, dst, idx, pos):
@@ -714,17 +581,7 @@ class Store:
             if region is None:
                 dst[pos] = stage.array()[:k * rb].reshape(k, rb)
 
-        try:
-            self._pool.with_lane(read)
-        except RegionLost:
-            if region is None:
-                raise
-            # The agent no longer holds the buffer (the session that
-            # registered it ended, or the agent was restarted): register
-            # the buffers again on a new session and read once more; an
-            # error of that read stands.
-            self._pool.renew_ctl()
-            self._pool.with_lane(read)
+        self._pool.read(read, region)
 
     # -- receive buffers ------------------------------------------------------
 
@@ -976,47 +833,10 @@ def _is_hdf5(file):
         return False
 
 
-def _ragged_only(v, name):
-    if not v.ragged:
-        raise ArgumentError(f"ddstore: bad argument: variable {name!r} has rows of one size ({v.rb} bytes): "
-                            f"read it with get or get_batch")
-
-
 def _not_ragged(v, op):
     if v.ragged:
         raise ArgumentError(f"ddstore: bad argument: variable {v.name!r} has ragged rows: {op} takes rows of one "
                             f"size; read it with get_ragged")
-
-
-def _ragged_lengths(name, lengths, offsets):
-    """add_ragged's row lengths (int64), from lengths or offsets, checked."""
-    if (lengths is None) == (offsets is None):
-        raise ArgumentError(f"ddstore: bad argument: variable {name!r}: give lengths or offsets, one of them")
-    if offsets is not None:
-        off = np.asarray(offsets)
-        if off.ndim != 1 or off.shape[0] < 1 or (off.dtype.kind not in "iu"):
-            raise ArgumentError(f"ddstore: bad argument: variable {name!r}: offsets of shape {off.shape} and type "
-                                f"{off.dtype}: want a 1-d sequence of rows + 1 integers")
-        off = off.astype(np.int64)
-        if off[0] != 0:
-            raise GeometryError(f"ddstore: bad geometry: variable {name!r}: offsets[0] = {int(off[0])}: want 0")
-        lens = np.diff(off)
-        bad = np.flatnonzero(lens < 0)
-        if bad.size:
-            i = int(bad[0]) + 1
-            raise GeometryError(f"ddstore: bad geometry: variable {name!r}: offsets[{i}] = {int(off[i])} after "
-                                f"offsets[{i - 1}] = {int(off[i - 1])}: offsets must not decrease")
-        return lens
-    lens = np.asarray(lengths)
-    if lens.ndim != 1 or (lens.size and lens.dtype.kind not in "iu"):
-        raise ArgumentError(f"ddstore: bad argument: variable {name!r}: lengths of shape {lens.shape} and type "
-                            f"{lens.dtype}: want a 1-d sequence of integers")
-    lens = lens.astype(np.int64)
-    bad = np.flatnonzero(lens < 0)
-    if bad.size:
-        i = int(bad[0])
-        raise GeometryError(f"ddstore: bad geometry: variable {name!r}: lengths[{i}] = {int(lens[i])}: want >= 0")
-    return lens
 
 
 def _check_name(name):

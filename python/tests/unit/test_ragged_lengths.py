@@ -10,7 +10,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from ddstore import ArgumentError, GeometryError  # noqa: E402
-from ddstore.store import _ragged_lengths  # noqa: E402
+from ddstore._ragged import row_lengths as _ragged_lengths  # noqa: E402
 
 
 def test_lengths_and_offsets_agree():

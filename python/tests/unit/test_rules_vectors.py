@@ -138,8 +138,9 @@ def test_spawn_args(monkeypatch):
 
 @pytest.mark.parametrize("case", V["region_recovery"], ids=lambda c: c["case"])
 def test_region_recovery(case):
-    """Store._fetch registers its receive buffers again and reads once more
-    exactly when the agent's reply says it no longer holds the buffer."""
+    """Store._fetch (through LanePool.read) registers its receive buffers
+    again and reads once more exactly when the agent's reply says it no
+    longer holds the buffer."""
     if case["code"] == 0:
         return  # a read that succeeds recovers nothing
     msg = case["message"].encode()
@@ -148,6 +149,8 @@ def test_region_recovery(case):
     calls = []
 
     class Pool:
+        read = _lanes.LanePool.read  # the retry under test; lanes faked below
+
         def with_lane(self, f):
             calls.append("read")
             if len(calls) == 1:
