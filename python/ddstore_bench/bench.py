@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import numpy as np
 
 from ddstore import _agent
 from ddstore import Store
+from ddstore.launch import agent_pids
 
 
 def _both(stores, f):
@@ -45,6 +47,35 @@ def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _mpirun_json(launcher, n, ns, argv, what):
+    """Run argv (python -m of a bench's rank part) as n ranks under
+    launcher (Open MPI's mpirun), in namespace ns on a rendezvous of their
+    own, with the ddstore settings of this environment passed on; the
+    agents the job started are stopped after it. Returns what its last line
+    of output holds (JSON); a failed job raises, what naming the bench."""
+    env = {**os.environ, "DDSTORE_NAMESPACE": ns, "DDSTORE_RENDEZVOUS": f"127.0.0.1:{_free_port()}",
+           "DDSTORE_PEER_LISTEN": "127.0.0.1:0"}
+    cmd = [launcher, "--oversubscribe", "-np", str(n)]
+    if os.geteuid() == 0:
+        cmd.insert(1, "--allow-run-as-root")
+    for key in ("DDSTORE_NAMESPACE", "DDSTORE_RENDEZVOUS", "DDSTORE_PEER_LISTEN", "DDSTORE_SECRET",
+                "DDSTORE_BIN", "DDSTORE_RUN_DIR", "PYTHONPATH"):
+        if key in env:
+            cmd += ["-x", key]
+    cmd += [sys.executable, "-m", *argv]
+    try:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        for pid in agent_pids(ns):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    if r.returncode != 0:
+        raise RuntimeError(f"{what}: {' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}{r.stderr}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def _rate(dur, nbytes, op):

@@ -19,14 +19,10 @@ import argparse
 import json
 import os
 import secrets
-import signal
 import statistics
-import subprocess
-import sys
 import time
 
-from ddstore.launch import agent_pids
-from .bench import _free_port
+from .bench import _mpirun_json
 
 PATHS = ("mpi", "agents", "MPI_Barrier")
 
@@ -77,27 +73,8 @@ def measure(sizes, calls, rounds, launcher="mpirun"):
             meds, p90s = [], []
             for k in range(rounds):
                 ns = f"pyfence-{os.getpid()}-{n}-{path.lower()}-{k}"
-                env = {**os.environ, "DDSTORE_NAMESPACE": ns, "DDSTORE_RENDEZVOUS": f"127.0.0.1:{_free_port()}",
-                       "DDSTORE_PEER_LISTEN": "127.0.0.1:0"}
-                cmd = [launcher, "--oversubscribe", "-np", str(n)]
-                if os.geteuid() == 0:
-                    cmd.insert(1, "--allow-run-as-root")
-                for key in ("DDSTORE_NAMESPACE", "DDSTORE_RENDEZVOUS", "DDSTORE_PEER_LISTEN", "DDSTORE_SECRET",
-                            "DDSTORE_BIN", "DDSTORE_RUN_DIR", "PYTHONPATH"):
-                    if key in env:
-                        cmd += ["-x", key]
-                cmd += [sys.executable, "-m", "ddstore_bench.fence", "--rank-of", path, "--calls", str(calls)]
-                try:
-                    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-                finally:
-                    for pid in agent_pids(ns):
-                        try:
-                            os.kill(pid, signal.SIGTERM)
-                        except ProcessLookupError:
-                            pass
-                if r.returncode != 0:
-                    raise RuntimeError(f"fence bench: {' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}{r.stderr}")
-                ranks = json.loads(r.stdout.strip().splitlines()[-1])
+                ranks = _mpirun_json(launcher, n, ns, ["ddstore_bench.fence", "--rank-of", path, "--calls", str(calls)],
+                                     "fence bench")
                 meds.append(statistics.median(m for m, _ in ranks))
                 p90s.append(statistics.median(p for _, p in ranks))
             out.append({"ranks": n, "path": path, "median_us": statistics.median(meds),

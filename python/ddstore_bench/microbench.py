@@ -41,7 +41,7 @@ import time
 import numpy as np
 
 from ddstore import _agent
-from .bench import _both, _free_port, _rate
+from .bench import _both, _free_port, _mpirun_json, _rate
 from ddstore.launch import agent_pids
 from ddstore import Store
 
@@ -411,28 +411,8 @@ def measure_mpi(quick=False, launcher="mpirun"):
     rows = []
     for method in ("agent", "mpi"):
         ns = f"pymicro-mpi-{os.getpid()}-{method}"
-        env = {**os.environ, "DDSTORE_NAMESPACE": ns, "DDSTORE_RENDEZVOUS": f"127.0.0.1:{_free_port()}",
-               "DDSTORE_PEER_LISTEN": "127.0.0.1:0"}
-        cmd = [launcher, "--oversubscribe", "-np", "2"]
-        if os.geteuid() == 0:
-            cmd.insert(1, "--allow-run-as-root")
-        for k in ("DDSTORE_NAMESPACE", "DDSTORE_RENDEZVOUS", "DDSTORE_PEER_LISTEN", "DDSTORE_SECRET",
-                  "DDSTORE_BIN", "DDSTORE_RUN_DIR", "PYTHONPATH"):
-            if k in env:
-                cmd += ["-x", k]
-        cmd += [sys.executable, "-m", "ddstore_bench.microbench", "--mpi-rank", method, "--shard", str(shard),
-                "--duration", str(dur)]
-        try:
-            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        finally:
-            for pid in agent_pids(ns):
-                try:
-                    os.kill(pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        if r.returncode != 0:
-            raise RuntimeError(f"microbench --mpi: {' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}{r.stderr}")
-        rows += json.loads(r.stdout.strip().splitlines()[-1])
+        rows += _mpirun_json(launcher, 2, ns, ["ddstore_bench.microbench", "--mpi-rank", method, "--shard", str(shard),
+                                               "--duration", str(dur)], "microbench --mpi")
     return {"shard_bytes": shard, "batch": batch, "rows": rows}
 
 
