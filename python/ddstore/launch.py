@@ -20,7 +20,8 @@ stdout, stderr to stderr). When a process fails, the others are stopped
 (exit 130 / 143). The job runs in a namespace of its own (DDSTORE_NAMESPACE:
 the environment's, or launch-<random>; --namespace to choose): at the end the
 agents of that namespace (and of its sub-namespaces NS.*, see pyddstore) that
-the job started are stopped, so none idles on.
+the job started are stopped, and the launcher returns once they have exited
+(SIGKILL after 15 s), so none idles on.
 
 Debian's torchrun (torch 1.13) does the same job but loses the processes'
 output unless it is given `--redirects 1 --tee 1 --log_dir DIR`:
@@ -179,10 +180,43 @@ def launch(cmd, nproc, nodes=1, namespace=None, grace=5.0, stdout=None, stderr=N
         for t in pumps:
             t.join(timeout=2)
         # The agents this job started: they would idle on for their
-        # --idle-exit otherwise.
-        for pid in set(agent_pids(namespace, subspaces=True)) - before:
-            _kill(pid, signal.SIGTERM)
+        # --idle-exit otherwise. The launcher returns once they are gone
+        # (an agent drains its requests for up to 10 s on SIGTERM), so
+        # that a job started right after finds none of them.
+        _stop_agents(set(agent_pids(namespace, subspaces=True)) - before, _AGENT_GRACE)
     return status
+
+
+# _AGENT_GRACE is how long a stopped agent may take to exit before it is
+# killed: longer than its own drain (10 s).
+_AGENT_GRACE = 15.0
+
+
+def _alive(pid):
+    """Whether pid is a process that has not exited (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _stop_agents(pids, grace):
+    """SIGTERM each agent, wait until all have exited, SIGKILL those still
+    there after grace seconds. The agents are not the launcher's children
+    (they run as daemons), so their exit is watched in /proc."""
+    for pid in pids:
+        _kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    pause = 0.001
+    while pids:
+        pids = [pid for pid in pids if _alive(pid)]
+        if not pids or time.monotonic() > deadline:
+            break
+        time.sleep(pause)
+        pause = min(2 * pause, 0.05)
+    for pid in pids:
+        _kill(pid, signal.SIGKILL)
 
 
 def _stop(procs, grace):
