@@ -79,15 +79,16 @@ func privateTempDir(t *testing.T) string {
 // checkNoLeak polls until at most `before` goroutines run.
 func checkNoLeak(t *testing.T, before int) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > before {
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<20)
-			n := runtime.Stack(buf, true)
-			t.Errorf("%d goroutines after Close, %d before Start:\n%s", runtime.NumGoroutine(), before, buf[:n])
-			return
+	err := testutil.Poll(5*time.Second, func() error {
+		if n := runtime.NumGoroutine(); n > before {
+			return fmt.Errorf("%d goroutines after Close, %d before Start", n, before)
 		}
-		time.Sleep(5 * time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		buf := make([]byte, 1<<20)
+		n := runtime.Stack(buf, true)
+		t.Errorf("%v:\n%s", err, buf[:n])
 	}
 }
 

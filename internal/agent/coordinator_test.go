@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -55,17 +56,12 @@ func recorded(c *coordinator, name string, attempt int64) (n int, failed bool) {
 // waitRecorded polls until the round holds n ranks.
 func waitRecorded(t *testing.T, c *coordinator, name string, attempt int64, n int) {
 	t.Helper()
-	deadline := time.Now().Add(longWait)
-	for {
-		if got, _ := recorded(c, name, attempt); got == n {
-			return
+	testutil.WaitFor(t, longWait, func() error {
+		if got, _ := recorded(c, name, attempt); got != n {
+			return fmt.Errorf("round %q attempt %d: %d ranks recorded, want %d", name, attempt, got, n)
 		}
-		if time.Now().After(deadline) {
-			got, _ := recorded(c, name, attempt)
-			t.Fatalf("round %q attempt %d: %d ranks recorded, want %d", name, attempt, got, n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // publishAsync starts one rank's publish and returns where its result comes.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ddstore-go/ddstore/internal/agent"
 	"github.com/ddstore-go/ddstore/internal/naming"
+	"github.com/ddstore-go/ddstore/internal/testutil"
 )
 
 // TestRecvSurvivesControlRedial: receive buffers are registered on the
@@ -82,20 +83,16 @@ func testRecvRedial(t *testing.T, breakCtl func(*Store)) {
 	breakCtl(s)
 	s.ctlMu.Unlock()
 	// The agent has dropped the buffer before the read below names it.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testutil.WaitFor(t, 10*time.Second, func() error {
 		in, err := QueryAgent(s.socket, ns, "n0")
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
-		if in.Regions == 0 {
-			break
+		if in.Regions != 0 {
+			return fmt.Errorf("agent still holds %d receive regions after its control session ended", in.Regions)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("agent still holds %d receive regions after its control session ended", in.Regions)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 	if _, err := s.Info("v"); err != nil { // cached: no control op yet
 		t.Fatal(err)
 	}

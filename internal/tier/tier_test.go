@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/testutil"
 )
 
 const rb = 16
@@ -110,13 +112,12 @@ func TestPrefetchServesFromStaging(t *testing.T) {
 		t.Errorf("charged %d bytes, want the staging's %d", charged, 8*rb)
 	}
 	mu.Unlock()
-	deadline := time.Now().Add(5 * time.Second)
-	for c.Prefetched.Load() < int64(len(rows)) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d rows read ahead, want %d", c.Prefetched.Load(), len(rows))
+	testutil.WaitFor(t, 5*time.Second, func() error {
+		if n := c.Prefetched.Load(); n < int64(len(rows)) {
+			return fmt.Errorf("%d rows read ahead, want %d", n, len(rows))
 		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 	dst := buffers(len(rows))
 	if err := tr.Read(context.Background(), rows, dst); err != nil {
 		t.Fatal(err)
