@@ -271,7 +271,6 @@ func (a *Agent) readRagged(ctx context.Context, s *session, v *variable, m *wire
 	for i := range t.Nodes {
 		f.nodes[i].globals, f.nodes[i].dst = f.nodes[i].globals[:0], f.nodes[i].dst[:0]
 	}
-	bytesOf := make([]int64, len(t.Nodes))
 	for i, gi := range m.Globals {
 		off, nb := m.Offsets[i], (idx[gi+1]-idx[gi])*g.ub
 		if off < 0 || off > size-nb {
@@ -294,24 +293,12 @@ func (a *Agent) readRagged(ctx context.Context, s *session, v *variable, m *wire
 		n := &f.nodes[node]
 		n.globals = append(n.globals, gi)
 		n.dst = append(n.dst, dst)
-		bytesOf[node] += nb
 	}
 	unlock()
 	a.stats.readRows.Add(int64(len(m.Globals)))
-	f.pieces = f.pieces[:0]
-	for i := range t.Nodes {
-		n := &f.nodes[i]
-		if len(n.globals) == 0 {
-			continue
-		}
-		a.stats.fetches.Add(1)
-		k := max(1, int(min(int64(a.connsPerPeer()), bytesOf[i]/splitBytes)))
-		per := (len(n.globals) + k - 1) / k
-		for lo := 0; lo < len(n.globals); lo += per {
-			hi := min(lo+per, len(n.globals))
-			f.pieces = append(f.pieces, piece{node: t.Nodes[i], addr: t.Addrs[i], globals: n.globals[lo:hi], dst: n.dst[lo:hi]})
-		}
-	}
+	// Ragged rows travel over the TCP Fetch path on every engine, which
+	// is never serial.
+	a.cutPieces(f, t, false)
 	fetch := func(p *piece, addr string) error { return a.pool.Fetch(ctx, addr, m.Name, t.ID, p.globals, p.dst) }
 	err := a.fetchPieces(ctx, v, f.pieces, fetch)
 	clear(f.pieces)

@@ -42,6 +42,35 @@ type piece struct {
 // splitBytes is the size from which a node's rows are fetched in pieces.
 const splitBytes = 512 << 10
 
+// cutPieces makes f.pieces of the rows f gathered per node of t: one
+// request per owner node, a large one cut into as many pieces as there are
+// connections to that node (one per splitBytes at most), so that both ends
+// move rows on several cores at once — unless the engine is serial (it
+// takes turns anyway).
+func (a *Agent) cutPieces(f *fanout, t *wire.Table, serial bool) {
+	f.pieces = f.pieces[:0]
+	for i := range t.Nodes {
+		n := &f.nodes[i]
+		if len(n.globals) == 0 {
+			continue
+		}
+		a.stats.fetches.Add(1)
+		k := 1
+		if !serial {
+			var nb int64
+			for _, d := range n.dst {
+				nb += int64(len(d))
+			}
+			k = max(1, int(min(int64(a.connsPerPeer()), nb/splitBytes)))
+		}
+		per := (len(n.globals) + k - 1) / k
+		for lo := 0; lo < len(n.globals); lo += per {
+			hi := min(lo+per, len(n.globals))
+			f.pieces = append(f.pieces, piece{node: t.Nodes[i], addr: t.Addrs[i], globals: n.globals[lo:hi], dst: n.dst[lo:hi]})
+		}
+	}
+}
+
 // read serves a client's Read: rows of this node are copied from the
 // segments, rows of other nodes are fetched from their agents concurrently
 // (one request per owner node, cut into pieces when large), straight into
@@ -128,27 +157,7 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 	locked = false
 	a.stats.readRows.Add(int64(len(m.Globals)))
 
-	// One request per owner node; a large one is cut into as many pieces as
-	// there are connections to that node, so that both ends move rows on
-	// several cores at once.
-	f.pieces = f.pieces[:0]
-	for i := range t.Nodes {
-		n := &f.nodes[i]
-		if len(n.globals) == 0 {
-			continue
-		}
-		a.stats.fetches.Add(1)
-		k := int(min(int64(a.connsPerPeer()), int64(len(n.globals))*rb/splitBytes))
-		if a.rows.Serial() {
-			k = 1 // one batch: the transport takes turns anyway
-		}
-		k = max(k, 1)
-		per := (len(n.globals) + k - 1) / k
-		for lo := 0; lo < len(n.globals); lo += per {
-			hi := min(lo+per, len(n.globals))
-			f.pieces = append(f.pieces, piece{node: t.Nodes[i], addr: t.Addrs[i], globals: n.globals[lo:hi], dst: n.dst[lo:hi]})
-		}
-	}
+	a.cutPieces(f, t, a.rows.Serial())
 	// The first piece is fetched on this goroutine, unless rows of the
 	// backing file are to be read here meanwhile.
 	var wg sync.WaitGroup
