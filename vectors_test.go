@@ -1,9 +1,7 @@
 package ddstore_test
 
 import (
-	"bytes"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -28,6 +26,7 @@ import (
 	"github.com/ddstore-go/ddstore/internal/rendezvous"
 	"github.com/ddstore-go/ddstore/internal/schedule"
 	"github.com/ddstore-go/ddstore/internal/shm"
+	"github.com/ddstore-go/ddstore/internal/testutil"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
@@ -67,38 +66,11 @@ func TestVectors(t *testing.T) {
 		"exit_codes":    vectorExitCodes(t),
 		"dtypes":        vectorDtypes(t),
 	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(doc); err != nil {
-		t.Fatal(err)
-	}
-	got := buf.Bytes()
 	if t.Failed() {
 		t.FailNow() // never write vectors that failed their own checks
 	}
-
 	t.Run("golden", func(t *testing.T) {
-		if *update {
-			if err := os.MkdirAll(filepath.Dir(vectorsFile), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(vectorsFile, got, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			t.Logf("wrote %s (%d bytes)", vectorsFile, len(got))
-			return
-		}
-		want, err := os.ReadFile(vectorsFile)
-		if err != nil {
-			t.Fatalf("%v: run `go test -run TestVectors . ./internal/client -args -update` to create it", err)
-		}
-		if !bytes.Equal(got, want) {
-			t.Fatalf("%s is out of date (%s): run `go test -run TestVectors . ./internal/client -args -update` and commit the result "+
-				"(then run the Python tests: cd python && python3 -m pytest tests/test_vectors.py)",
-				vectorsFile, firstDiff(want, got))
-		}
+		testutil.Vectors(t, vectorsFile, doc, *update, "tests/unit/test_vectors.py")
 	})
 
 	t.Run("docs", func(t *testing.T) { checkDocsDump(t, doc) })
@@ -120,24 +92,6 @@ func TestVectors(t *testing.T) {
 			}
 		}
 	})
-}
-
-// firstDiff describes where two texts first differ, by line.
-func firstDiff(want, got []byte) string {
-	wl, gl := strings.Split(string(want), "\n"), strings.Split(string(got), "\n")
-	for i := 0; i < len(wl) || i < len(gl); i++ {
-		var w, g string
-		if i < len(wl) {
-			w = wl[i]
-		}
-		if i < len(gl) {
-			g = gl[i]
-		}
-		if w != g || i >= len(wl) || i >= len(gl) {
-			return fmt.Sprintf("line %d: file has %q, the code gives %q", i+1, w, g)
-		}
-	}
-	return "same lines"
 }
 
 // ---- frames and bodies -----------------------------------------------------

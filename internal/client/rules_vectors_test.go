@@ -11,8 +11,6 @@ package client
 //	go test -run TestVectors . ./internal/client -args -update
 
 import (
-	"bytes"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -25,6 +23,7 @@ import (
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/layout"
 	"github.com/ddstore-go/ddstore/internal/naming"
+	"github.com/ddstore-go/ddstore/internal/testutil"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
@@ -54,31 +53,7 @@ func TestVectorsRules(t *testing.T) {
 	}
 	// In a subtest of its own: it changes the working directory until it ends.
 	t.Run("backing", func(t *testing.T) { doc["backing"] = ruleBacking(t) })
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(doc); err != nil {
-		t.Fatal(err)
-	}
-	if t.Failed() {
-		t.FailNow() // never write vectors that failed their own checks
-	}
-	if *update {
-		if err := os.WriteFile(rulesFile, buf.Bytes(), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("wrote %s (%d bytes)", rulesFile, buf.Len())
-		return
-	}
-	want, err := os.ReadFile(rulesFile)
-	if err != nil {
-		t.Fatalf("%v: run `go test -run TestVectors ./internal/client -args -update` to create it", err)
-	}
-	if !bytes.Equal(buf.Bytes(), want) {
-		t.Fatalf("%s is out of date: run `go test -run TestVectors ./internal/client -args -update` and commit the result "+
-			"(then run the Python tests: cd python && python3 -m pytest tests/unit/test_rules_vectors.py)", rulesFile)
-	}
+	testutil.Vectors(t, rulesFile, doc, *update, "tests/unit/test_rules_vectors.py")
 }
 
 // ruleNames: a namespace or node name (naming.CheckName: they name files

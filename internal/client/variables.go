@@ -387,29 +387,23 @@ func (s *Store) Shard(name string) ([]byte, error) {
 	return v.own, nil
 }
 
-// VarInfo is ddstore.VarInfo, which documents it.
+// VarInfo is ddstore.VarInfo, which documents each field; the two are one
+// struct type, converted from one to the other.
 type VarInfo struct {
-	Name      string
-	TotalRows int64
-	Disp      int64
-	ItemSize  int64
-	Dtype     string   // the items' type as the creating client named it ("" for untyped bytes)
-	ShardRows []int64  // per rank
-	Nodes     []string // per rank: the node holding the shard
-	// Backing is the file holding every row ("" for none); the shards
-	// hold the first HeldRows of TotalRows, the file the rest.
-	Backing  string
-	HeldRows int64
-	// Ragged variables: Ragged is set, Shape is the rows' trailing
-	// dimensions (Disp their product), ShardItems per rank the units of
-	// Disp items its shard holds, and TotalItems all of them; RowBytes
-	// is 0 then.
+	Name       string
+	TotalRows  int64
+	Disp       int64
+	ItemSize   int64
+	Dtype      string
+	ShardRows  []int64
+	Nodes      []string
+	Backing    string
+	HeldRows   int64
 	Ragged     bool
 	Shape      []int64
 	ShardItems []int64
 	TotalItems int64
-	// Bytes is the values of every row.
-	Bytes int64
+	Bytes      int64
 }
 
 // Info describes a variable.
