@@ -9,7 +9,6 @@ package client
 // order the memory accesses around it.
 
 import (
-	"fmt"
 	"sync"
 
 	"github.com/ddstore-go/ddstore/internal/wire"
@@ -41,14 +40,6 @@ func nextFence(id fenceID) int64 {
 	return fenceSeqs.m[id]
 }
 
-// fenceKey is the group's name in Barrier: "" for the whole job.
-func (s *Store) fenceKey() string {
-	if s.grp.size == s.id.Size {
-		return ""
-	}
-	return fmt.Sprintf("@r%d", s.grp.first)
-}
-
 // Fence returns once every rank of this rank's replica group has called
 // it (the n-th call of each rank meets the others' n-th): every Update a
 // rank made before its Fence is then seen by every read of the group's
@@ -63,7 +54,7 @@ func (s *Store) Fence() error {
 	if s.cfg.Reader || s.grp.size <= 1 {
 		return nil
 	}
-	key := s.fenceKey()
+	key := s.wireName("") // the group's suffix as variables carry it: "" for the whole job
 	m := wire.Barrier{Key: key, Rank: int64(s.grp.rank), Size: int64(s.grp.size),
 		Seq:       nextFence(fenceID{s.cfg.Namespace, s.socket, key, s.grp.rank, s.grp.size}),
 		TimeoutMs: s.cfg.PublishTimeout.Milliseconds()}

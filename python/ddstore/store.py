@@ -709,7 +709,7 @@ class Store:
             _fence.mpi_fence(self._fence_comm, wins, mpi.lock if mpi is not None else None, self._publish_timeout,
                              self.rank, self.size)
             return
-        key = "" if self.group is None else f"@r{self.group}"
+        key = self._wire_name("")  # the group's suffix as variables carry it: "" for the whole job
         seq = _fence.next_seq((self.namespace, self.socket_path, key, self.rank, self.size))
         self._request(_wire.OP_BARRIER, _fence.barrier_request(key, self.rank, self.size, seq, self._publish_timeout),
                       timeout=self._publish_timeout + self._timeout)
