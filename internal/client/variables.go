@@ -281,7 +281,12 @@ type staleTable struct{ err error }
 func (e *staleTable) Error() string { return e.err.Error() }
 func (e *staleTable) Unwrap() error { return e.err }
 
+// isStaleTable is on every read's path: a nil error returns before
+// errors.As, whose target would otherwise be allocated each call.
 func isStaleTable(err error) bool {
+	if err == nil {
+		return false
+	}
 	var st *staleTable
 	return errors.As(err, &st)
 }
