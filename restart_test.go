@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -57,6 +58,15 @@ func (p *restartableAgent) signal(sig syscall.Signal) {
 }
 
 func (p *restartableAgent) kill() { p.signal(syscall.SIGKILL) }
+
+// arg is the value the agent was given for flag.
+func (p *restartableAgent) arg(flag string) string {
+	if i := slices.Index(p.args, flag); i >= 0 && i+1 < len(p.args) {
+		return p.args[i+1]
+	}
+	p.t.Fatalf("agent started without %s: %v", flag, p.args)
+	return ""
+}
 
 // inode is a file's inode number: the same one after a restart means the
 // agent re-adopted the segment rather than loading the data again.
@@ -187,14 +197,32 @@ func TestAgentRestartReadopts(t *testing.T) {
 	}
 }
 
+// twoNodeJobs numbers the jobs of startTwoNodeProcs, so that each has a
+// namespace of its own (also under -count).
+var twoNodeJobs atomic.Int64
+
 // startTwoNodeProcs starts two agent processes, nodes n0 and n1 meeting at
-// a loopback rendezvous (agent timeout as given), and a rank's Store on
-// each; it returns the job and n1's agent, for the test to kill.
+// a loopback rendezvous (agent timeout as given, n0 the coordinator), and a
+// rank's Store on each; it returns the job and n1's agent, for the test to
+// kill.
 func startTwoNodeProcs(t *testing.T, prefix, timeout string) (*cluster, *restartableAgent) {
-	ns := fmt.Sprintf("%s%d", prefix, os.Getpid())
+	ns := fmt.Sprintf("%s%d-%d", prefix, os.Getpid(), twoNodeJobs.Add(1))
 	runDir := filepath.Join(t.TempDir(), "run")
+	// Registered first, so run last: the agents are killed outright and
+	// leave their segments.
+	t.Cleanup(func() {
+		for _, seg := range segments(ns) {
+			os.Remove(seg)
+		}
+	})
 	common := []string{"--namespace", ns, "--run-dir", runDir, "--rendezvous", freeAddr(t), "--peer-listen", "127.0.0.1:0", "--timeout", timeout}
 	startRestartableAgent(t, append([]string{"--node", "n0"}, common...)...)
+	// n0 is up, holding the rendezvous address, before n1 starts: n0 is
+	// the coordinator, and n1 the agent the tests kill.
+	testutil.WaitFor(t, 20*time.Second, func() error {
+		_, err := ddstore.QueryAgent(ddstore.SocketPath(runDir, ns, "n0"), ns, "n0")
+		return err
+	})
 	p1 := startRestartableAgent(t, append([]string{"--node", "n1"}, common...)...)
 	c := &cluster{ns: ns}
 	for r, node := range []string{"n0", "n1"} {
@@ -232,6 +260,63 @@ func TestNodeAgentRestartAcrossNodes(t *testing.T) {
 	}
 	p1.start()
 	testutil.WaitFor(t, 20*time.Second, check)
+}
+
+// TestNodeAgentRestartWithBadManifest: the agent of the second node is
+// killed, its manifest spoiled, and it is started again on a new port; it
+// re-adopts nothing, but tells the coordinator where it is now, so that
+// the first node's reads of its rows reach it and fail with ErrUnknown
+// naming the node (not a dial of the old port) — or, for a variable with a
+// backing file, come from the file — and a variable created afterwards
+// reads across both nodes.
+func TestNodeAgentRestartWithBadManifest(t *testing.T) {
+	c, p1 := startTwoNodeProcs(t, "restartbad", "5s")
+	stores := c.stores
+	c.addPattern(t, "v", []int64{10, 10}, 16, 4)
+	file := filepath.Join(t.TempDir(), "b.npy")
+	writeNPY(t, file, 20, 64)
+	c.addBacked(t, "b", file, 20, 20, 64)
+	idx := []int64{15, 3}
+	dst := make([]byte, len(idx)*64)
+	for _, name := range []string{"v", "b"} {
+		if err := stores[0].GetBatch(name, dst, idx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p1.kill()
+	manifest := ddstore.SocketPath(p1.arg("--run-dir"), c.ns, "n1") + ".manifest.json"
+	if err := os.WriteFile(manifest, []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p1.start()
+	testutil.WaitFor(t, 20*time.Second, func() error {
+		err := stores[0].GetBatch("v", dst, idx)
+		if !errors.Is(err, ddstore.ErrUnknown) || !strings.Contains(err.Error(), `"n1"`) {
+			return fmt.Errorf("rows of a node that lost them: %v, want ErrUnknown naming n1", err)
+		}
+		return nil
+	})
+	// The rows it held of a variable with a backing file come from the file.
+	if err := stores[0].GetBatch("b", dst, idx); err != nil {
+		t.Fatalf("backed rows of a node that lost its shard: %v", err)
+	}
+	for i, g := range idx {
+		if err := samePattern(dst[i*64:(i+1)*64], g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := stores[0].Free("v"); err != nil {
+		t.Log("free after the node lost its shard:", err)
+	}
+	c.addPattern(t, "w", []int64{10, 10}, 16, 4)
+	if err := stores[0].GetBatch("w", dst, idx); err != nil {
+		t.Fatal(err)
+	}
+	for i, g := range idx {
+		if err := samePattern(dst[i*64:(i+1)*64], g); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // TestPeerKilledMidBatches: goroutines read batches of both nodes' rows

@@ -249,7 +249,7 @@ func (a *Agent) start() error {
 	}
 	// What a previous agent of this namespace and node left: re-adopted
 	// before anyone is served.
-	a.adopt()
+	restart := a.adopt()
 	os.Remove(cfg.Socket) // a dead agent's socket: the lock says nobody serves it
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: cfg.Socket, Net: "unix"})
 	if err != nil {
@@ -301,13 +301,11 @@ func (a *Agent) start() error {
 		}
 	}
 	a.go_(a.acceptLoop)
-	a.mu.Lock()
-	adopted := len(a.mu.vars) > 0
-	a.mu.Unlock()
-	if adopted && a.coord.Load() == nil {
-		// Other nodes still read this node's re-adopted rows at its old
-		// address: tell the coordinator the new one now, not at the first
-		// client's request.
+	if restart && a.coord.Load() == nil {
+		// Other nodes still read this node's rows at its old address: tell
+		// the coordinator the new one now, not at the first client's
+		// request — also when nothing could be re-adopted, so that their
+		// reads reach this agent and learn that its rows are gone.
 		a.go_(func() {
 			if _, err := a.coordinatorAddr(a.ctx); err != nil && a.ctx.Err() == nil {
 				a.log.Warn("could not rejoin the coordinator after a restart", "err", err)

@@ -103,11 +103,13 @@ func writeFileAtomic(path string, b []byte) error {
 // adopt re-adopts what the manifest a previous agent left names, before the
 // agent serves anyone. A variable whose segments are missing or do not
 // match its table is left out (its files stay for `ddstore gc`); the
-// coordinator's part is kept for when this agent becomes coordinator.
-func (a *Agent) adopt() {
+// coordinator's part is kept for when this agent becomes coordinator. It
+// reports whether a manifest was there at all — this agent is then a
+// restart, whether or not anything could be re-adopted.
+func (a *Agent) adopt() (restart bool) {
 	b, err := os.ReadFile(a.manifestPath())
 	if errors.Is(err, os.ErrNotExist) {
-		return
+		return false
 	}
 	var m manifest
 	if err == nil {
@@ -118,7 +120,7 @@ func (a *Agent) adopt() {
 	}
 	if err != nil {
 		a.log.Warn("ignoring a manifest left by a previous agent", "path", a.manifestPath(), "err", err)
-		return
+		return true
 	}
 	a.restored = m.Coordinator
 	for _, mv := range m.Vars {
@@ -132,6 +134,7 @@ func (a *Agent) adopt() {
 		a.stats.adopted.Add(1)
 		a.log.Info("re-adopted a variable", "variable", v.name, "id", v.table.ID, "bytes", n)
 	}
+	return true
 }
 
 // adoptVar opens the segments of one variable and checks each against its

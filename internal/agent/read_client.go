@@ -220,8 +220,9 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 // means this node's table is stale: it is forgotten, and the error goes
 // back as it is. A node that did not answer may have restarted elsewhere
 // (a new port): the coordinator is asked where it is now, and the piece
-// fetched there once; failing that, fallback (when not nil) may still
-// fill the piece.
+// fetched there once; failing that — or when the node answers that it
+// holds no such variable — fallback (when not nil) may still fill the
+// piece.
 func (a *Agent) settlePiece(ctx context.Context, v *variable, p *piece, fetch func(p *piece, addr string) error, fallback func(p *piece, err error) error) error {
 	err := p.err
 	if err == nil {
@@ -238,7 +239,9 @@ func (a *Agent) settlePiece(ctx context.Context, v *variable, p *piece, fetch fu
 			}
 		}
 	}
-	if fallback != nil && errors.Is(err, base.ErrPeer) {
+	// A node that answers but holds no such variable lost its shard (an
+	// agent started again that could not re-adopt it): as good as gone.
+	if fallback != nil && (errors.Is(err, base.ErrPeer) || errors.Is(err, base.ErrUnknown)) {
 		if err = fallback(p, err); err == nil {
 			return nil
 		}
