@@ -27,7 +27,7 @@ KILLS    ?= 1000
 # transport's tests.
 DEB_PACKAGES := gcc python3 python3-numpy python3-pytest python3-venv python3-setuptools python3-pip \
 	python3-torch python3-mpi4py openmpi-bin libopenmpi-dev libhdf5-dev python3-h5py python3-matplotlib \
-	libfabric-dev pkg-config mpich libmpich-dev
+	libfabric-dev pkg-config mpich libmpich-dev python3-ase
 PYTHON   := /usr/bin/python3
 
 .PHONY: help build build-mpi build-mpich build-fabric bench-mpi deps test gotest pytest python fuzz-short soak bench bench-quick cosmoflow cosmoflow-io micro micro-mpi report gobench clean
