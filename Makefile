@@ -30,7 +30,7 @@ DEB_PACKAGES := gcc python3 python3-numpy python3-pytest python3-venv python3-se
 	libfabric-dev pkg-config mpich libmpich-dev python3-ase
 PYTHON   := /usr/bin/python3
 
-.PHONY: help build build-mpi build-mpich build-fabric bench-mpi deps test gotest pytest python fuzz-short soak bench bench-quick cosmoflow cosmoflow-io micro micro-mpi report gobench clean
+.PHONY: help build build-mpi build-mpich build-fabric bench-mpi deps test gotest pytest python fuzz-short soak bench bench-quick cosmoflow cosmoflow-io gnn micro micro-mpi report gobench clean
 
 help: ## list the targets
 	@echo 'Usage: make TARGET'
@@ -118,6 +118,11 @@ cosmoflow: deps ## the training benchmark: CosmoFlow-like DDP training with each
 cosmoflow-io: deps ## SOLAR's I/O evaluation (4 ranks, batch 16, 3 epochs, no model), page cache dropped before every epoch
 	@$(MAKE) --no-print-directory build
 	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore_bench.cosmoflow io --cold $(COSMOFLOW_ARGS)
+
+# GNN_ARGS: more options of `python -m ddstore_bench.gnn train` (--help).
+gnn: deps ## the atomistic GNN job: ASE structures (EMT energies), DDP training of a message-passing network with each loader (2 ranks)
+	@$(MAKE) --no-print-directory build
+	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore_bench.gnn train $(GNN_ARGS)
 
 micro: build ## DDStore's microbenchmark from Python: µs per row of get() and get_batch(128), 3 KiB and 1 MiB rows
 	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore_bench.microbench

@@ -30,7 +30,6 @@ node) before every epoch and before loading, so that reads come from storage
 rather than memory.
 """
 
-import argparse
 import contextlib
 import json
 import os
@@ -41,6 +40,7 @@ import time
 
 import numpy as np
 
+from .._job import BAR, NodeAgent, fmt_list, keep_heap, launch_ranks, say, under_launcher, write_result
 from . import data
 from .loaders import LOADERS
 
@@ -52,12 +52,6 @@ DEFAULTS = {
     "train": {"samples": 512, "size": 32, "epochs": 8, "batch": 16, "ranks": 2},
     "io": {"samples": 800, "size": 32, "epochs": 3, "batch": 16, "ranks": 4},
 }
-_BAR = "*" * 40
-
-
-def say(msg):
-    sys.stderr.write(msg + "\n")
-    sys.stderr.flush()
 
 
 # -- arguments ---------------------------------------------------------------------
@@ -191,13 +185,9 @@ def check_binary(cfg):
                          f"(make deps build), or run --loaders baseline ddstore")
 
 
-def _under_launcher():
-    return bool(os.environ.get("RANK")) and bool(os.environ.get("WORLD_SIZE"))
-
-
 def run(a, mode):
     """`python -m ddstore_bench.cosmoflow train|io`: returns the exit status."""
-    if _under_launcher():
+    if under_launcher():
         cfg = config(a, mode, int(os.environ["WORLD_SIZE"]))
         check_binary(cfg)
         result = rank_main(cfg, generate=True)
@@ -207,29 +197,11 @@ def run(a, mode):
     cfg = config(a, mode, a.ranks)
     check_binary(cfg)
     ensure_data(cfg)
-    from ddstore.launch import launch
-    pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    with tempfile.TemporaryDirectory(prefix="ddstore-cosmoflow-") as tmp:
-        cfg["result"] = os.path.join(tmp, "result.json")
-        path = os.path.join(tmp, "config.json")
-        with open(path, "w") as f:
-            json.dump(cfg, f)
-        old = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = pkg_root + (os.pathsep + old if old else "")
-        try:
-            say(f"cosmoflow {mode}: starting {cfg['ranks']} ranks ({', '.join(cfg['loaders'])})")
-            rc = launch([sys.executable, "-m", "ddstore_bench.cosmoflow.train", path], cfg["ranks"], a.nodes,
-                        stdout=sys.stderr.buffer, stderr=sys.stderr.buffer)
-        finally:
-            if old is None:
-                os.environ.pop("PYTHONPATH", None)
-            else:
-                os.environ["PYTHONPATH"] = old
-        if rc != 0:
-            say(f"cosmoflow {mode}: the job failed (status {rc})")
-            return rc
-        with open(cfg["result"]) as f:
-            result = json.load(f)
+    say(f"cosmoflow {mode}: starting {cfg['ranks']} ranks ({', '.join(cfg['loaders'])})")
+    rc, result = launch_ranks(cfg, "ddstore_bench.cosmoflow.train", a.nodes, "cosmoflow")
+    if rc != 0:
+        say(f"cosmoflow {mode}: the job failed (status {rc})")
+        return rc
     _print(result, a.json)
     return 0
 
@@ -243,36 +215,6 @@ def _print(result, as_json):
 
 
 # -- one rank -------------------------------------------------------------------------
-
-class _Agent:
-    """The node's agent counters (`ddstore info --json`), read by the
-    first rank of each node; None elsewhere or when the agent cannot say."""
-
-    KEYS = ("storage_rows", "storage_reads", "storage_bytes", "staged_rows", "prefetch_rows", "prefetch_dropped",
-            "storage_errors")
-
-    def __init__(self, store, local_rank):
-        from ddstore import _agent
-        self.store, self.on = store, local_rank == 0
-        self.binary = _agent.find_binary() if self.on else None
-
-    def counters(self):
-        if not self.on:
-            return None
-        try:
-            r = subprocess.run([self.binary, "info", "--json", "--socket", self.store.socket_path],
-                               capture_output=True, text=True, timeout=30)
-            c = json.loads(r.stdout)["counters"]
-            return {k: int(c.get(k, 0)) for k in self.KEYS}
-        except (OSError, ValueError, KeyError, subprocess.SubprocessError):
-            return None
-
-    @staticmethod
-    def delta(a, b):
-        if a is None or b is None:
-            return None
-        return {k: b[k] - a[k] for k in a}
-
 
 def _val_share(cfg, rank, ranks):
     import h5py
@@ -305,20 +247,6 @@ class _Verifier:
         return out
 
 
-def keep_heap():
-    """Have glibc keep freed memory instead of returning it to the kernel:
-    torch's CPU tensors of a few MiB are otherwise mmapped and unmapped every
-    step, and faulting their pages in again costs a third of a step here.
-    The same for every loader; a no-op where mallopt is missing."""
-    import ctypes
-    try:
-        libc = ctypes.CDLL(None)
-        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: glibc's largest
-        libc.mallopt(-1, 1 << 30)   # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        pass
-
-
 def rank_main(cfg, generate=False):
     """One rank of the job; returns the result on rank 0 (None elsewhere)
     and writes it to cfg["result"] when that is set."""
@@ -345,7 +273,7 @@ def rank_main(cfg, generate=False):
     E, B = cfg["epochs"], cfg["batch"]
     G = B * ranks
     store = ddstore.Store()
-    agent = _Agent(store, local_rank)
+    agent = NodeAgent(store, local_rank)
     drop_paths = [cfg["chunked"]] + cfg["files"]
     verifier = _Verifier(cfg) if cfg["verify"] else None
     if train:
@@ -407,7 +335,7 @@ def rank_main(cfg, generate=False):
         run.setup_s = time.perf_counter() - t
         run.loader.take_stats()
         dist.barrier()
-        run.setup_agent = _Agent.delta(a0, agent.counters())
+        run.setup_agent = NodeAgent.delta(a0, agent.counters())
         run.model = run.opt = None
         if train:
             torch.manual_seed(cfg["seed"])
@@ -453,7 +381,7 @@ def rank_main(cfg, generate=False):
         a2 = agent.counters()
         val = validate(model) if train else None
         rec = {"load_s": load_s, "batch_load_s": batch_load, "epoch_s": epoch_s, "plan_s": plan_s, "samples": n,
-               "loss_sum": loss_sum, "val": val, "agent": _Agent.delta(a1, a2), "resident": res, **stats}
+               "loss_sum": loss_sum, "val": val, "agent": NodeAgent.delta(a1, a2), "resident": res, **stats}
         if verifier is not None:
             rec["seen"], rec["sizes"] = seen, sizes
             rec["promised"] = loader.promised(e).tolist()
@@ -496,10 +424,7 @@ def rank_main(cfg, generate=False):
                "capacity": cfg["capacity"], "seed": cfg["seed"], "workers": cfg["workers"],
                "prefetch": cfg["prefetch"], "data": cfg["data"], "sequential": cfg["sequential"],
                "loaders": results}
-        if cfg.get("result"):
-            with open(cfg["result"] + ".tmp", "w") as f:
-                json.dump(out, f)
-            os.replace(cfg["result"] + ".tmp", cfg["result"])
+        write_result(cfg, out)
     dist.barrier()
     dist.destroy_process_group()
     return out
@@ -566,10 +491,6 @@ def _setup_reads(name, cfg):
 
 # -- the report -----------------------------------------------------------------------------
 
-def _fmt(xs, f):
-    return "[" + ", ".join("-" if x is None else format(x, f) for x in xs) + "]"
-
-
 def bound(result):
     """(1 - C/N + 0.01) * N: the issue's bound on ddstore-locality's storage
     reads per epoch."""
@@ -600,22 +521,22 @@ def report(r):
         out.append(f"Number of Epochs: {r['epochs']}")
         out.append(f"Batch Size: {r['batch']}")
         out.append(f"DataLoading time: {s['loading_seconds']:.3f} s; per epoch "
-                   f"{_fmt(s['loading_seconds_per_epoch'], '.3f')} s")
-        out.append(f"Epoch time: {_fmt(s['epoch_seconds_per_epoch'], '.3f')} s")
+                   f"{fmt_list(s['loading_seconds_per_epoch'], '.3f')} s")
+        out.append(f"Epoch time: {fmt_list(s['epoch_seconds_per_epoch'], '.3f')} s")
         if mode == "train":
-            out.append(f"Training Loss: {_fmt(s['train_loss_per_epoch'], '.5f')}")
-            out.append(f"Validation Loss: {_fmt(s['val_loss_per_epoch'], '.5f')}")
-        out.append(f"Storage reads per epoch: {_fmt(s['storage_reads_per_epoch'], '.0f')} of "
-                   f"{_fmt(s['samples_per_epoch'], 'd')} samples; hit rate {_fmt(s['hit_rate_per_epoch'], '.3f')}")
+            out.append(f"Training Loss: {fmt_list(s['train_loss_per_epoch'], '.5f')}")
+            out.append(f"Validation Loss: {fmt_list(s['val_loss_per_epoch'], '.5f')}")
+        out.append(f"Storage reads per epoch: {fmt_list(s['storage_reads_per_epoch'], '.0f')} of "
+                   f"{fmt_list(s['samples_per_epoch'], 'd')} samples; hit rate {fmt_list(s['hit_rate_per_epoch'], '.3f')}")
         extra = f"Set-up: {s['setup_seconds']:.2f} s, {s['setup_storage_reads']} samples loaded into memory"
         if name != "baseline":
             extra += (f"; planning before each epoch (not in the loading time): "
-                      f"{_fmt(s['planning_seconds_per_epoch'], '.3f')} s")
+                      f"{fmt_list(s['planning_seconds_per_epoch'], '.3f')} s")
         if name == "ddstore-solar":
             extra += (f"; epoch order {s.get('epoch_order')}; planned hits missing from the buffers: "
                       f"{s['buffer_hits_missing']}")
         out.append(extra)
-        out.append(_BAR)
+        out.append(BAR)
         out.append("")
     out.append(comparison(r))
     return "\n".join(out) + "\n"

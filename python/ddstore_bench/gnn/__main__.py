@@ -1,6 +1,7 @@
 """python -m ddstore_bench.gnn COMMAND ...
 
     generate   compute the atomistic dataset and write its files (see ddstore_bench.gnn.data)
+    train      DDP training of the energy network with each loader, and a table of what each cost
 """
 
 import argparse
@@ -26,6 +27,11 @@ def main(argv=None):
     g.add_argument("--cutoff", type=float, default=3.0, help="edge cutoff in Angstrom (default 3.0)")
     g.add_argument("--format", default="both", help="flat | files | both (default both)")
     g.set_defaults(func=_generate)
+    from . import train
+    t = sub.add_parser("train", help="DDP training with each loader, and a comparison", description=train.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    train.add_arguments(t)
+    t.set_defaults(func=train.run)
     a = p.parse_args(argv)
     try:
         return a.func(a)

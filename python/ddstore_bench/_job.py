@@ -1,0 +1,107 @@
+"""What the training jobs of ddstore_bench (cosmoflow, gnn) share: their
+messages, the start of their ranks on this machine, the node agent's
+counters, the heap setting, and the report's number lists."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+__all__ = ["say", "under_launcher", "launch_ranks", "write_result", "NodeAgent", "keep_heap", "fmt_list", "BAR"]
+
+BAR = "*" * 40
+
+
+def say(msg):
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
+
+
+def under_launcher():
+    """Whether this process is one rank of a launcher's job (torchrun, srun,
+    mpirun: RANK and WORLD_SIZE set)."""
+    return bool(os.environ.get("RANK")) and bool(os.environ.get("WORLD_SIZE"))
+
+
+def launch_ranks(cfg, module, nodes, what):
+    """Start cfg["ranks"] ranks of `python -m module CONFIG` on this machine
+    (ddstore.launch: torchrun's variables, one agent per simulated node),
+    their output on stderr; return (status, the result rank 0 wrote)."""
+    from ddstore.launch import launch
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with tempfile.TemporaryDirectory(prefix=f"ddstore-{what}-") as tmp:
+        cfg = dict(cfg, result=os.path.join(tmp, "result.json"))
+        path = os.path.join(tmp, "config.json")
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        old = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = pkg_root + (os.pathsep + old if old else "")
+        try:
+            rc = launch([sys.executable, "-m", module, path], cfg["ranks"], nodes,
+                        stdout=sys.stderr.buffer, stderr=sys.stderr.buffer)
+        finally:
+            if old is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = old
+        if rc != 0:
+            return rc, None
+        with open(cfg["result"]) as f:
+            return 0, json.load(f)
+
+
+def write_result(cfg, out):
+    """Rank 0's result, where launch_ranks reads it (when cfg names a file)."""
+    if cfg.get("result"):
+        with open(cfg["result"] + ".tmp", "w") as f:
+            json.dump(out, f)
+        os.replace(cfg["result"] + ".tmp", cfg["result"])
+
+
+class NodeAgent:
+    """The node's agent counters (`ddstore info --json`), read by the
+    first rank of each node; None elsewhere or when the agent cannot say."""
+
+    KEYS = ("storage_rows", "storage_reads", "storage_bytes", "staged_rows", "prefetch_rows", "prefetch_dropped",
+            "storage_errors")
+
+    def __init__(self, store, local_rank):
+        from ddstore import _agent
+        self.store, self.on = store, local_rank == 0
+        self.binary = _agent.find_binary() if self.on else None
+
+    def counters(self):
+        if not self.on:
+            return None
+        try:
+            r = subprocess.run([self.binary, "info", "--json", "--socket", self.store.socket_path],
+                               capture_output=True, text=True, timeout=30)
+            c = json.loads(r.stdout)["counters"]
+            return {k: int(c.get(k, 0)) for k in self.KEYS}
+        except (OSError, ValueError, KeyError, subprocess.SubprocessError):
+            return None
+
+    @staticmethod
+    def delta(a, b):
+        if a is None or b is None:
+            return None
+        return {k: b[k] - a[k] for k in a}
+
+
+def keep_heap():
+    """Have glibc keep freed memory instead of returning it to the kernel:
+    torch's CPU tensors of a few MiB are otherwise mmapped and unmapped every
+    step, and faulting their pages in again costs a third of a step here.
+    The same for every loader; a no-op where mallopt is missing."""
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: glibc's largest
+        libc.mallopt(-1, 1 << 30)   # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+def fmt_list(xs, f):
+    return "[" + ", ".join("-" if x is None else format(x, f) for x in xs) + "]"

@@ -1,0 +1,462 @@
+"""The atomistic GNN training job: the same DDP training of a small
+message-passing network (ddstore_bench.gnn.model) on the same structures,
+run with each loader, and a table of what each cost.
+
+    python -m ddstore_bench.gnn train [--json] [--loaders L ...] [--samples N]
+        [--epochs E] [--batch B] [--ranks P] [--nodes K] [--workers W] [--data DIR]
+
+The command generates the dataset under DIR when it is missing
+(ddstore_bench.gnn.data), starts P ranks on this machine (ddstore.launch)
+and prints the table; under a launcher of its own (torchrun: RANK and
+WORLD_SIZE set) it is one rank of that job.
+
+Loaders (each hands the loop this rank's batches as one graph of B
+structures: atoms concatenated, a batch vector, edges shifted by the atoms
+before them, as graph libraries collate):
+
+* baseline: PyTorch's DataLoader over a DistributedSampler, each structure
+  read with h5py from its own file (how such data usually come);
+* ddstore: every rank adds its share of the flat file (the structures
+  [r N / P, (r + 1) N / P)) as ragged variables, one per field (atomic
+  numbers, edges, edge lengths) and a fixed one for the energies; a batch
+  is one get_ragged per field, rows of other ranks included.
+
+Both deal each epoch's permutation (ddstore.schedule.permutation of the
+seed and the epoch) as DistributedSampler does with drop_last, so each rank
+trains on the same batches in the same order with either loader, and the
+losses agree (a check of the data path). Per epoch the job records the
+time the loop waited for batches (loading time, largest rank), the epoch
+time, the storage reads (files opened by the baseline; structures read
+from the file by the agents for ddstore, none once loaded) and the training
+loss (the mean over the epoch's structures of the squared error of the
+energy per atom, eV^2).
+"""
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from .._job import BAR, NodeAgent, fmt_list, keep_heap, launch_ranks, say, under_launcher, write_result
+from . import data
+
+__all__ = ["LOADERS", "DEFAULTS", "add_arguments", "config", "run", "rank_main", "report", "graph_batch"]
+
+LOADERS = ("baseline", "ddstore")
+DEFAULTS = {"samples": 512, "epochs": 4, "batch": 16, "ranks": 2}
+FIELDS = ("z", "edge_index", "dist")  # what the network reads; plus the energy
+
+
+def add_arguments(p):
+    d = DEFAULTS
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--loaders", nargs="+", default=list(LOADERS), metavar="L",
+                   help=f"loaders to run, in order (default: all: {' '.join(LOADERS)}; commas work too)")
+    p.add_argument("--samples", type=int, default=d["samples"], help=f"structures N (default {d['samples']})")
+    p.add_argument("--epochs", type=int, default=d["epochs"], help=f"E (default {d['epochs']})")
+    p.add_argument("--batch", type=int, default=d["batch"],
+                   help=f"structures per rank per step B (default {d['batch']})")
+    p.add_argument("--ranks", type=int, default=d["ranks"],
+                   help=f"processes P started here (default {d['ranks']}; under a launcher, its own)")
+    p.add_argument("--nodes", type=int, default=1, help="simulated nodes for the ranks started here (default 1)")
+    p.add_argument("--workers", type=int, default=0, help="DataLoader processes of the baseline (default 0)")
+    p.add_argument("--data", default=None,
+                   help="dataset directory (default: $TMPDIR/ddstore-gnn-N; generated when missing)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the epochs' order and the model (default 0)")
+    p.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate (default 0.002)")
+
+
+def _loaders(names):
+    out = []
+    for n in names:
+        for part in n.split(","):
+            if part:
+                if part not in LOADERS:
+                    raise ValueError(f"loader {part!r}: want one of {', '.join(LOADERS)}")
+                if part not in out:
+                    out.append(part)
+    if not out:
+        raise ValueError("no loader to run")
+    return out
+
+
+def config(a, ranks):
+    for name in ("samples", "epochs", "batch", "ranks", "nodes"):
+        if getattr(a, name) < 1:
+            raise ValueError(f"--{name} {getattr(a, name)}: want >= 1")
+    if a.workers < 0:
+        raise ValueError(f"--workers {a.workers}: want >= 0")
+    if a.batch * ranks > a.samples:
+        raise ValueError(f"--batch {a.batch} x {ranks} ranks above --samples {a.samples}: not one global batch")
+    d = os.path.abspath(a.data or os.path.join(tempfile.gettempdir(), f"ddstore-gnn-{a.samples}"))
+    return {"loaders": _loaders(a.loaders), "samples": a.samples, "epochs": a.epochs, "batch": a.batch,
+            "ranks": ranks, "data": d, "seed": a.seed, "workers": a.workers, "lr": a.lr, "data_seed": 0,
+            "flat": os.path.join(d, data.FLAT_NAME),
+            "files": [os.path.join(d, data.FILES_DIR, data.file_name(i)) for i in range(a.samples)]}
+
+
+def ensure_data(cfg):
+    with contextlib.redirect_stdout(sys.stderr):
+        data.generate(cfg["data"], cfg["samples"], seed=cfg["data_seed"])
+
+
+def run(a):
+    """`python -m ddstore_bench.gnn train`: returns the exit status."""
+    if under_launcher():
+        cfg = config(a, int(os.environ["WORLD_SIZE"]))
+        result = rank_main(cfg, generate=True)
+        if result is not None:
+            _print(result, a.json)
+        return 0
+    cfg = config(a, a.ranks)
+    ensure_data(cfg)
+    say(f"gnn train: starting {cfg['ranks']} ranks ({', '.join(cfg['loaders'])})")
+    rc, result = launch_ranks(cfg, "ddstore_bench.gnn.train", a.nodes, "gnn")
+    if rc != 0:
+        say(f"gnn train: the job failed (status {rc})")
+        return rc
+    _print(result, a.json)
+    return 0
+
+
+def _print(result, as_json):
+    sys.stdout.write(json.dumps(result) + "\n" if as_json else report(result))
+    sys.stdout.flush()
+
+
+# -- batches ----------------------------------------------------------------------------
+
+def epoch_batches(seed, epoch, n, ranks, rank, batch):
+    """This rank's batches of an epoch, as DistributedSampler deals
+    ddstore's permutation with drop_last: rank r takes positions r, r + P,
+    ... of the first (n // P) P, in batches of B, the last partial one
+    dropped."""
+    from ddstore.schedule import permutation
+    per = n // ranks
+    mine = permutation(seed, epoch, n)[:per * ranks][rank::ranks]
+    return [mine[i:i + batch] for i in range(0, per // batch * batch, batch)]
+
+
+def graph_batch(index, z, natoms, edge_index, nedges, dist, energy):
+    """One graph of a batch of structures from their packed rows: z (A,)
+    and edge_index (E, 2) in the structures' order with natoms and nedges
+    per structure; edges shifted by the atoms before them, (2, E) int64."""
+    import torch
+    natoms = np.asarray(natoms, np.int64)
+    nedges = np.asarray(nedges, np.int64)
+    first = np.cumsum(natoms) - natoms
+    ei = edge_index.astype(np.int64).T + np.repeat(first, nedges)
+    return {"index": torch.from_numpy(np.asarray(index, np.int64)), "z": torch.from_numpy(np.asarray(z)),
+            "edge_index": torch.from_numpy(ei), "dist": torch.from_numpy(np.asarray(dist, np.float32)),
+            "batch": torch.from_numpy(np.repeat(np.arange(len(natoms)), natoms)),
+            "energy": torch.from_numpy(np.asarray(energy, np.float64)),
+            "natoms": torch.from_numpy(natoms.astype(np.float64)), "n": len(natoms)}
+
+
+class StructureFiles:
+    """One HDF5 file per structure, read by __getitem__ with h5py."""
+
+    def __init__(self, paths):
+        self.paths = list(paths)
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        import h5py
+        with h5py.File(self.paths[i], "r") as f:
+            s = {k: f[k][()] for k in FIELDS + ("energy",)}
+        s["index"] = i
+        return s
+
+
+def collate_files(samples):
+    cat = lambda k: np.concatenate([s[k] for s in samples])  # noqa: E731
+    return graph_batch([s["index"] for s in samples], cat("z"), [len(s["z"]) for s in samples],
+                       cat("edge_index"), [len(s["dist"]) for s in samples], cat("dist"),
+                       [s["energy"] for s in samples])
+
+
+class _Loader:
+    def __init__(self, cfg, store, ranks, rank):
+        self.cfg, self.store, self.ranks, self.rank = cfg, store, ranks, rank
+        self.storage = 0
+
+    def setup(self):
+        pass
+
+    def batches(self, e):
+        return epoch_batches(self.cfg["seed"], e, self.cfg["samples"], self.ranks, self.rank, self.cfg["batch"])
+
+    def take_storage(self):
+        s, self.storage = self.storage, 0
+        return s
+
+    def close(self):
+        pass
+
+
+class Baseline(_Loader):
+    name = "baseline"
+
+    def setup(self):
+        from torch.utils.data import DataLoader
+        self.ds = StructureFiles(self.cfg["files"])
+        self.sampler = _ListSampler()
+        self.loader = DataLoader(self.ds, batch_size=self.cfg["batch"], sampler=self.sampler, drop_last=True,
+                                 num_workers=self.cfg["workers"], collate_fn=collate_files)
+
+    def epoch(self, e):
+        self.sampler.order = np.concatenate(self.batches(e)).tolist()
+        for b in self.loader:
+            self.storage += b["n"]  # each structure from its own file
+            yield b
+
+
+class _ListSampler:
+    """A sampler of the order the loader sets before each epoch (the
+    DistributedSampler deal of epoch_batches)."""
+
+    order = ()
+
+    def __iter__(self):
+        return iter(self.order)
+
+    def __len__(self):
+        return len(self.order)
+
+
+class InMemory(_Loader):
+    name = "ddstore"
+
+    def setup(self):
+        import h5py
+        c, P, r = self.cfg, self.ranks, self.rank
+        n = c["samples"]
+        lo, hi = r * n // P, (r + 1) * n // P
+        self.vars = {k: f"gnn-{k}" for k in FIELDS + ("energy",)}
+        with h5py.File(c["flat"], "r") as f:
+            ao, eo = f["atom_offsets"][lo:hi + 1], f["edge_offsets"][lo:hi + 1]
+            self.store.add_ragged(self.vars["z"], f["z"][ao[0]:ao[-1]], np.diff(ao))
+            for k in ("edge_index", "dist"):
+                self.store.add_ragged(self.vars[k], f[k][eo[0]:eo[-1]], np.diff(eo))
+            self.store.add(self.vars["energy"], f["energy"][lo:hi])
+        self.storage += hi - lo
+        self.energy = np.empty(c["batch"], np.float64)
+
+    def epoch(self, e):
+        st, v = self.store, self.vars
+        for idx in self.batches(e):
+            z, natoms = st.get_ragged(v["z"], idx)
+            ei, nedges = st.get_ragged(v["edge_index"], idx)
+            dist, _ = st.get_ragged(v["dist"], idx)
+            st.get_batch(v["energy"], self.energy, idx)
+            yield graph_batch(idx, z, natoms, ei, nedges, dist, self.energy.copy())
+
+    def close(self):
+        for name in self.vars.values():
+            self.store.free(name)
+
+
+def make_loader(name, cfg, store, ranks, rank):
+    return {"baseline": Baseline, "ddstore": InMemory}[name](cfg, store, ranks, rank)
+
+
+# -- one rank ---------------------------------------------------------------------------
+
+def rank_main(cfg, generate=False):
+    """One rank of the job; returns the result on rank 0 (None elsewhere)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ddstore
+    from .model import EnergyNet, per_structure_loss
+
+    keep_heap()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    dist.init_process_group("gloo")
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(ranks)))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_size)))
+    if generate and rank == 0:
+        ensure_data(cfg)
+    dist.barrier()
+    E, B = cfg["epochs"], cfg["batch"]
+    store = ddstore.Store()
+    agent = NodeAgent(store, local_rank)
+    data_index = _EnergyIndex(cfg["flat"])
+
+    def log(msg):
+        if rank == 0:
+            say(f"gnn train: {msg}")
+
+    runs = []
+    for name in cfg["loaders"]:
+        loader = make_loader(name, cfg, store, ranks, rank)
+        a0 = agent.counters()
+        dist.barrier()
+        t = time.perf_counter()
+        loader.setup()
+        setup_s = time.perf_counter() - t
+        dist.barrier()
+        torch.manual_seed(cfg["seed"])
+        model = DDP(EnergyNet())
+        opt = torch.optim.Adam(model.parameters(), lr=cfg["lr"])
+        runs.append({"name": name, "loader": loader, "model": model, "opt": opt, "setup_s": setup_s,
+                     "setup_storage": loader.take_storage(), "setup_agent": NodeAgent.delta(a0, agent.counters()),
+                     "epochs": []})
+        log(f"{name}: set up in {setup_s:.2f} s")
+    # The loaders' epochs in turn (epoch 1 of each, then epoch 2 of each,
+    # ...), so that whatever else the machine runs weighs on all alike.
+    for e in range(E):
+        for run_ in runs:
+            loader, model, opt = run_["loader"], run_["model"], run_["opt"]
+            a1 = agent.counters()
+            dist.barrier()
+            load_s, loss_sum, n, errors, seen = 0.0, 0.0, 0, 0, []
+            it = loader.epoch(e)
+            t0 = time.perf_counter()
+            while True:
+                tl = time.perf_counter()
+                try:
+                    b = next(it)
+                except StopIteration:
+                    load_s += time.perf_counter() - tl
+                    break
+                load_s += time.perf_counter() - tl
+                errors += data_index.check(b)
+                seen.extend(b["index"].tolist())
+                pred = model(b["z"], b["edge_index"], b["dist"], b["batch"], b["n"])
+                losses = per_structure_loss(pred.double(), b["energy"], b["natoms"])
+                opt.zero_grad()
+                (losses.sum() / B).backward()
+                opt.step()
+                loss_sum += float(losses.detach().sum())
+                n += b["n"]
+            epoch_s = time.perf_counter() - t0
+            dist.barrier()
+            run_["epochs"].append({"load_s": load_s, "epoch_s": epoch_s, "samples": n, "loss_sum": loss_sum,
+                                   "storage": loader.take_storage(), "errors": errors, "seen": seen,
+                                   "agent": NodeAgent.delta(a1, agent.counters())})
+            log(f"{run_['name']}: epoch {e + 1}/{E}: {epoch_s:.2f} s, waited {load_s:.3f} s for data, "
+                f"loss {loss_sum / max(n, 1):.6f} (rank 0)")
+    results = {}
+    for run_ in runs:
+        run_["loader"].close()
+        mine = {k: run_[k] for k in ("setup_s", "setup_storage", "setup_agent", "epochs")}
+        gathered = [None] * ranks
+        dist.all_gather_object(gathered, mine)
+        if rank == 0:
+            results[run_["name"]] = summarize(gathered, cfg)
+    store.close()
+    out = None
+    if rank == 0:
+        out = {k: cfg[k] for k in ("ranks", "epochs", "batch", "samples", "seed", "workers", "data")}
+        out["loaders"] = results
+        write_result(cfg, out)
+    dist.barrier()
+    dist.destroy_process_group()
+    return out
+
+
+class _EnergyIndex:
+    """Which structure each graph of a batch is and whether its rows are
+    that structure's: its energy and its atom and edge counts, from the
+    flat file."""
+
+    def __init__(self, path):
+        import h5py
+        with h5py.File(path, "r") as f:
+            self.energy = f["energy"][()]
+            self.natoms = np.diff(f["atom_offsets"][()])
+            self.nedges = np.diff(f["edge_offsets"][()])
+
+    def check(self, b):
+        idx = b["index"].numpy()
+        nat = b["natoms"].numpy().astype(np.int64)
+        ned = np.bincount(b["batch"].numpy()[b["edge_index"].numpy()[0]], minlength=len(idx))
+        bad = (self.energy[idx] != b["energy"].numpy()) | (self.natoms[idx] != nat) | (self.nedges[idx] != ned)
+        return int(bad.sum())
+
+
+def summarize(per_rank, cfg):
+    E = cfg["epochs"]
+    eps = [[r["epochs"][e] for r in per_rank] for e in range(E)]
+    samples = [sum(x["samples"] for x in ep) for ep in eps]
+    seen = [sorted(i for x in ep for i in x["seen"]) for ep in eps]
+
+    def agent_rows(ep):
+        d = [x["agent"] for x in ep if x["agent"] is not None]
+        return sum(a["storage_rows"] for a in d) if d else None
+
+    return {
+        "loading_seconds": sum(max(x["load_s"] for x in ep) for ep in eps),
+        "loading_seconds_per_epoch": [max(x["load_s"] for x in ep) for ep in eps],
+        "epoch_seconds_per_epoch": [max(x["epoch_s"] for x in ep) for ep in eps],
+        "train_loss_per_epoch": [sum(x["loss_sum"] for x in ep) / max(n, 1) for ep, n in zip(eps, samples)],
+        "samples_per_epoch": samples,
+        "storage_reads_per_epoch": [sum(x["storage"] for x in ep) for ep in eps],
+        "agent_storage_rows_per_epoch": [agent_rows(ep) for ep in eps],
+        "content_errors": sum(x["errors"] for ep in eps for x in ep),
+        "repeated_per_epoch": [len(s) - len(set(s)) for s in seen],
+        "setup_seconds": max(r["setup_s"] for r in per_rank),
+        "setup_storage_reads": sum(r["setup_storage"] for r in per_rank),
+    }
+
+
+def report(r):
+    out = [f"gnn train: {r['ranks']} ranks, {r['samples']} structures, batch {r['batch']} per rank, "
+           f"{r['epochs']} epochs, seed {r['seed']}, baseline workers {r['workers']}", f"data: {r['data']}", ""]
+    base = r["loaders"].get("baseline")
+    rows = [("loader", "loading s", "x shorter", "epoch s", "storage reads/epoch", "set-up s", "loss (last)",
+             "max dloss", "errors")]
+    for name, s in r["loaders"].items():
+        out.append(f"{'*' * 12} {name} {'*' * 12}")
+        out.append(f"DataLoading time: {s['loading_seconds']:.3f} s; per epoch "
+                   f"{fmt_list(s['loading_seconds_per_epoch'], '.3f')} s")
+        out.append(f"Epoch time: {fmt_list(s['epoch_seconds_per_epoch'], '.3f')} s")
+        out.append(f"Training Loss: {fmt_list(s['train_loss_per_epoch'], '.6f')}")
+        out.append(f"Storage reads per epoch: {fmt_list(s['storage_reads_per_epoch'], 'd')} of "
+                   f"{fmt_list(s['samples_per_epoch'], 'd')} structures; set-up {s['setup_seconds']:.2f} s, "
+                   f"{s['setup_storage_reads']} structures loaded into memory")
+        out.append(BAR)
+        out.append("")
+        shorter = dl = "-"
+        if base is not None and name != "baseline":
+            if s["loading_seconds"] > 0:
+                shorter = f"{base['loading_seconds'] / s['loading_seconds']:.1f}x"
+            d = [abs(a - b) / abs(b) for a, b in zip(s["train_loss_per_epoch"], base["train_loss_per_epoch"]) if b]
+            dl = f"{max(d):.1e}" if d else "-"
+        rows.append((name, f"{s['loading_seconds']:.3f}", shorter,
+                     f"{float(np.median(s['epoch_seconds_per_epoch'])):.3f}",
+                     f"{float(np.mean(s['storage_reads_per_epoch'])):.0f}", f"{s['setup_seconds']:.2f}",
+                     f"{s['train_loss_per_epoch'][-1]:.6f}", dl, str(s["content_errors"])))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    out.append("Comparison (loading: time the loops waited for batches, summed over epochs, largest rank; epoch s: "
+               "median; x shorter: baseline loading / loading; max dloss: largest relative difference of an epoch's "
+               "loss from the baseline's; errors: graphs whose energy or atom/edge counts were not their "
+               "structure's)")
+    for k, row in enumerate(rows):
+        out.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths))))
+        if k == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    with open(argv[0]) as f:
+        cfg = json.load(f)
+    rank_main(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
