@@ -8,7 +8,8 @@ import subprocess
 import sys
 import tempfile
 
-__all__ = ["say", "under_launcher", "launch_ranks", "write_result", "NodeAgent", "keep_heap", "fmt_list", "BAR"]
+__all__ = ["say", "parse_loaders", "under_launcher", "launch_ranks", "write_result", "print_result", "start_rank",
+           "NodeAgent", "keep_heap", "fmt_list", "table", "BAR"]
 
 BAR = "*" * 40
 
@@ -16,6 +17,21 @@ BAR = "*" * 40
 def say(msg):
     sys.stderr.write(msg + "\n")
     sys.stderr.flush()
+
+
+def parse_loaders(names, known):
+    """--loaders L ... (commas work too) -> the names in order, each once."""
+    out = []
+    for n in names:
+        for part in n.split(","):
+            if part:
+                if part not in known:
+                    raise ValueError(f"loader {part!r}: want one of {', '.join(known)}")
+                if part not in out:
+                    out.append(part)
+    if not out:
+        raise ValueError("no loader to run")
+    return out
 
 
 def under_launcher():
@@ -57,6 +73,28 @@ def write_result(cfg, out):
         with open(cfg["result"] + ".tmp", "w") as f:
             json.dump(out, f)
         os.replace(cfg["result"] + ".tmp", cfg["result"])
+
+
+def print_result(result, as_json, report):
+    sys.stdout.write(json.dumps(result) + "\n" if as_json else report(result))
+    sys.stdout.flush()
+
+
+def start_rank():
+    """Join the job's gloo process group (torchrun's variables) with the
+    heap kept and torch's threads shared among the node's ranks; returns
+    (rank, ranks, local_rank)."""
+    import torch
+    import torch.distributed as dist
+    keep_heap()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    dist.init_process_group("gloo")
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(ranks)))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_size)))
+    return rank, ranks, local_rank
 
 
 class NodeAgent:
@@ -105,3 +143,15 @@ def keep_heap():
 
 def fmt_list(xs, f):
     return "[" + ", ".join("-" if x is None else format(x, f) for x in xs) + "]"
+
+
+def table(rows):
+    """Rows of strings as aligned lines: the first column left, the others
+    right, a rule under the header row."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for k, row in enumerate(rows):
+        lines.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths))))
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return lines

@@ -40,7 +40,8 @@ import time
 
 import numpy as np
 
-from .._job import BAR, NodeAgent, fmt_list, keep_heap, launch_ranks, say, under_launcher, write_result
+from .._job import (BAR, NodeAgent, fmt_list, launch_ranks, parse_loaders, print_result, say, start_rank, table,
+                    under_launcher, write_result)
 from . import data
 from .loaders import LOADERS
 
@@ -111,17 +112,7 @@ def parse_capacity(text, n):
 
 
 def _loaders(names):
-    out = []
-    for n in names:
-        for part in n.split(","):
-            if part:
-                if part not in LOADERS:
-                    raise ValueError(f"loader {part!r}: want one of {', '.join(LOADERS)}")
-                if part not in out:
-                    out.append(part)
-    if not out:
-        raise ValueError("no loader to run")
-    return out
+    return parse_loaders(names, LOADERS)
 
 
 def config(a, mode, ranks):
@@ -207,11 +198,7 @@ def run(a, mode):
 
 
 def _print(result, as_json):
-    if as_json:
-        sys.stdout.write(json.dumps(result) + "\n")
-    else:
-        sys.stdout.write(report(result))
-    sys.stdout.flush()
+    print_result(result, as_json, report)
 
 
 # -- one rank -------------------------------------------------------------------------
@@ -258,14 +245,7 @@ def rank_main(cfg, generate=False):
     from .loaders import drop_page_cache, make_loader, resident_fraction
     from .model import CosmoCNN, local_loss_sum, per_sample_loss
 
-    keep_heap()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29500")
-    dist.init_process_group("gloo")
-    rank, ranks = dist.get_rank(), dist.get_world_size()
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(ranks)))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_size)))
+    rank, ranks, local_rank = start_rank()
     if generate and rank == 0:
         ensure_data(cfg)
     dist.barrier()
@@ -565,14 +545,9 @@ def comparison(r):
         loss = s["train_loss_per_epoch"][-1] if r["mode"] == "train" and s["train_loss_per_epoch"] else None
         rows.append((name, f"{s['loading_seconds']:.3f}", shorter, f"{ep:.3f}", rel, rd,
                      f"{float(np.mean(s['hit_rate_per_epoch'])):.3f}", "-" if loss is None else f"{loss:.5f}", dl))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["Comparison (loading: time the loops waited for batches, summed over epochs, largest rank; epoch s: "
              "median epoch time; x shorter: baseline loading / loading; max dloss: largest relative difference of "
-             "an epoch's training loss from the baseline's)"]
-    for k, row in enumerate(rows):
-        lines.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths))))
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
+             "an epoch's training loss from the baseline's)"] + table(rows)
     return "\n".join(lines)
 
 

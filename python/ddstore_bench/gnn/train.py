@@ -41,7 +41,8 @@ import time
 
 import numpy as np
 
-from .._job import BAR, NodeAgent, fmt_list, keep_heap, launch_ranks, say, under_launcher, write_result
+from .._job import (BAR, NodeAgent, fmt_list, launch_ranks, parse_loaders, print_result, say, start_rank, table,
+                    under_launcher, write_result)
 from . import data
 
 __all__ = ["LOADERS", "DEFAULTS", "add_arguments", "config", "run", "rank_main", "report", "graph_batch"]
@@ -71,17 +72,7 @@ def add_arguments(p):
 
 
 def _loaders(names):
-    out = []
-    for n in names:
-        for part in n.split(","):
-            if part:
-                if part not in LOADERS:
-                    raise ValueError(f"loader {part!r}: want one of {', '.join(LOADERS)}")
-                if part not in out:
-                    out.append(part)
-    if not out:
-        raise ValueError("no loader to run")
-    return out
+    return parse_loaders(names, LOADERS)
 
 
 def config(a, ranks):
@@ -124,8 +115,7 @@ def run(a):
 
 
 def _print(result, as_json):
-    sys.stdout.write(json.dumps(result) + "\n" if as_json else report(result))
-    sys.stdout.flush()
+    print_result(result, as_json, report)
 
 
 # -- batches ----------------------------------------------------------------------------
@@ -277,14 +267,7 @@ def rank_main(cfg, generate=False):
     import ddstore
     from .model import EnergyNet, per_structure_loss
 
-    keep_heap()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29500")
-    dist.init_process_group("gloo")
-    rank, ranks = dist.get_rank(), dist.get_world_size()
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(ranks)))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_size)))
+    rank, ranks, local_rank = start_rank()
     if generate and rank == 0:
         ensure_data(cfg)
     dist.barrier()
@@ -438,15 +421,11 @@ def report(r):
                      f"{float(np.median(s['epoch_seconds_per_epoch'])):.3f}",
                      f"{float(np.mean(s['storage_reads_per_epoch'])):.0f}", f"{s['setup_seconds']:.2f}",
                      f"{s['train_loss_per_epoch'][-1]:.6f}", dl, str(s["content_errors"])))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     out.append("Comparison (loading: time the loops waited for batches, summed over epochs, largest rank; epoch s: "
                "median; x shorter: baseline loading / loading; max dloss: largest relative difference of an epoch's "
                "loss from the baseline's; errors: graphs whose energy or atom/edge counts were not their "
                "structure's)")
-    for k, row in enumerate(rows):
-        out.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths))))
-        if k == 0:
-            out.append("  ".join("-" * w for w in widths))
+    out.extend(table(rows))
     return "\n".join(out) + "\n"
 
 
