@@ -16,6 +16,10 @@ before them, as graph libraries collate):
 
 * baseline: PyTorch's DataLoader over a DistributedSampler, each structure
   read with h5py from its own file (how such data usually come);
+* pyddstore-bytes: DDStore's users' pattern through pyddstore: each
+  structure pickled into bytes, every rank's bytes one uint8 variable, the
+  offsets an allgather of sizes and a cumulative sum, each structure read
+  by a byte-range get() of its own in a Dataset under PyTorch's DataLoader;
 * ddstore: every rank adds its share of the flat file (the structures
   [r N / P, (r + 1) N / P)) as ragged variables, one per field (atomic
   numbers, edges, edge lengths) and a fixed one for the energies; a batch
@@ -47,7 +51,7 @@ from . import data
 
 __all__ = ["LOADERS", "DEFAULTS", "add_arguments", "config", "run", "rank_main", "report", "graph_batch"]
 
-LOADERS = ("baseline", "ddstore")
+LOADERS = ("baseline", "pyddstore-bytes", "ddstore")
 DEFAULTS = {"samples": 512, "epochs": 4, "batch": 16, "ranks": 2}
 FIELDS = ("z", "edge_index", "dist")  # what the network reads; plus the energy
 
@@ -252,8 +256,73 @@ class InMemory(_Loader):
             self.store.free(name)
 
 
+class PackedBytes(_Loader):
+    """DDStore's users' pattern, through pyddstore: each structure pickled
+    into bytes, every rank's bytes one uint8 variable, the offsets an
+    allgather of sizes and a cumulative sum, and each structure read by its
+    own byte-range get() in the dataset's __getitem__ under PyTorch's
+    DataLoader."""
+
+    name = "pyddstore-bytes"
+
+    def setup(self):
+        import pickle
+
+        import h5py
+        import pyddstore
+        import torch.distributed as dist
+        from torch.utils.data import DataLoader
+        c, P, r = self.cfg, self.ranks, self.rank
+        n = c["samples"]
+        lo, hi = r * n // P, (r + 1) * n // P
+        with h5py.File(c["flat"], "r") as f:
+            ao, eo = f["atom_offsets"][lo:hi + 1], f["edge_offsets"][lo:hi + 1]
+            cols = {k: f[k][(ao if k == "z" else eo)[0]:(ao if k == "z" else eo)[-1]] for k in FIELDS}
+            energy = f["energy"][lo:hi]
+        blobs = []
+        for j in range(hi - lo):
+            a0, a1 = ao[j] - ao[0], ao[j + 1] - ao[0]
+            e0, e1 = eo[j] - eo[0], eo[j + 1] - eo[0]
+            s = {"z": cols["z"][a0:a1], "edge_index": cols["edge_index"][e0:e1], "dist": cols["dist"][e0:e1],
+                 "energy": energy[j], "index": lo + j}
+            blobs.append(np.frombuffer(pickle.dumps(s, protocol=pickle.HIGHEST_PROTOCOL), np.uint8))
+        sizes = [None] * P
+        dist.all_gather_object(sizes, [len(b) for b in blobs])
+        flat_sizes = np.array([x for part in sizes for x in part], np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(flat_sizes)])
+        self.dds = pyddstore.PyDDStore(None)
+        self.dds.add("gnn-bytes", np.concatenate(blobs))
+        self.storage += hi - lo
+        self.ds = _BytesDataset(self.dds, self.offsets)
+        self.sampler = _ListSampler()
+        self.loader = DataLoader(self.ds, batch_size=c["batch"], sampler=self.sampler, drop_last=True,
+                                 num_workers=0, collate_fn=collate_files)
+
+    def epoch(self, e):
+        self.sampler.order = np.concatenate(self.batches(e)).tolist()
+        yield from self.loader
+
+    def close(self):
+        self.dds.free()
+
+
+class _BytesDataset:
+    def __init__(self, dds, offsets):
+        self.dds, self.offsets = dds, offsets
+
+    def __len__(self):
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i):
+        import pickle
+        lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
+        buf = np.empty(hi - lo, np.uint8)
+        self.dds.get("gnn-bytes", buf, lo)
+        return pickle.loads(buf.tobytes())
+
+
 def make_loader(name, cfg, store, ranks, rank):
-    return {"baseline": Baseline, "ddstore": InMemory}[name](cfg, store, ranks, rank)
+    return {"baseline": Baseline, "ddstore": InMemory, "pyddstore-bytes": PackedBytes}[name](cfg, store, ranks, rank)
 
 
 # -- one rank ---------------------------------------------------------------------------
