@@ -101,3 +101,41 @@ func BenchmarkEmitEpoch(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkBuildBytes is the cost of the byte path: the job of
+// BenchmarkBuild (N = 10^6, P = 1024 with 8 per node, B = 32) over 10
+// epochs, memory for half the dataset counted in samples (C = N/2) and in
+// bytes (M = S/2 of atomistic structures of 8-256 atoms), side by side. It
+// reports the hit rates, in bytes the byte hit rate and the storage bytes
+// imbalance. One op is one job:
+//
+//	GOMAXPROCS=1 go test ./internal/schedule/ -run '^$' -bench BuildBytes -benchtime 1x -count 3
+func BenchmarkBuildBytes(b *testing.B) {
+	const n = 1_000_000
+	sizes := atomisticSizes(1, n)
+	for _, p := range Policies {
+		for _, bytes := range []bool{false, true} {
+			name := string(p) + "/samples"
+			c := Config{Seed: 1, Epochs: 10, N: n, Ranks: 1024, RanksPerNode: 8, Batch: 32, Capacity: n / 2, Policy: p}
+			if bytes {
+				name = string(p) + "/bytes"
+				c.Capacity, c.Sizes, c.CapacityBytes = 0, sizes, sumSizes(sizes)/2
+			}
+			b.Run(name, func(b *testing.B) {
+				var sum Summary
+				for b.Loop() {
+					s, err := New(c)
+					if err != nil {
+						b.Fatal(err)
+					}
+					sum = s.Summarize()
+				}
+				b.ReportMetric(sum.HitRate, "hit-rate")
+				if bytes {
+					b.ReportMetric(sum.ByteHitRate, "byte-hit-rate")
+					b.ReportMetric(sum.StorageBytesImbalance, "bytes-imbalance")
+				}
+			})
+		}
+	}
+}

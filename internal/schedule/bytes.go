@@ -2,6 +2,7 @@ package schedule
 
 import (
 	"cmp"
+	"math/bits"
 	"slices"
 )
 
@@ -223,42 +224,95 @@ func (h *minHeap) down(i int) {
 // with room left (room nil: no limit).
 type byteDealer struct {
 	load  []int64
-	heap  *minHeap
-	order []int32 // positions of the reads, largest first
+	heap  []int32     // ranks with room, the least load first (ties: the lower rank)
+	keys  []uint64    // the reads, largest first: ^size above, position below
+	order []sizedRead // the same, when sizes and positions do not fit in 64 bits
+}
+
+type sizedRead struct {
+	size int64
+	pos  int32
 }
 
 func newByteDealer(ranks int) *byteDealer {
-	d := &byteDealer{load: make([]int64, ranks)}
-	d.heap = newMinHeap(ranks, func(a, b int32) bool {
-		return d.load[a] < d.load[b] || (d.load[a] == d.load[b] && a < b)
-	})
-	return d
+	return &byteDealer{load: make([]int64, ranks), heap: make([]int32, 0, ranks)}
 }
 
-// deal sets rankOf[i] for each i of reads (positions into sizeOf's
-// samples), room[r] the reads rank r takes at most.
+// deal sets rankOf[i] for each i of reads (positions of samples whose
+// sizes size tells), room[r] the reads rank r takes at most.
 func (d *byteDealer) deal(reads []int32, size func(int32) int64, room []int, rankOf []int32) {
 	clear(d.load)
-	d.order = append(d.order[:0], reads...)
-	slices.SortFunc(d.order, func(a, b int32) int {
-		return cmp.Or(cmp.Compare(size(b), size(a)), cmp.Compare(a, b))
-	})
-	d.heap.ids = d.heap.ids[:0]
+	d.heap = d.heap[:0]
 	for r := range d.load {
 		if room == nil || room[r] > 0 {
-			d.heap.push(int32(r))
+			d.heap = append(d.heap, int32(r)) // all loads 0: in rank order, a heap
 		}
 	}
-	for _, i := range d.order {
-		r := d.heap.top()
-		rankOf[i] = r
-		d.load[r] += size(i)
-		if room != nil {
-			if room[r]--; room[r] == 0 {
-				d.heap.pop()
-				continue
-			}
+	var biggest int64
+	var last int32
+	for _, i := range reads {
+		biggest, last = max(biggest, size(i)), max(last, i)
+	}
+	posBits := bits.Len32(uint32(last))
+	if bits.Len64(uint64(biggest))+posBits <= 64 {
+		// One key per read, sorted as integers: size descending, then
+		// position ascending.
+		d.keys = d.keys[:0]
+		top := uint64(1)<<(64-posBits) - 1
+		for _, i := range reads {
+			d.keys = append(d.keys, (top-uint64(size(i)))<<posBits|uint64(i))
 		}
-		d.heap.fix()
+		slices.Sort(d.keys)
+		mask := uint64(1)<<posBits - 1
+		for _, k := range d.keys {
+			d.give(int32(k&mask), int64(top-k>>posBits), room, rankOf)
+		}
+		return
+	}
+	d.order = d.order[:0]
+	for _, i := range reads {
+		d.order = append(d.order, sizedRead{size(i), i})
+	}
+	slices.SortFunc(d.order, func(a, b sizedRead) int {
+		return cmp.Or(cmp.Compare(b.size, a.size), cmp.Compare(a.pos, b.pos))
+	})
+	for _, rd := range d.order {
+		d.give(rd.pos, rd.size, room, rankOf)
+	}
+}
+
+// give deals the read at pos, of size bytes, to the rank on top.
+func (d *byteDealer) give(pos int32, size int64, room []int, rankOf []int32) {
+	r := d.heap[0]
+	rankOf[pos] = r
+	d.load[r] += size
+	if room != nil {
+		if room[r]--; room[r] == 0 {
+			n := len(d.heap) - 1
+			d.heap[0] = d.heap[n]
+			d.heap = d.heap[:n]
+		}
+	}
+	d.down()
+}
+
+// down restores the heap after its top's load grew or the top was replaced.
+func (d *byteDealer) down() {
+	h, load := d.heap, d.load
+	less := func(a, b int32) bool { return load[a] < load[b] || (load[a] == load[b] && a < b) }
+	for i := 0; ; {
+		l := 2*i + 1
+		if l >= len(h) {
+			return
+		}
+		m := l
+		if r := l + 1; r < len(h) && less(h[r], h[l]) {
+			m = r
+		}
+		if !less(h[m], h[i]) {
+			return
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
 	}
 }

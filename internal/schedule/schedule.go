@@ -253,7 +253,10 @@ type EpochStats struct {
 	// the sums of the most and of the mean storage bytes of a rank (their
 	// ratio is the imbalance: how much longer bandwidth-bound steps take
 	// than if every rank read the step's mean), and the largest max/mean
-	// of one step.
+	// of one step. StepFloorBytes sums, over the steps, the least any deal
+	// of the step's storage reads can leave its busiest rank: the larger of
+	// the mean and the largest read.
+	StepFloorBytes                   float64
 	Bytes, HitBytes                  int64
 	StorageBytesMin, StorageBytesMax int64
 	StepMaxBytes, StepMeanBytes      float64
@@ -465,8 +468,14 @@ func (e *Epoch) byteStats(st *EpochStats) {
 	}
 	st.StorageBytesMin = -1
 	for s := range e.steps {
-		var sum, hi int64
+		var sum, hi, largest int64
 		for r := range e.ranks {
+			lo, end := e.span(s, r)
+			for k := lo; k < end; k++ {
+				if !e.hit[k] {
+					largest = max(largest, e.sizes[e.samples[k]])
+				}
+			}
 			n := e.StorageBytes(s, r)
 			sum += n
 			hi = max(hi, n)
@@ -478,6 +487,7 @@ func (e *Epoch) byteStats(st *EpochStats) {
 		mean := float64(sum) / float64(e.ranks)
 		st.StepMaxBytes += float64(hi)
 		st.StepMeanBytes += mean
+		st.StepFloorBytes += max(mean, float64(largest))
 		if mean > 0 {
 			st.WorstStepImbalance = max(st.WorstStepImbalance, float64(hi)/mean)
 		}
@@ -523,6 +533,9 @@ type Summary struct {
 	StorageBytesMin, StorageBytesMax int64
 	StorageBytesImbalance            float64
 	WorstStepImbalance               float64
+	// ImbalanceFloor is the least StorageBytesImbalance any deal of the
+	// same storage reads could have: Σ max(mean, largest read) / Σ mean.
+	ImbalanceFloor float64
 }
 
 // Summarize simulates the whole run and returns its figures, holding one
@@ -543,7 +556,7 @@ func (s *Schedule) Summarize() Summary {
 		sum.StorageBytesMin = -1
 	}
 	var hits, local int64
-	var stepMax, stepMean float64
+	var stepMax, stepMean, stepFloor float64
 	warm := 0
 	s.run(true, func(e *Epoch) bool {
 		st := e.Stats
@@ -564,6 +577,7 @@ func (s *Schedule) Summarize() Summary {
 			sum.StorageBytesMax = max(sum.StorageBytesMax, st.StorageBytesMax)
 			stepMax += st.StepMaxBytes
 			stepMean += st.StepMeanBytes
+			stepFloor += st.StepFloorBytes
 			sum.WorstStepImbalance = max(sum.WorstStepImbalance, st.WorstStepImbalance)
 		}
 		sum.HitRate += st.HitRate()
@@ -582,6 +596,7 @@ func (s *Schedule) Summarize() Summary {
 		sum.StorageBytesMin = max(sum.StorageBytesMin, 0)
 		if stepMean > 0 {
 			sum.StorageBytesImbalance = stepMax / stepMean
+			sum.ImbalanceFloor = stepFloor / stepMean
 		}
 	}
 	if hits > 0 {

@@ -130,3 +130,26 @@ def test_state_names_the_sizes(ddstore_bin):
                     (dict(sizes=sizes, capacity_bytes=10000, pin="samples"), "pin"), (dict(capacity=50), "capacity")):
         with pytest.raises(ValueError, match=f"{key} .* in the state, .* here: the state is of another plan"):
             ScheduledSampler(100, 4, seed=2, binary=ddstore_bin, **kw).load_state_dict(st)
+
+
+def test_golden_byte_schedules(ddstore_bin):
+    """Every rank's batches and hits of every epoch equal the Go schedules
+    under a byte budget pinned in internal/schedule/testdata/golden_bytes.json."""
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    with open(os.path.join(root, "internal", "schedule", "testdata", "golden_bytes.json"), encoding="utf-8") as f:
+        golden = json.load(f)
+    assert [(g["config"]["Policy"], g["config"]["Pin"]) for g in golden] == [
+        ("random", "bytes"), ("solar", "bytes"), ("locality", "bytes"), ("locality", "samples")]
+    for g in golden:
+        c = g["config"]
+        for r in range(c["Ranks"]):
+            s = ScheduledSampler(c["N"], c["Batch"], seed=c["Seed"], policy=c["Policy"], drop_last=c["DropLast"],
+                                 epochs=c["Epochs"], rank=r, ranks=c["Ranks"], ranks_per_node=c["RanksPerNode"],
+                                 swarm_iterations=c["SwarmIterations"], binary=ddstore_bin, sizes=np.array(c["Sizes"]),
+                                 capacity_bytes=c["CapacityBytes"], pin=c["Pin"])
+            for e, ep in enumerate(g["epochs"]):
+                s.set_epoch(e)
+                assert list(s) == [step[r]["samples"] for step in ep["steps"]], (c["Policy"], r, e)
+                hits = "".join("".join("." if h == "." else "H" for h in step[r]["hits"]) for step in ep["steps"])
+                assert "".join("H" if h else "." for h in s.plan(e).hits) == hits, (c["Policy"], r, e)
