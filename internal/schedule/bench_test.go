@@ -139,3 +139,48 @@ func BenchmarkBuildBytes(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkBytesBalance measures, rather than times, the balance of storage
+// bytes over the ranks of a step under locality with a byte budget: N =
+// 10^5 samples, P = 64 with 8 per node, B = 32, 3 epochs, M = S/4 and S/2,
+// atomistic structures and token lengths. It reports the imbalance (Σ max /
+// Σ mean over the steps) of the sample-count deal (±1 reads a rank, in the
+// permutation's order) and of the byte deal, and the floor no deal goes
+// under (a step's largest read):
+//
+//	go test ./internal/schedule/ -run '^$' -bench BytesBalance -benchtime 1x
+func BenchmarkBytesBalance(b *testing.B) {
+	const n = 100_000
+	for _, dist := range []struct {
+		name  string
+		sizes []int64
+	}{{"atomistic", atomisticSizes(1, n)}, {"tokens", tokenSizes(1, n)}} {
+		for _, frac := range []int64{4, 2} {
+			for _, pin := range []Pin{PinBytes, PinSamples} {
+				b.Run(fmt.Sprintf("%s/%s/pin=%s", dist.name, map[int64]string{4: "quarter", 2: "half"}[frac], pin), func(b *testing.B) {
+					c := Config{Seed: 1, Epochs: 3, N: n, Ranks: 64, RanksPerNode: 8, Batch: 32, Sizes: dist.sizes,
+						CapacityBytes: sumSizes(dist.sizes) / frac, Pin: pin}
+					var counted, mean, dealt, floor float64
+					for b.Loop() {
+						s, err := New(c)
+						if err != nil {
+							b.Fatal(err)
+						}
+						counted, mean, dealt, floor = 0, 0, 0, 0
+						for i := range c.Epochs {
+							st := countDealEpoch(s, i).Stats
+							counted += st.StepMaxBytes
+							mean += st.StepMeanBytes
+							st = s.Epoch(i).Stats
+							dealt += st.StepMaxBytes
+							floor += st.StepFloorBytes
+						}
+					}
+					b.ReportMetric(counted/mean, "count-deal-imbalance")
+					b.ReportMetric(dealt/mean, "byte-deal-imbalance")
+					b.ReportMetric(floor/mean, "floor")
+				})
+			}
+		}
+	}
+}

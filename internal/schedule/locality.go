@@ -30,6 +30,10 @@ package schedule
 // room (a read from another node's memory); then storage reads fill every
 // rank to B. Within a rank, memory hits come first, each group in the
 // order of the permutation.
+//
+// Under a byte budget (Config.Sizes) the pinned set is the node table of
+// pinBytes, and the storage reads are dealt first, by bytes, each rank's
+// hits being what fills it to B (bytes.go).
 type localitySim struct {
 	s       *Schedule
 	p       permuter
