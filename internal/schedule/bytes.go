@@ -106,11 +106,6 @@ func pinBytes(sizes []int64, capa int64, nodes int, pin Pin) (node []int32, coun
 	}
 	share := nodeShares(capa, nodes)
 	used := make([]int64, nodes)
-	// room is a heap of the nodes, the most room first, ties by node.
-	room := newMinHeap(nodes, func(a, b int32) bool {
-		ra, rb := used[a]-share[a], used[b]-share[b]
-		return ra < rb || (ra == rb && a < b)
-	})
 	put := func(x int32, k int32) {
 		node[x] = k
 		used[k] += sizes[x]
@@ -125,6 +120,11 @@ func pinBytes(sizes []int64, capa int64, nodes int, pin Pin) (node []int32, coun
 		}
 		slices.SortFunc(order, func(a, b int32) int {
 			return cmp.Or(cmp.Compare(sizes[a], sizes[b]), cmp.Compare(a, b))
+		})
+		// room is a heap of the nodes, the most room first, ties by node.
+		room := newMinHeap(nodes, func(a, b int32) bool {
+			ra, rb := used[a]-share[a], used[b]-share[b]
+			return ra < rb || (ra == rb && a < b)
 		})
 		room.fill()
 		for _, x := range order {
@@ -152,8 +152,8 @@ func pinBytes(sizes []int64, capa int64, nodes int, pin Pin) (node []int32, coun
 	return node, count, bytes
 }
 
-// minHeap is a binary heap of ids 0..n-1 under less, which reads keys the
-// caller keeps; fix restores it after the top's key grew.
+// minHeap is a binary heap of the ids 0..n-1 under less, which reads keys
+// the caller keeps; fix restores it after the top's key grew.
 type minHeap struct {
 	ids  []int32
 	less func(a, b int32) bool
@@ -175,30 +175,8 @@ func (h *minHeap) fill() {
 	}
 }
 
-func (h *minHeap) len() int   { return len(h.ids) }
 func (h *minHeap) top() int32 { return h.ids[0] }
 func (h *minHeap) fix()       { h.down(0) }
-func (h *minHeap) push(id int32) {
-	h.ids = append(h.ids, id)
-	for i := len(h.ids) - 1; i > 0; {
-		p := (i - 1) / 2
-		if !h.less(h.ids[i], h.ids[p]) {
-			break
-		}
-		h.ids[i], h.ids[p] = h.ids[p], h.ids[i]
-		i = p
-	}
-}
-
-// pop removes the top.
-func (h *minHeap) pop() {
-	last := len(h.ids) - 1
-	h.ids[0] = h.ids[last]
-	h.ids = h.ids[:last]
-	if last > 0 {
-		h.down(0)
-	}
-}
 
 func (h *minHeap) down(i int) {
 	n := len(h.ids)
