@@ -71,7 +71,8 @@ func ExampleSchedule_Steps() {
 // plans: epoch 99 of the job (N = 10^6, P = 1024, 8 per node, B = 32,
 // E = 100, memory for half the dataset). One op is one epoch: locality
 // alone; random without hits (EpochSamples) alone, with them (Epoch) after
-// replaying its buffers through epochs 0..98.
+// replaying its buffers through epochs 0..98; and locality under a byte
+// budget (M = S/2 of atomistic structures, BenchmarkBuildBytes's).
 //
 //	go test ./internal/schedule/ -run '^$' -bench EmitEpoch -benchtime 3x
 func BenchmarkEmitEpoch(b *testing.B) {
@@ -79,10 +80,14 @@ func BenchmarkEmitEpoch(b *testing.B) {
 		name   string
 		policy Policy
 		hits   bool
-	}{{"locality", Locality, true}, {"random", Random, false}, {"random-hits", Random, true}} {
+	}{{"locality", Locality, true}, {"random", Random, false}, {"random-hits", Random, true}, {"locality-bytes", Locality, true}} {
 		b.Run(bc.name, func(b *testing.B) {
 			c := Config{Seed: 1, Epochs: 100, N: 1_000_000, Ranks: 1024, RanksPerNode: 8, Batch: 32,
 				Capacity: 500_000, Policy: bc.policy}
+			if bc.name == "locality-bytes" {
+				c.Capacity, c.Sizes = 0, atomisticSizes(1, c.N)
+				c.CapacityBytes = sumSizes(c.Sizes) / 2
+			}
 			s, err := New(c)
 			if err != nil {
 				b.Fatal(err)
