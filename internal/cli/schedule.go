@@ -7,6 +7,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
+	"os"
 	"strings"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 
 	"github.com/ddstore-go/ddstore/internal/bench"
 	"github.com/ddstore-go/ddstore/internal/schedule"
+	"github.com/ddstore-go/ddstore/internal/source"
 )
 
 const scheduleSynopsis = `
@@ -46,7 +49,28 @@ without --emit-hits, but its hits depend on the buffers' history, so with
 re-dealing and epoch order depend on history, it always replays.
 
 With --json as well, the same as one JSON object: {"rank", "epoch", "perm",
-"steps", "samples": [[...], ...] one list per step, "hits": likewise}.`
+"steps", "samples": [[...], ...] one list per step, "hits": likewise}.
+
+Rows of different sizes (ragged variables): --sizes FILE gives every
+sample's size, a 1-d .npy of integers (n of them; "-" reads it from stdin),
+or --offsets FILE the n+1 offsets of a ragged variable (0, then each row's
+end); both count units of --unit-bytes bytes (default 1; a ragged variable's
+unit is its itemsize times its trailing shape). Memory is then a budget of
+--capacity-bytes M bytes instead of --capacity samples (n defaults to the
+file's). locality pins a prefix of the rows filling M (--pin bytes, the
+default) or the smallest rows (--pin samples) and deals storage reads by
+bytes; random and solar hold M/P bytes per rank. The summary adds the byte
+hit rate (bytes read from memory) and its bound M/S (S the dataset's bytes),
+the sample hit rate's bound k(M)/N (k(M): the most rows that fit in M), and
+storage bytes per rank per step with their imbalance (Σ max over Σ mean of
+the steps) and its floor (a step's busiest rank reads at least the mean and
+at least the step's largest read). --emit-rank adds, after the arrays above:
+
+  bytes          int64, shape (steps,): bytes the rank reads each step
+  storage_bytes  int64, shape (steps,), only with --emit-hits: of them, from
+                 storage
+
+(in JSON: "bytes", "storage_bytes").`
 
 func runSchedule(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("schedule", scheduleSynopsis, stderr)
@@ -66,6 +90,11 @@ func runSchedule(args []string, stdout, stderr io.Writer) error {
 	emitRank := fs.Int("emit-rank", -1, "write this rank's samples of one epoch (--epoch) to stdout as .npy arrays, not the summary")
 	epoch := fs.Int("epoch", 0, "with --emit-rank: the epoch, counted in the order the job runs them")
 	emitHits := fs.Bool("emit-hits", false, "with --emit-rank: also write each sample's hit flag")
+	sizesFile := fs.String("sizes", "", "rows of different sizes: a 1-d .npy of every sample's size (\"-\": stdin)")
+	offsetsFile := fs.String("offsets", "", "rows of different sizes: a 1-d .npy of a ragged variable's n+1 offsets")
+	unitBytes := fs.Int64("unit-bytes", 1, "with --sizes or --offsets: bytes of the unit they count")
+	fs.Int64Var(&c.CapacityBytes, "capacity-bytes", 0, "with --sizes or --offsets: bytes the whole job holds in memory (M)")
+	pin := fs.String("pin", "", "with --sizes or --offsets: what locality's pinned rows maximise, bytes (default) or samples")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -75,6 +104,10 @@ func runSchedule(args []string, stdout, stderr io.Writer) error {
 	if !emit && (set["epoch"] || set["emit-hits"]) {
 		return base.Errorf(base.ErrArgument, "schedule: --epoch and --emit-hits go with --emit-rank")
 	}
+	if err := scheduleSizes(&c, set, *sizesFile, *offsetsFile, *unitBytes); err != nil {
+		return err
+	}
+	c.Pin = schedule.Pin(*pin)
 	c.Policy = schedule.Policy(*policy)
 	if emit {
 		// Validate before planning: solar's swarm is the expensive part.
@@ -112,7 +145,22 @@ func runSchedule(args []string, stdout, stderr io.Writer) error {
 			out["path_cost"], out["identity_cost"] = sum.PathCost, sum.IdentityCost
 			out["swarm_population"], out["swarm_iterations"] = c.SwarmPopulation, c.SwarmIterations
 		}
+		if c.Bytes() {
+			delete(out, "capacity")
+			out["capacity_bytes"], out["total_bytes"], out["pin"] = c.CapacityBytes, sum.TotalBytes, c.Pin
+			out["sample_bound"], out["fit_samples"] = sum.Bound, sum.FitSamples
+			out["byte_hit_rate_per_epoch"], out["byte_hit_rate"], out["byte_bound"] = sum.ByteHitRatePerEpoch, sum.ByteHitRate, sum.ByteBound
+			out["storage_bytes_min"], out["storage_bytes_max"] = sum.StorageBytesMin, sum.StorageBytesMax
+			out["storage_bytes_imbalance"], out["worst_step_imbalance"] = sum.StorageBytesImbalance, sum.WorstStepImbalance
+			out["imbalance_floor"] = sum.ImbalanceFloor
+			if c.Policy == schedule.Locality {
+				out["pinned_samples"], out["pinned_bytes"] = sum.PinnedSamples, sum.PinnedBytes
+			}
+		}
 		return json.NewEncoder(stdout).Encode(out)
+	}
+	if c.Bytes() {
+		return scheduleBytesTable(stdout, c, sum, secs)
 	}
 	fmt.Fprintf(stdout, "%s; C/N %.3f, %d steps per epoch\n\n", c, sum.Bound, sum.StepsPerEpoch)
 	t := bench.NewTable("epoch", "draws", "hit rate", "reads min", "reads max", "node-local")
@@ -139,6 +187,116 @@ func runSchedule(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "epoch order cost (SOLAR's misses per rank): %d, in numbered order %d\n", sum.PathCost, sum.IdentityCost)
 	}
 	fmt.Fprintf(stdout, "planned in %v\n", time.Duration(secs*float64(time.Second)).Round(time.Microsecond))
+	return nil
+}
+
+// scheduleSizes reads the sizes of --sizes or --offsets into c (in bytes:
+// units times unit), n from the file unless --n says it, and checks the
+// flags that go with them.
+func scheduleSizes(c *schedule.Config, set map[string]bool, sizesFile, offsetsFile string, unit int64) error {
+	if sizesFile == "" && offsetsFile == "" {
+		for _, f := range []string{"capacity-bytes", "unit-bytes", "pin"} {
+			if set[f] {
+				return base.Errorf(base.ErrArgument, "schedule: --%s goes with --sizes or --offsets", f)
+			}
+		}
+		return nil
+	}
+	switch {
+	case sizesFile != "" && offsetsFile != "":
+		return base.Errorf(base.ErrArgument, "schedule: --sizes and --offsets: give one of them")
+	case set["capacity"]:
+		return base.Errorf(base.ErrArgument, "schedule: --capacity counts samples; with --sizes or --offsets the budget is --capacity-bytes")
+	case !set["capacity-bytes"]:
+		return base.Errorf(base.ErrArgument, "schedule: --sizes and --offsets go with --capacity-bytes, the bytes memory holds")
+	case unit <= 0:
+		return base.Errorf(base.ErrArgument, "schedule: unit bytes %d: want a positive number", unit)
+	}
+	name, flagName := sizesFile, "sizes"
+	if offsetsFile != "" {
+		name, flagName = offsetsFile, "offsets"
+	}
+	var vals []int64
+	var err error
+	if name == "-" {
+		vals, err = source.ReadNPYInts(bufio.NewReader(scheduleStdin), "schedule: --"+flagName+" from stdin")
+	} else {
+		var f *os.File
+		if f, err = os.Open(name); err != nil {
+			return base.Errorf(base.ErrArgument, "schedule: --%s: %v", flagName, err)
+		}
+		defer f.Close()
+		vals, err = source.ReadNPYInts(bufio.NewReader(f), "schedule: --"+flagName+" "+name)
+	}
+	if err != nil {
+		return err
+	}
+	if offsetsFile != "" {
+		if len(vals) == 0 || vals[0] != 0 {
+			return base.Errorf(base.ErrArgument, "schedule: --offsets %s: want n+1 offsets from 0", name)
+		}
+		sizes := make([]int64, len(vals)-1)
+		for i := range sizes {
+			if sizes[i] = vals[i+1] - vals[i]; sizes[i] < 0 {
+				return base.Errorf(base.ErrArgument, "schedule: --offsets %s: offset %d of row %d is below the one before, %d",
+					name, vals[i+1], i, vals[i])
+			}
+		}
+		vals = sizes
+	}
+	if !set["n"] {
+		c.N = len(vals)
+	}
+	if len(vals) != c.N {
+		return base.Errorf(base.ErrArgument, "schedule: --%s %s holds %d rows, --n is %d", flagName, name, len(vals), c.N)
+	}
+	for i, v := range vals {
+		if v > 0 && v > math.MaxInt64/unit {
+			return base.Errorf(base.ErrArgument, "schedule: row %d of %d units of %d bytes: above %d bytes", i, v, unit, int64(math.MaxInt64))
+		}
+		vals[i] = v * unit
+	}
+	c.Sizes, c.Capacity = vals, 0
+	return nil
+}
+
+// scheduleStdin is where --sizes - reads from.
+var scheduleStdin io.Reader = os.Stdin
+
+// scheduleBytesTable prints the summary of a schedule under a byte budget.
+func scheduleBytesTable(w io.Writer, c schedule.Config, sum schedule.Summary, secs float64) error {
+	fmt.Fprintf(w, "%s; %d samples of %d bytes in all, M/S %.3f, %d steps per epoch\n\n", c, c.N, sum.TotalBytes,
+		sum.ByteBound, sum.StepsPerEpoch)
+	t := bench.NewTable("epoch", "draws", "hit rate", "byte hit rate", "storage bytes min", "max", "imbalance", "node-local")
+	for i, st := range sum.PerEpoch {
+		local := "-"
+		if st.Hits > 0 {
+			local = fmt.Sprintf("%.3f", float64(st.LocalHits)/float64(st.Hits))
+		}
+		t.Row(fmt.Sprint(i), fmt.Sprint(sum.Order[i]), fmt.Sprintf("%.4f", st.HitRate()), fmt.Sprintf("%.4f", st.ByteHitRate()),
+			fmt.Sprint(st.StorageBytesMin), fmt.Sprint(st.StorageBytesMax), fmt.Sprintf("%.3f", st.Imbalance()), local)
+	}
+	if err := t.Write(w); err != nil {
+		return err
+	}
+	warm := "epochs ≥ 1"
+	if c.Epochs == 1 {
+		warm = "epoch 0"
+	}
+	fmt.Fprintf(w, "\nsample hit rate (%s): %.4f; bound k(M)/N %.4f (the %d smallest samples fit in M)\n", warm, sum.HitRate, sum.Bound, sum.FitSamples)
+	fmt.Fprintf(w, "byte hit rate (%s): %.4f; bound M/S %.4f\n", warm, sum.ByteHitRate, sum.ByteBound)
+	if c.Policy == schedule.Locality {
+		fmt.Fprintf(w, "pinned: %d samples, %d bytes of %d (pin %s)\n", sum.PinnedSamples, sum.PinnedBytes, c.CapacityBytes, c.Pin)
+	}
+	fmt.Fprintf(w, "storage bytes per rank per step (%s): %d..%d; imbalance (Σ max / Σ mean over steps) %.3f, "+
+		"at least %.3f for any deal (a step's largest read), worst step %.3f\n",
+		warm, sum.StorageBytesMin, sum.StorageBytesMax, sum.StorageBytesImbalance, sum.ImbalanceFloor, sum.WorstStepImbalance)
+	fmt.Fprintf(w, "storage reads per rank per step (%s): %d..%d\n", warm, sum.StorageReadsMin, sum.StorageReadsMax)
+	fmt.Fprintf(w, "node-local: %.3f of memory hits read on the node that holds them\n", sum.NodeLocal)
+	if c.Policy == schedule.Solar {
+		fmt.Fprintf(w, "epoch order cost (SOLAR's missed bytes per rank): %d, in numbered order %d\n", sum.PathCost, sum.IdentityCost)
+	}
+	fmt.Fprintf(w, "planned in %v\n", time.Duration(secs*float64(time.Second)).Round(time.Microsecond))
 	return nil
 }
 
@@ -169,6 +327,20 @@ func emitPlan(w io.Writer, s *schedule.Schedule, rank, epoch int, hits, asJSON b
 				h[st] = ep.Hits(st, rank)
 			}
 			out["hits"] = h
+		}
+		if s.Config().Bytes() {
+			b := make([]int64, steps)
+			for st := range steps {
+				b[st] = ep.Bytes(st, rank)
+			}
+			out["bytes"] = b
+			if hits {
+				sb := make([]int64, steps)
+				for st := range steps {
+					sb[st] = ep.StorageBytes(st, rank)
+				}
+				out["storage_bytes"] = sb
+			}
 		}
 		return json.NewEncoder(w).Encode(out)
 	}
@@ -203,6 +375,20 @@ func emitPlan(w io.Writer, s *schedule.Schedule, rank, epoch int, hits, asJSON b
 	npyWrite1D(bw, "<i8", steps, sizes)
 	if hits {
 		npyWrite1D(bw, "|b1", total, flags)
+	}
+	if s.Config().Bytes() {
+		b := make([]byte, 0, 8*steps)
+		for st := range steps {
+			b = binary.LittleEndian.AppendUint64(b, uint64(ep.Bytes(st, rank)))
+		}
+		npyWrite1D(bw, "<i8", steps, b)
+		if hits {
+			b = b[:0]
+			for st := range steps {
+				b = binary.LittleEndian.AppendUint64(b, uint64(ep.StorageBytes(st, rank)))
+			}
+			npyWrite1D(bw, "<i8", steps, b)
+		}
 	}
 	return bw.Flush()
 }

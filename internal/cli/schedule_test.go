@@ -1,10 +1,15 @@
 package cli
 
 import (
+	"bufio"
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -277,6 +282,258 @@ func TestScheduleEmitBadInput(t *testing.T) {
 		code, out, errOut := run(t, append([]string{"schedule"}, tc.args...)...)
 		if code != tc.code || !strings.Contains(errOut, tc.want) || (code != 0 && out != "") {
 			t.Errorf("schedule %v: exit %d, stdout %q, stderr %q; want exit %d and %q", tc.args, code, out, errOut, tc.code, tc.want)
+		}
+	}
+}
+
+// writeNPY1D writes a 1-d .npy array of int64 (descr "<i8") or of another
+// integer type's bytes to a file in dir.
+func writeNPY1D(t *testing.T, dir, name, descr string, n int, data []byte) string {
+	t.Helper()
+	var b bytes.Buffer
+	w := bufio.NewWriter(&b)
+	npyWrite1D(w, descr, n, data)
+	w.Flush()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, b.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func int64Bytes(xs []int64) []byte {
+	var b []byte
+	for _, x := range xs {
+		b = binary.LittleEndian.AppendUint64(b, uint64(x))
+	}
+	return b
+}
+
+// tokenLengths are n lengths of documents, log-normal with a long tail.
+func tokenLengths(n int) []int64 {
+	rng := rand.New(rand.NewPCG(1, 2))
+	out := make([]int64, n)
+	for i := range out {
+		out[i] = int64(min(32768, max(16, math.Round(math.Exp(math.Log(512)+rng.NormFloat64())))))
+	}
+	return out
+}
+
+// TestScheduleBytes: --sizes, --offsets and --sizes - (stdin) give the
+// summary of the schedule package's byte budget, with its byte figures.
+func TestScheduleBytes(t *testing.T) {
+	dir := t.TempDir()
+	lengths := tokenLengths(3000)
+	offsets := make([]int64, len(lengths)+1)
+	sizes := make([]int64, len(lengths))
+	var total int64
+	for i, l := range lengths {
+		offsets[i+1] = offsets[i] + l
+		sizes[i] = 4 * l
+		total += 4 * l
+	}
+	sizesFile := writeNPY1D(t, dir, "lengths.npy", "<i8", len(lengths), int64Bytes(lengths))
+	offsetsFile := writeNPY1D(t, dir, "offsets.npy", "<i8", len(offsets), int64Bytes(offsets))
+	var u32 []byte
+	for _, l := range lengths {
+		u32 = binary.LittleEndian.AppendUint32(u32, uint32(l))
+	}
+	u32File := writeNPY1D(t, dir, "lengths32.npy", "<u4", len(lengths), u32)
+	capa := total / 3
+	for _, policy := range []string{"random", "solar", "locality"} {
+		for _, pin := range []string{"bytes", "samples"} {
+			if policy != "locality" && pin == "samples" {
+				continue
+			}
+			common := []string{"schedule", "--ranks", "8", "--ranks-per-node", "2", "--batch", "8", "--epochs", "3",
+				"--policy", policy, "--seed", "4", "--iterations", "50", "--unit-bytes", "4", "--capacity-bytes",
+				strconv.FormatInt(capa, 10), "--pin", pin, "--json"}
+			outs := map[string]map[string]any{}
+			for name, args := range map[string][]string{
+				"sizes": {"--sizes", sizesFile}, "offsets": {"--offsets", offsetsFile}, "uint32": {"--sizes", u32File},
+				"stdin": {"--sizes", "-"},
+			} {
+				if name == "stdin" {
+					b, err := os.ReadFile(sizesFile)
+					if err != nil {
+						t.Fatal(err)
+					}
+					scheduleStdin = bytes.NewReader(b)
+				}
+				code, out, errOut := run(t, append(slices.Clone(common), args...)...)
+				scheduleStdin = os.Stdin
+				if code != 0 {
+					t.Fatalf("%s %s %s: exit %d, stderr %q", policy, pin, name, code, errOut)
+				}
+				var got map[string]any
+				if err := json.Unmarshal([]byte(out), &got); err != nil {
+					t.Fatal(err)
+				}
+				delete(got, "seconds")
+				outs[name] = got
+			}
+			for _, name := range []string{"offsets", "uint32", "stdin"} {
+				if fmt.Sprint(outs[name]) != fmt.Sprint(outs["sizes"]) {
+					t.Errorf("%s %s: --%s gives\n%v\n--sizes gives\n%v", policy, pin, name, outs[name], outs["sizes"])
+				}
+			}
+			s, err := schedule.New(schedule.Config{Seed: 4, Epochs: 3, N: len(sizes), Ranks: 8, RanksPerNode: 2, Batch: 8,
+				Policy: schedule.Policy(policy), SwarmIterations: 50, Sizes: sizes, CapacityBytes: capa, Pin: schedule.Pin(pin)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sum, got := s.Summarize(), outs["sizes"]
+			for k, want := range map[string]float64{
+				"n": float64(len(sizes)), "capacity_bytes": float64(capa), "total_bytes": float64(total),
+				"hit_rate": sum.HitRate, "sample_bound": sum.Bound, "byte_hit_rate": sum.ByteHitRate, "byte_bound": sum.ByteBound,
+				"storage_bytes_min": float64(sum.StorageBytesMin), "storage_bytes_max": float64(sum.StorageBytesMax),
+				"storage_bytes_imbalance": sum.StorageBytesImbalance, "imbalance_floor": sum.ImbalanceFloor,
+			} {
+				if v, ok := got[k].(float64); !ok || v != want {
+					t.Errorf("%s %s: %s %v, want %v", policy, pin, k, got[k], want)
+				}
+			}
+			if _, ok := got["capacity"]; ok {
+				t.Errorf("%s: a capacity in samples in the summary of a byte budget", policy)
+			}
+			if policy == "locality" && (got["pinned_bytes"].(float64) > float64(capa) || got["pin"] != pin) {
+				t.Errorf("locality %s: pinned %v bytes of %d", pin, got["pinned_bytes"], capa)
+			}
+		}
+	}
+	// The summary table names both hit rates and their bounds.
+	code, out, errOut := run(t, "schedule", "--sizes", sizesFile, "--capacity-bytes", strconv.FormatInt(capa/4, 10), "--epochs", "2")
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	for _, s := range []string{"sample hit rate", "bound k(M)/N", "byte hit rate", "bound M/S", "pinned:", "imbalance"} {
+		if !strings.Contains(out, s) {
+			t.Errorf("no %q in\n%s", s, out)
+		}
+	}
+	// Without sizes, no byte figures.
+	code, out, _ = run(t, "schedule", "--epochs", "2", "--json")
+	if code != 0 || strings.Contains(out, "byte") {
+		t.Errorf("exit %d; a budget in samples prints byte figures: %s", code, out)
+	}
+}
+
+// TestScheduleBytesEmit: under a byte budget --emit-rank adds each step's
+// bytes and, with --emit-hits, its bytes from storage, as the schedule
+// package plans them.
+func TestScheduleBytesEmit(t *testing.T) {
+	dir := t.TempDir()
+	lengths := tokenLengths(200)
+	sizesFile := writeNPY1D(t, dir, "lengths.npy", "<i8", len(lengths), int64Bytes(lengths))
+	var total int64
+	for _, l := range lengths {
+		total += l
+	}
+	for _, policy := range []schedule.Policy{schedule.Random, schedule.Solar, schedule.Locality} {
+		c := schedule.Config{Seed: 42, Epochs: 3, N: len(lengths), Ranks: 4, RanksPerNode: 2, Batch: 5,
+			Sizes: lengths, CapacityBytes: total / 2, Policy: policy, SwarmIterations: 100}
+		s, err := schedule.New(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for ei := range c.Epochs {
+			ep := s.Epoch(ei)
+			for r := range c.Ranks {
+				where := fmt.Sprintf("%s epoch %d rank %d", policy, ei, r)
+				args := []string{"schedule", "--sizes", sizesFile, "--capacity-bytes", strconv.FormatInt(total/2, 10),
+					"--ranks", "4", "--ranks-per-node", "2", "--batch", "5", "--epochs", "3", "--seed", "42",
+					"--policy", string(policy), "--iterations", "100", "--emit-rank", strconv.Itoa(r), "--epoch", strconv.Itoa(ei)}
+				code, out, errOut := run(t, append(slices.Clone(args), "--emit-hits")...)
+				if code != 0 {
+					t.Fatalf("%s: exit %d, stderr %q", where, code, errOut)
+				}
+				_, samples, rest := readNPY1D(t, []byte(out))
+				_, counts, rest := readNPY1D(t, rest)
+				_, hits, rest := readNPY1D(t, rest)
+				d4, stepBytes, rest := readNPY1D(t, rest)
+				d5, storage, rest := readNPY1D(t, rest)
+				if d4 != "<i8" || d5 != "<i8" || len(rest) != 0 || len(stepBytes) != ep.Steps() || len(storage) != ep.Steps() {
+					t.Fatalf("%s: arrays %s %s of %d, %d steps, %d bytes more", where, d4, d5, len(stepBytes), ep.Steps(), len(rest))
+				}
+				k := 0
+				for st := range ep.Steps() {
+					var b, sb int64
+					for range counts[st] {
+						b += lengths[samples[k]]
+						if hits[k] == 0 {
+							sb += lengths[samples[k]]
+						}
+						k++
+					}
+					if stepBytes[st] != ep.Bytes(st, r) || storage[st] != ep.StorageBytes(st, r) || b != stepBytes[st] || sb != storage[st] {
+						t.Fatalf("%s step %d: bytes %d, storage %d; the plan's %d, %d; its samples' %d, %d", where, st,
+							stepBytes[st], storage[st], ep.Bytes(st, r), ep.StorageBytes(st, r), b, sb)
+					}
+				}
+				// Without --emit-hits: samples, sizes, bytes.
+				code, bare, errOut := run(t, args...)
+				if code != 0 {
+					t.Fatalf("%s: exit %d, stderr %q", where, code, errOut)
+				}
+				_, bs, rest := readNPY1D(t, []byte(bare))
+				_, _, rest = readNPY1D(t, rest)
+				_, bb, rest := readNPY1D(t, rest)
+				if len(rest) != 0 || !slices.Equal(bs, samples) || !slices.Equal(bb, stepBytes) {
+					t.Fatalf("%s: without --emit-hits, other samples or bytes", where)
+				}
+				code, js, _ := run(t, append(slices.Clone(args), "--emit-hits", "--json")...)
+				var got struct{ Bytes, StorageBytes []int64 }
+				var raw map[string]json.RawMessage
+				if code != 0 || json.Unmarshal([]byte(js), &raw) != nil || json.Unmarshal(raw["bytes"], &got.Bytes) != nil ||
+					json.Unmarshal(raw["storage_bytes"], &got.StorageBytes) != nil {
+					t.Fatalf("%s --json: exit %d, %s", where, code, js)
+				}
+				if !slices.Equal(got.Bytes, stepBytes) || !slices.Equal(got.StorageBytes, storage) {
+					t.Fatalf("%s --json: bytes %v storage %v, want %v %v", where, got.Bytes, got.StorageBytes, stepBytes, storage)
+				}
+			}
+		}
+	}
+}
+
+func TestScheduleBytesBadInput(t *testing.T) {
+	dir := t.TempDir()
+	sizes := writeNPY1D(t, dir, "sizes.npy", "<i8", 4, int64Bytes([]int64{5, 6, 7, 8}))
+	down := writeNPY1D(t, dir, "down.npy", "<i8", 4, int64Bytes([]int64{0, 6, 5, 8}))
+	from1 := writeNPY1D(t, dir, "from1.npy", "<i8", 3, int64Bytes([]int64{1, 6, 8}))
+	neg := writeNPY1D(t, dir, "neg.npy", "<i8", 4, int64Bytes([]int64{5, -6, 7, 8}))
+	floats := writeNPY1D(t, dir, "floats.npy", "<f8", 4, int64Bytes([]int64{5, 6, 7, 8}))
+	short := filepath.Join(dir, "short.npy")
+	b, _ := os.ReadFile(sizes)
+	os.WriteFile(short, b[:len(b)-3], 0o644)
+	notNPY := filepath.Join(dir, "text.npy")
+	os.WriteFile(notNPY, []byte("5 6 7 8\n"), 0o644)
+	base := []string{"--ranks", "2", "--batch", "1", "--epochs", "2"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--capacity-bytes", "10"}, "--capacity-bytes goes with --sizes or --offsets"},
+		{[]string{"--pin", "samples"}, "--pin goes with --sizes or --offsets"},
+		{[]string{"--sizes", sizes}, "--sizes and --offsets go with --capacity-bytes"},
+		{[]string{"--sizes", sizes, "--capacity-bytes", "10", "--capacity", "2"}, "--capacity counts samples"},
+		{[]string{"--sizes", sizes, "--offsets", sizes, "--capacity-bytes", "10"}, "give one of them"},
+		{[]string{"--sizes", sizes, "--capacity-bytes", "10", "--n", "5"}, "holds 4 rows, --n is 5"},
+		{[]string{"--sizes", sizes, "--capacity-bytes", "27"}, "capacity bytes 27 above the dataset's 26"},
+		{[]string{"--sizes", sizes, "--capacity-bytes", "10", "--unit-bytes", "0"}, "unit bytes 0"},
+		{[]string{"--sizes", sizes, "--capacity-bytes", "10", "--pin", "big"}, `pin "big"`},
+		{[]string{"--sizes", neg, "--capacity-bytes", "10"}, "size -6 of sample 1"},
+		{[]string{"--offsets", down, "--capacity-bytes", "2"}, "offset 5 of row 1 is below the one before, 6"},
+		{[]string{"--offsets", from1, "--capacity-bytes", "2"}, "want n+1 offsets from 0"},
+		{[]string{"--sizes", floats, "--capacity-bytes", "10"}, "dtype float64: want integers"},
+		{[]string{"--sizes", short, "--capacity-bytes", "10"}, "is truncated"},
+		{[]string{"--sizes", notNPY, "--capacity-bytes", "10"}, "not a .npy file"},
+		{[]string{"--sizes", filepath.Join(dir, "none.npy"), "--capacity-bytes", "10"}, "no such file"},
+		{[]string{"--sizes", sizes, "--capacity-bytes", "10", "--emit-rank", "2"}, "emit-rank 2 not in [0, 2)"},
+	} {
+		code, out, errOut := run(t, append(append([]string{"schedule"}, base...), tc.args...)...)
+		if code != exitArgument || !strings.Contains(errOut, tc.want) || out != "" {
+			t.Errorf("schedule %v: exit %d, stdout %q, stderr %q; want exit %d and %q", tc.args, code, out, errOut, exitArgument, tc.want)
 		}
 	}
 }

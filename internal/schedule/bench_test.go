@@ -71,7 +71,8 @@ func ExampleSchedule_Steps() {
 // plans: epoch 99 of the job (N = 10^6, P = 1024, 8 per node, B = 32,
 // E = 100, memory for half the dataset). One op is one epoch: locality
 // alone; random without hits (EpochSamples) alone, with them (Epoch) after
-// replaying its buffers through epochs 0..98.
+// replaying its buffers through epochs 0..98; and locality under a byte
+// budget (M = S/2 of atomistic structures, BenchmarkBuildBytes's).
 //
 //	go test ./internal/schedule/ -run '^$' -bench EmitEpoch -benchtime 3x
 func BenchmarkEmitEpoch(b *testing.B) {
@@ -79,10 +80,14 @@ func BenchmarkEmitEpoch(b *testing.B) {
 		name   string
 		policy Policy
 		hits   bool
-	}{{"locality", Locality, true}, {"random", Random, false}, {"random-hits", Random, true}} {
+	}{{"locality", Locality, true}, {"random", Random, false}, {"random-hits", Random, true}, {"locality-bytes", Locality, true}} {
 		b.Run(bc.name, func(b *testing.B) {
 			c := Config{Seed: 1, Epochs: 100, N: 1_000_000, Ranks: 1024, RanksPerNode: 8, Batch: 32,
 				Capacity: 500_000, Policy: bc.policy}
+			if bc.name == "locality-bytes" {
+				c.Capacity, c.Sizes = 0, atomisticSizes(1, c.N)
+				c.CapacityBytes = sumSizes(c.Sizes) / 2
+			}
 			s, err := New(c)
 			if err != nil {
 				b.Fatal(err)
@@ -99,5 +104,88 @@ func BenchmarkEmitEpoch(b *testing.B) {
 				b.Fatal("wrong epoch")
 			}
 		})
+	}
+}
+
+// BenchmarkBuildBytes is the cost of the byte path: the job of
+// BenchmarkBuild (N = 10^6, P = 1024 with 8 per node, B = 32) over 10
+// epochs, memory for half the dataset counted in samples (C = N/2) and in
+// bytes (M = S/2 of atomistic structures of 8-256 atoms), side by side. It
+// reports the hit rates, in bytes the byte hit rate and the storage bytes
+// imbalance. One op is one job:
+//
+//	GOMAXPROCS=1 go test ./internal/schedule/ -run '^$' -bench BuildBytes -benchtime 1x -count 3
+func BenchmarkBuildBytes(b *testing.B) {
+	const n = 1_000_000
+	sizes := atomisticSizes(1, n)
+	for _, p := range Policies {
+		for _, bytes := range []bool{false, true} {
+			name := string(p) + "/samples"
+			c := Config{Seed: 1, Epochs: 10, N: n, Ranks: 1024, RanksPerNode: 8, Batch: 32, Capacity: n / 2, Policy: p}
+			if bytes {
+				name = string(p) + "/bytes"
+				c.Capacity, c.Sizes, c.CapacityBytes = 0, sizes, sumSizes(sizes)/2
+			}
+			b.Run(name, func(b *testing.B) {
+				var sum Summary
+				for b.Loop() {
+					s, err := New(c)
+					if err != nil {
+						b.Fatal(err)
+					}
+					sum = s.Summarize()
+				}
+				b.ReportMetric(sum.HitRate, "hit-rate")
+				if bytes {
+					b.ReportMetric(sum.ByteHitRate, "byte-hit-rate")
+					b.ReportMetric(sum.StorageBytesImbalance, "bytes-imbalance")
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkBytesBalance measures, rather than times, the balance of storage
+// bytes over the ranks of a step under locality with a byte budget: N =
+// 10^5 samples, P = 64 with 8 per node, B = 32, 3 epochs, M = S/4 and S/2,
+// atomistic structures and token lengths. It reports the imbalance (Σ max /
+// Σ mean over the steps) of the sample-count deal (±1 reads a rank, in the
+// permutation's order) and of the byte deal, and the floor no deal goes
+// under (a step's largest read):
+//
+//	go test ./internal/schedule/ -run '^$' -bench BytesBalance -benchtime 1x
+func BenchmarkBytesBalance(b *testing.B) {
+	const n = 100_000
+	for _, dist := range []struct {
+		name  string
+		sizes []int64
+	}{{"atomistic", atomisticSizes(1, n)}, {"tokens", tokenSizes(1, n)}} {
+		for _, frac := range []int64{4, 2} {
+			for _, pin := range []Pin{PinBytes, PinSamples} {
+				b.Run(fmt.Sprintf("%s/%s/pin=%s", dist.name, map[int64]string{4: "quarter", 2: "half"}[frac], pin), func(b *testing.B) {
+					c := Config{Seed: 1, Epochs: 3, N: n, Ranks: 64, RanksPerNode: 8, Batch: 32, Sizes: dist.sizes,
+						CapacityBytes: sumSizes(dist.sizes) / frac, Pin: pin}
+					var counted, mean, dealt, floor float64
+					for b.Loop() {
+						s, err := New(c)
+						if err != nil {
+							b.Fatal(err)
+						}
+						counted, mean, dealt, floor = 0, 0, 0, 0
+						for i := range c.Epochs {
+							st := countDealEpoch(s, i).Stats
+							counted += st.StepMaxBytes
+							mean += st.StepMeanBytes
+							st = s.Epoch(i).Stats
+							dealt += st.StepMaxBytes
+							floor += st.StepFloorBytes
+						}
+					}
+					b.ReportMetric(counted/mean, "count-deal-imbalance")
+					b.ReportMetric(dealt/mean, "byte-deal-imbalance")
+					b.ReportMetric(floor/mean, "floor")
+				})
+			}
+		}
 	}
 }

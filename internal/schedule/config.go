@@ -2,6 +2,7 @@ package schedule
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/ddstore-go/ddstore/internal/base"
 )
@@ -53,7 +54,35 @@ type Config struct {
 	SwarmIterations int
 	SwarmPBest      float64
 	SwarmGBest      float64
+	// Sizes, when set, are the bytes of every sample (N of them, each ≥ 0):
+	// rows differ in size, and memory is a byte budget, CapacityBytes,
+	// instead of Capacity samples (which must then be 0). Schedules
+	// without Sizes are those of the sample count, unchanged.
+	Sizes         []int64 `json:",omitempty"`
+	CapacityBytes int64   `json:",omitempty"` // M, bytes the whole job holds in memory
+	// Pin is what Locality's pinned set maximises under a byte budget:
+	// PinBytes (the default) or PinSamples. Only with Sizes.
+	Pin Pin `json:",omitempty"`
 }
+
+// Pin names what the pinned set of Locality maximises under a byte budget.
+type Pin string
+
+const (
+	// PinBytes fills the budget (samples in index order, then any that
+	// still fit): the byte hit rate, the fraction of bytes read from
+	// memory, reaches M/S less what the largest samples leave unfilled.
+	// Storage traffic is bytes, so this is the default.
+	PinBytes Pin = "bytes"
+	// PinSamples pins the smallest samples first: the sample hit rate
+	// reaches its bound, the number of smallest samples that fit in M over
+	// N, and the byte hit rate falls below M/S by as much as the pinned
+	// samples are smaller than the mean.
+	PinSamples Pin = "samples"
+)
+
+// Bytes tells whether the schedule counts memory in bytes (Sizes set).
+func (c Config) Bytes() bool { return c.Sizes != nil }
 
 // withDefaults fills the zero values that stand for a default.
 func (c Config) withDefaults() Config {
@@ -72,6 +101,9 @@ func (c Config) withDefaults() Config {
 	if c.SwarmGBest == 0 {
 		c.SwarmGBest = DefaultSwarmGBest
 	}
+	if c.Sizes != nil && c.Pin == "" {
+		c.Pin = PinBytes
+	}
 	return c
 }
 
@@ -83,11 +115,15 @@ func argErr(format string, args ...any) error {
 // error wrapping base.ErrArgument that names it.
 func (c Config) Validate() error {
 	c = c.withDefaults()
-	for _, v := range []struct {
+	ints := []struct {
 		name string
 		v    int
 	}{{"epochs", c.Epochs}, {"n", c.N}, {"ranks", c.Ranks}, {"ranks per node", c.RanksPerNode},
-		{"batch", c.Batch}, {"capacity", c.Capacity}} {
+		{"batch", c.Batch}, {"capacity", c.Capacity}}
+	if c.Bytes() {
+		ints = ints[:len(ints)-1] // the budget is CapacityBytes
+	}
+	for _, v := range ints {
 		if v.v <= 0 {
 			return argErr("%s %d: want a positive number", v.name, v.v)
 		}
@@ -103,9 +139,16 @@ func (c Config) Validate() error {
 		return argErr("batch %d × ranks %d = %d above n %d: not one global batch", c.Batch, c.Ranks,
 			int64(c.Batch)*int64(c.Ranks), c.N)
 	}
+	if err := c.validateBytes(); err != nil {
+		return err
+	}
 	switch c.Policy {
 	case Random, Solar:
-		if c.Capacity < c.Ranks {
+		if c.Bytes() && c.CapacityBytes < int64(c.Ranks) {
+			return argErr("capacity bytes %d below ranks %d: policy %s gives each rank a buffer of capacity bytes/ranks",
+				c.CapacityBytes, c.Ranks, c.Policy)
+		}
+		if !c.Bytes() && c.Capacity < c.Ranks {
 			return argErr("capacity %d below ranks %d: policy %s gives each rank a buffer of capacity/ranks samples",
 				c.Capacity, c.Ranks, c.Policy)
 		}
@@ -131,11 +174,53 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// validateBytes checks the byte budget and the sizes it is counted in.
+func (c Config) validateBytes() error {
+	if !c.Bytes() {
+		switch {
+		case c.CapacityBytes != 0:
+			return argErr("capacity bytes %d without sizes: a byte budget needs every sample's size", c.CapacityBytes)
+		case c.Pin != "":
+			return argErr("pin %q without sizes: it chooses under a byte budget", c.Pin)
+		}
+		return nil
+	}
+	if len(c.Sizes) != c.N {
+		return argErr("sizes of %d samples, n %d: want one size per sample", len(c.Sizes), c.N)
+	}
+	var total int64
+	for i, s := range c.Sizes {
+		if s < 0 {
+			return argErr("size %d of sample %d: want a size in bytes, ≥ 0", s, i)
+		}
+		if total += s; total < 0 {
+			return argErr("sizes add up to more than %d bytes", int64(math.MaxInt64))
+		}
+	}
+	switch {
+	case c.Capacity != 0:
+		return argErr("capacity %d with sizes: the budget is capacity bytes; leave capacity 0", c.Capacity)
+	case total == 0:
+		return argErr("sizes of %d samples add up to 0 bytes", c.N)
+	case c.CapacityBytes <= 0:
+		return argErr("capacity bytes %d: want a positive number", c.CapacityBytes)
+	case c.CapacityBytes > total:
+		return argErr("capacity bytes %d above the dataset's %d: memory holds at most the whole dataset", c.CapacityBytes, total)
+	case c.Pin != PinBytes && c.Pin != PinSamples:
+		return argErr("pin %q: want %q or %q", c.Pin, PinBytes, PinSamples)
+	}
+	return nil
+}
+
 // maxSolarBits bounds epochs × n for Solar, whose cost matrix holds two
 // n-bit sets per epoch: 2^35 bits each is 8 GiB in all.
 const maxSolarBits = 1 << 35
 
 func (c Config) String() string {
+	if c.Bytes() {
+		return fmt.Sprintf("policy %s, n %d, ranks %d (%d per node), batch %d, epochs %d, capacity %d bytes (pin %s), seed %d",
+			c.Policy, c.N, c.Ranks, c.RanksPerNode, c.Batch, c.Epochs, c.CapacityBytes, c.Pin, c.Seed)
+	}
 	return fmt.Sprintf("policy %s, n %d, ranks %d (%d per node), batch %d, epochs %d, capacity %d, seed %d",
 		c.Policy, c.N, c.Ranks, c.RanksPerNode, c.Batch, c.Epochs, c.Capacity, c.Seed)
 }

@@ -49,4 +49,17 @@
 // A hit is a read served from the job's memory: under Random and Solar the
 // reading rank's own buffer, under Locality any node's memory (NodeLocal
 // tells whether it was the reader's node).
+//
+// Rows of different sizes (ragged variables): with Config.Sizes (every
+// sample's bytes) memory is a budget of CapacityBytes M bytes instead of
+// Capacity samples. The bounds become two, M/S for the byte hit rate (S the
+// dataset's bytes) and k(M)/N for the sample hit rate (k(M) the most
+// samples that fit in M, the smallest); Locality pins a prefix of the rows
+// filling M (PinBytes, the default; PinSamples pins the smallest and
+// reaches both) and deals each step's storage reads by bytes, so that the
+// ranks of a step read about as many bytes from storage; Random and Solar
+// buffer M/P bytes per rank. Summary and EpochStats carry both hit rates,
+// their bounds, and storage bytes per rank per step with their imbalance.
+// The derivation and the choice are in bytes.go. Without Sizes every
+// schedule is the one of a budget in samples, unchanged.
 package schedule

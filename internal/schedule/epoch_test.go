@@ -50,7 +50,7 @@ func TestEpochIsReplayed(t *testing.T) {
 				continue
 			}
 			if smp.HasHits() || smp.Hits(0, 0) != nil || smp.NodeLocal(0, 0) != nil ||
-				smp.Stats != (EpochStats{Accesses: want.Stats.Accesses}) {
+				smp.Stats != (EpochStats{Accesses: want.Stats.Accesses, Bytes: want.Stats.Bytes}) {
 				t.Fatalf("%v: EpochSamples(%d) under random claims hits: %+v", c, want.Index, smp.Stats)
 			}
 			for st := range smp.Steps() {

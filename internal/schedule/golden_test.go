@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-var update = flag.Bool("update", false, "rewrite testdata/golden.json")
+var update = flag.Bool("update", false, "rewrite testdata/golden.json and testdata/golden_bytes.json")
 
 const goldenFile = "testdata/golden.json"
 
@@ -17,6 +17,32 @@ const goldenFile = "testdata/golden.json"
 // what a schedule decides shows up as a diff of testdata/golden.json.
 // After a deliberate change: go test ./internal/schedule/ -run TestGolden -update
 func TestGolden(t *testing.T) {
+	var cs []Config
+	for _, p := range Policies {
+		cs = append(cs, Config{Seed: 42, Epochs: 3, N: 38, Ranks: 4, RanksPerNode: 2, Batch: 3, Capacity: 16, Policy: p, SwarmIterations: 100})
+	}
+	checkGolden(t, goldenFile, cs)
+}
+
+// TestGoldenBytes pins the same schedules under a byte budget (sizes of
+// atomistic structures, memory for 40% of the bytes), both pins under
+// locality, in testdata/golden_bytes.json.
+func TestGoldenBytes(t *testing.T) {
+	sizes := atomisticSizes(42, 38)
+	var cs []Config
+	for _, p := range Policies {
+		c := Config{Seed: 42, Epochs: 3, N: 38, Ranks: 4, RanksPerNode: 2, Batch: 3, Sizes: sizes,
+			CapacityBytes: sumSizes(sizes) * 2 / 5, Policy: p, SwarmIterations: 100}
+		cs = append(cs, c)
+		if p == Locality {
+			c.Pin = PinSamples
+			cs = append(cs, c)
+		}
+	}
+	checkGolden(t, "testdata/golden_bytes.json", cs)
+}
+
+func checkGolden(t *testing.T, goldenFile string, cs []Config) {
 	type rank struct {
 		Samples []int32 `json:"samples"`
 		Hits    string  `json:"hits"` // per sample: H memory on the reader's node, h another node's, . storage
@@ -31,8 +57,7 @@ func TestGolden(t *testing.T) {
 		Epochs []epoch `json:"epochs"`
 	}
 	var all []golden
-	for _, p := range Policies {
-		c := Config{Seed: 42, Epochs: 3, N: 38, Ranks: 4, RanksPerNode: 2, Batch: 3, Capacity: 16, Policy: p, SwarmIterations: 100}
+	for _, c := range cs {
 		s := mustNew(t, c)
 		g := golden{Config: s.Config(), Order: s.Order()}
 		for e := range s.Epochs() {

@@ -30,6 +30,10 @@ package schedule
 // room (a read from another node's memory); then storage reads fill every
 // rank to B. Within a rank, memory hits come first, each group in the
 // order of the permutation.
+//
+// Under a byte budget (Config.Sizes) the pinned set is the node table of
+// pinBytes, and the storage reads are dealt first, by bytes, each rank's
+// hits being what fills it to B (bytes.go).
 type localitySim struct {
 	s       *Schedule
 	p       permuter
@@ -48,22 +52,40 @@ type localitySim struct {
 	slot     []int32 // the deal: rank r's samples are slot[r*B:(r+1)*B]
 	slotHit  []bool
 	slotNode []bool
+
+	// Under a byte budget: the node pinning each sample (-1: none), and
+	// the deal of storage reads by bytes.
+	pinNode []int32
+	dealer  *byteDealer
+	reads   []int32 // positions in batch of the step's storage reads
+	room    []int   // per rank, storage reads it takes
+	rankOf  []int32 // per position in batch, the rank reading it from storage
 }
 
 func newLocalitySim(s *Schedule) *localitySim {
 	c := s.cfg
 	k := c.Ranks / c.RanksPerNode
-	return &localitySim{
+	m := &localitySim{
 		s: s, nodes: k, perNode: c.RanksPerNode,
 		pinnedOn: make([]int, k), share: make([]int, k), cursor: make([]int, k),
 		quota: make([]int, c.Ranks), took: make([]int, c.Ranks),
 		batch: make([]int32, c.Ranks*c.Batch), nodeAt: make([]int32, c.Ranks*c.Batch),
 		slot: make([]int32, c.Ranks*c.Batch), slotHit: make([]bool, c.Ranks*c.Batch), slotNode: make([]bool, c.Ranks*c.Batch),
+		pinNode: s.pinNode,
 	}
+	if c.Bytes() {
+		m.dealer = newByteDealer(c.Ranks)
+		m.room = make([]int, c.Ranks)
+		m.rankOf = make([]int32, c.Ranks*c.Batch)
+	}
+	return m
 }
 
 // nodeOf returns the node whose memory holds x, or -1 if none does.
 func (m *localitySim) nodeOf(x int32) int {
+	if m.pinNode != nil {
+		return int(m.pinNode[x])
+	}
 	c := m.s.cfg.Capacity
 	if int(x) >= c {
 		return -1
@@ -106,31 +128,13 @@ func (m *localitySim) deal(first int) {
 			hits++
 		}
 	}
-	// Shares: ⌊H/P⌋ per rank, the H mod P extra ones first to nodes that
-	// hold more than their ranks' ⌊H/P⌋ (each such extra is one more read
-	// from a node's own memory), the rest to any node with a rank left.
-	each, extra := hits/p, hits%p
-	for n := range m.nodes {
-		m.share[n] = r * each
-		if want := min(r, max(0, m.pinnedOn[n]-r*each), extra); want > 0 {
-			m.share[n] += want
-			extra -= want
-		}
-	}
-	for n := 0; extra > 0; n++ {
-		give := min(r-(m.share[n]-r*each), extra)
-		m.share[n] += give
-		extra -= give
+	if m.dealer != nil {
+		m.bytesQuotas()
+	} else {
+		m.countQuotas(hits)
 	}
 	for n := range m.nodes {
 		m.cursor[n] = n * r
-		plus := m.share[n] - r*each
-		for i := range r {
-			m.quota[n*r+i] = each
-			if i < plus {
-				m.quota[n*r+i]++
-			}
-		}
 	}
 	clear(m.took)
 	m.over = m.over[:0]
@@ -161,6 +165,10 @@ func (m *localitySim) deal(first int) {
 		m.put(rk, m.took[rk], x, true, false)
 		m.took[rk]++
 	}
+	if m.dealer != nil {
+		m.placeBytes()
+		return
+	}
 	// Storage reads fill every rank to B.
 	rk = 0
 	for i, x := range m.batch {
@@ -171,6 +179,65 @@ func (m *localitySim) deal(first int) {
 			rk++
 		}
 		m.put(rk, m.took[rk], x, false, false)
+		m.took[rk]++
+	}
+}
+
+// countQuotas sets each rank's memory hits for a batch of hits pinned
+// samples: ⌊H/P⌋ or ⌈H/P⌉, so that storage reads are within ±1.
+func (m *localitySim) countQuotas(hits int) {
+	p, r := m.s.cfg.Ranks, m.perNode
+	// Shares: ⌊H/P⌋ per rank, the H mod P extra ones first to nodes that
+	// hold more than their ranks' ⌊H/P⌋ (each such extra is one more read
+	// from a node's own memory), the rest to any node with a rank left.
+	each, extra := hits/p, hits%p
+	for n := range m.nodes {
+		m.share[n] = r * each
+		if want := min(r, max(0, m.pinnedOn[n]-r*each), extra); want > 0 {
+			m.share[n] += want
+			extra -= want
+		}
+	}
+	for n := 0; extra > 0; n++ {
+		give := min(r-(m.share[n]-r*each), extra)
+		m.share[n] += give
+		extra -= give
+	}
+	for n := range m.nodes {
+		plus := m.share[n] - r*each
+		for i := range r {
+			m.quota[n*r+i] = each
+			if i < plus {
+				m.quota[n*r+i]++
+			}
+		}
+	}
+}
+
+// bytesQuotas deals the batch's storage reads by bytes first (bytes.go):
+// the largest first, each to the rank with the fewest bytes so far that
+// has room under B; each rank's memory hits are then what fills it to B.
+func (m *localitySim) bytesQuotas() {
+	b, sizes := m.s.cfg.Batch, m.s.cfg.Sizes
+	m.reads = m.reads[:0]
+	for i := range m.batch {
+		if m.nodeAt[i] < 0 {
+			m.reads = append(m.reads, int32(i))
+		}
+	}
+	for r := range m.room {
+		m.room[r] = b
+	}
+	m.dealer.deal(m.reads, func(i int32) int64 { return sizes[m.batch[i]] }, m.room, m.rankOf)
+	copy(m.quota, m.room)
+}
+
+// placeBytes puts the storage reads bytesQuotas dealt after each rank's
+// hits, in the permutation's order.
+func (m *localitySim) placeBytes() {
+	for _, i := range m.reads {
+		rk := int(m.rankOf[i])
+		m.put(rk, m.took[rk], m.batch[i], false, false)
 		m.took[rk]++
 	}
 }

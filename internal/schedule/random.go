@@ -69,11 +69,44 @@ func (g geometry) rankSteps(s int) (lo, hi int) {
 // another still buffers) is not seen. A copy is only ever made by a read of
 // the sample, and every sample is read once an epoch, so this ignores a copy
 // that no policy here would look for.
+//
+// Under a byte budget (newByteFIFO) each rank's buffer holds at most budget
+// bytes instead: a store evicts the rank's oldest samples until the new one
+// fits, and a sample larger than the whole buffer is not stored. There the
+// newest copy of x is the store numbered seq[x] (0: none), by rank who[x].
 type fifo struct {
 	c    int
 	ring []int32 // rank r's buffer is ring[r*c : (r+1)*c]
 	next []int   // per rank, the slot the next store overwrites (its oldest)
 	slot []int32
+
+	sizes  []int64 // nil unless the buffers count bytes
+	budget int64
+	used   []int64     // per rank, bytes held
+	queue  [][]fifoEnt // per rank, oldest first from head[r]
+	head   []int
+	seq    []int64
+	who    []int32
+	stores int64
+}
+
+type fifoEnt struct {
+	x   int32
+	seq int64
+}
+
+func newByteFIFO(sizes []int64, ranks int, budget int64) *fifo {
+	return &fifo{sizes: sizes, budget: budget, used: make([]int64, ranks), queue: make([][]fifoEnt, ranks),
+		head: make([]int, ranks), seq: make([]int64, len(sizes)), who: make([]int32, len(sizes))}
+}
+
+// newBuffers returns the buffers of Random and Solar: Capacity/Ranks
+// samples per rank, or CapacityBytes/Ranks bytes.
+func newBuffers(c Config) *fifo {
+	if c.Bytes() {
+		return newByteFIFO(c.Sizes, c.Ranks, c.CapacityBytes/int64(c.Ranks))
+	}
+	return newFIFO(c.N, c.Ranks, c.Capacity/c.Ranks)
 }
 
 func newFIFO(n, ranks, c int) *fifo {
@@ -89,6 +122,12 @@ func newFIFO(n, ranks, c int) *fifo {
 
 // holder returns the rank whose buffer holds x, or -1.
 func (f *fifo) holder(x int32) int {
+	if f.sizes != nil {
+		if f.seq[x] == 0 {
+			return -1
+		}
+		return int(f.who[x])
+	}
 	s := f.slot[x]
 	if s < 0 {
 		return -1
@@ -98,6 +137,10 @@ func (f *fifo) holder(x int32) int {
 
 // store puts x in rank r's buffer, evicting its oldest sample.
 func (f *fifo) store(r int, x int32) {
+	if f.sizes != nil {
+		f.storeBytes(r, x)
+		return
+	}
 	k := r*f.c + f.next[r]
 	if old := f.ring[k]; old >= 0 && f.slot[old] == int32(k) {
 		f.slot[old] = -1
@@ -106,6 +149,31 @@ func (f *fifo) store(r int, x int32) {
 	if f.next[r]++; f.next[r] == f.c {
 		f.next[r] = 0
 	}
+}
+
+func (f *fifo) storeBytes(r int, x int32) {
+	s := f.sizes[x]
+	if s > f.budget {
+		return // read, not kept: it would evict the whole buffer and still not fit
+	}
+	q, h := f.queue[r], f.head[r]
+	for f.used[r]+s > f.budget {
+		old := q[h]
+		h++
+		f.used[r] -= f.sizes[old.x]
+		if f.seq[old.x] == old.seq {
+			f.seq[old.x] = 0
+		}
+	}
+	if h > 64 && 2*h > len(q) {
+		q = q[:copy(q, q[h:])]
+		h = 0
+	}
+	f.stores++
+	q = append(q, fifoEnt{x, f.stores})
+	f.queue[r], f.head[r] = q, h
+	f.seq[x], f.who[x] = f.stores, int32(r)
+	f.used[r] += s
 }
 
 // read is a read of x by rank r through its buffer: a hit, or a storage
@@ -132,7 +200,7 @@ type randomSim struct {
 }
 
 func newRandomSim(s *Schedule) *randomSim {
-	return &randomSim{s: s, buf: newFIFO(s.cfg.N, s.cfg.Ranks, s.cfg.Capacity/s.cfg.Ranks)}
+	return &randomSim{s: s, buf: newBuffers(s.cfg)}
 }
 
 func (m *randomSim) epoch(e *Epoch) {

@@ -19,6 +19,13 @@ type Schedule struct {
 	cost         [][]int64
 	pathCost     int64
 	identityCost int64
+	// Under a byte budget: the bytes of the dataset, k(M) (the most samples
+	// that fit in M bytes), and Locality's pinned set (bytes.go).
+	totalBytes  int64
+	fitSamples  int
+	pinNode     []int32
+	pinnedCount int
+	pinnedBytes int64
 }
 
 // New validates cfg and plans the order of epochs (for Solar, the cost
@@ -30,6 +37,13 @@ func New(cfg Config) (*Schedule, error) {
 	}
 	cfg = cfg.withDefaults()
 	s := &Schedule{cfg: cfg, geo: newGeometry(cfg)}
+	if cfg.Bytes() {
+		s.fitSamples, s.totalBytes = byteBounds(cfg.Sizes, cfg.CapacityBytes)
+		if cfg.Policy == Locality {
+			s.pinNode, s.pinnedCount, s.pinnedBytes = pinBytes(cfg.Sizes, cfg.CapacityBytes,
+				cfg.Ranks/cfg.RanksPerNode, cfg.Pin)
+		}
+	}
 	if cfg.Policy == Solar {
 		s.cost = solarCosts(cfg)
 		s.order, s.pathCost, s.identityCost = solarOrder(cfg, s.cost)
@@ -67,7 +81,7 @@ func (s *Schedule) run(reuse bool, yield func(*Epoch) bool) {
 		if e == nil || !reuse {
 			e = &Epoch{}
 		}
-		e.reset(i, p, s.cfg.Ranks, s.geo.steps)
+		e.reset(i, p, s.cfg.Ranks, s.geo.steps, s.cfg.Sizes)
 		sim.epoch(e)
 		e.finish()
 		if !yield(e) {
@@ -89,7 +103,7 @@ func (s *Schedule) Epoch(i int) *Epoch {
 		sim.skip(k, s.order[k])
 	}
 	e := &Epoch{}
-	e.reset(i, s.order[i], s.cfg.Ranks, s.geo.steps)
+	e.reset(i, s.order[i], s.cfg.Ranks, s.geo.steps, s.cfg.Sizes)
 	sim.epoch(e)
 	e.finish()
 	return e
@@ -110,7 +124,7 @@ func (s *Schedule) EpochSamples(i int) *Epoch {
 	}
 	s.checkPosition(i)
 	e := &Epoch{}
-	e.reset(i, s.order[i], s.cfg.Ranks, s.geo.steps)
+	e.reset(i, s.order[i], s.cfg.Ranks, s.geo.steps, s.cfg.Sizes)
 	e.noHits = true
 	var p permuter
 	perm := p.permute(s.cfg.Seed, e.Perm, s.cfg.N, nil)
@@ -218,9 +232,10 @@ type Epoch struct {
 	// The samples of rank r at step s are samples[bounds[s*ranks+r]:bounds[s*ranks+r+1]].
 	bounds  []int32
 	samples []int32
-	hit     []bool // memory held the sample
-	local   []bool // memory on the reading rank's node held it
-	noHits  bool   // planned without memory (EpochSamples): hit and local are empty
+	hit     []bool  // memory held the sample
+	local   []bool  // memory on the reading rank's node held it
+	noHits  bool    // planned without memory (EpochSamples): hit and local are empty
+	sizes   []int64 // bytes of every sample, nil unless the schedule counts bytes
 }
 
 // EpochStats counts what an epoch read.
@@ -232,6 +247,37 @@ type EpochStats struct {
 	// the epoch's steps and ranks, and the largest difference between the
 	// ranks of one step.
 	ReadsMin, ReadsMax, ReadsSpread int
+	// Under a byte budget (zero otherwise): bytes read, padding included,
+	// and of them from memory; bytes one rank reads from storage at one
+	// step, least and most over the steps and ranks; and over the steps,
+	// the sums of the most and of the mean storage bytes of a rank (their
+	// ratio is the imbalance: how much longer bandwidth-bound steps take
+	// than if every rank read the step's mean), and the largest max/mean
+	// of one step. StepFloorBytes sums, over the steps, the least any deal
+	// of the step's storage reads can leave its busiest rank: the larger of
+	// the mean and the largest read.
+	StepFloorBytes                   float64
+	Bytes, HitBytes                  int64
+	StorageBytesMin, StorageBytesMax int64
+	StepMaxBytes, StepMeanBytes      float64
+	WorstStepImbalance               float64
+}
+
+// ByteHitRate returns HitBytes / Bytes (0 unless the schedule counts bytes).
+func (s EpochStats) ByteHitRate() float64 {
+	if s.Bytes == 0 {
+		return 0
+	}
+	return float64(s.HitBytes) / float64(s.Bytes)
+}
+
+// Imbalance returns StepMaxBytes / StepMeanBytes: 1 when every rank of
+// every step reads as many bytes from storage (0 without storage reads).
+func (s EpochStats) Imbalance() float64 {
+	if s.StepMeanBytes == 0 {
+		return 0
+	}
+	return s.StepMaxBytes / s.StepMeanBytes
 }
 
 // HitRate returns Hits / Accesses.
@@ -280,6 +326,38 @@ func (e *Epoch) NodeLocal(step, rank int) []bool {
 	return e.local[lo:hi:hi]
 }
 
+// Bytes returns the bytes rank reads at step (0 unless the schedule counts
+// bytes).
+func (e *Epoch) Bytes(step, rank int) int64 {
+	var n int64
+	if e.sizes == nil {
+		return 0
+	}
+	for _, x := range e.Samples(step, rank) {
+		n += e.sizes[x]
+	}
+	return n
+}
+
+// StorageBytes returns the bytes rank reads from storage at step (0 unless
+// the schedule counts bytes). It panics unless HasHits.
+func (e *Epoch) StorageBytes(step, rank int) int64 {
+	if e.noHits {
+		panic("schedule: storage bytes of an epoch planned without its hits (EpochSamples)")
+	}
+	if e.sizes == nil {
+		return 0
+	}
+	lo, hi := e.span(step, rank)
+	var n int64
+	for k := lo; k < hi; k++ {
+		if !e.hit[k] {
+			n += e.sizes[e.samples[k]]
+		}
+	}
+	return n
+}
+
 // StorageReads appends to dst the samples rank reads from storage at step.
 // It panics unless HasHits.
 func (e *Epoch) StorageReads(dst []int32, step, rank int) []int32 {
@@ -303,8 +381,8 @@ func (e *Epoch) Global(step int) []int32 {
 	return e.samples[lo:hi:hi]
 }
 
-func (e *Epoch) reset(index, perm, ranks, steps int) {
-	e.Index, e.Perm, e.Stats, e.noHits = index, perm, EpochStats{}, false
+func (e *Epoch) reset(index, perm, ranks, steps int, sizes []int64) {
+	e.Index, e.Perm, e.Stats, e.noHits, e.sizes = index, perm, EpochStats{}, false, sizes
 	e.ranks, e.steps = ranks, steps
 	e.bounds = append(e.bounds[:0], 0)
 	e.samples, e.hit, e.local = e.samples[:0], e.hit[:0], e.local[:0]
@@ -336,6 +414,11 @@ func (e *Epoch) finish() {
 	}
 	if e.noHits {
 		e.Stats = EpochStats{Accesses: len(e.samples)}
+		if e.sizes != nil {
+			for _, x := range e.samples {
+				e.Stats.Bytes += e.sizes[x]
+			}
+		}
 		return
 	}
 	st := EpochStats{Accesses: len(e.samples), ReadsMin: -1}
@@ -369,7 +452,47 @@ func (e *Epoch) finish() {
 		st.ReadsSpread = max(st.ReadsSpread, hi-lo)
 	}
 	st.ReadsMin = max(st.ReadsMin, 0)
+	if e.sizes != nil {
+		e.byteStats(&st)
+	}
 	e.Stats = st
+}
+
+// byteStats counts the bytes of a filled epoch.
+func (e *Epoch) byteStats(st *EpochStats) {
+	for k, x := range e.samples {
+		st.Bytes += e.sizes[x]
+		if e.hit[k] {
+			st.HitBytes += e.sizes[x]
+		}
+	}
+	st.StorageBytesMin = -1
+	for s := range e.steps {
+		var sum, hi, largest int64
+		for r := range e.ranks {
+			lo, end := e.span(s, r)
+			for k := lo; k < end; k++ {
+				if !e.hit[k] {
+					largest = max(largest, e.sizes[e.samples[k]])
+				}
+			}
+			n := e.StorageBytes(s, r)
+			sum += n
+			hi = max(hi, n)
+			if st.StorageBytesMin < 0 || n < st.StorageBytesMin {
+				st.StorageBytesMin = n
+			}
+		}
+		st.StorageBytesMax = max(st.StorageBytesMax, hi)
+		mean := float64(sum) / float64(e.ranks)
+		st.StepMaxBytes += float64(hi)
+		st.StepMeanBytes += mean
+		st.StepFloorBytes += max(mean, float64(largest))
+		if mean > 0 {
+			st.WorstStepImbalance = max(st.WorstStepImbalance, float64(hi)/mean)
+		}
+	}
+	st.StorageBytesMin = max(st.StorageBytesMin, 0)
 }
 
 // Summary is what a whole run reads.
@@ -389,9 +512,30 @@ type Summary struct {
 	// NodeLocal is the fraction of memory hits (epochs ≥ 1) read on the
 	// node whose memory holds the sample.
 	NodeLocal float64
-	// Solar: the cost (SOLAR's estimated misses per rank) of the path its
-	// particle swarm chose and of running epochs in order.
+	// Solar: the cost (SOLAR's estimated misses per rank, in bytes under
+	// a byte budget) of the path its particle swarm chose and of running
+	// epochs in order.
 	PathCost, IdentityCost int64
+	// Under a byte budget (zero otherwise; Bound is then k(M)/N, the
+	// sample hit rate's bound, k(M) the most samples that fit in M bytes):
+	// the dataset's bytes; ByteHitRate, the mean over the warm epochs of
+	// the fraction of bytes read from memory, and its bound M/S; the
+	// samples and bytes Locality pins; bytes one rank reads from storage at
+	// one step (warm epochs), least and most; the imbalance of storage
+	// bytes over the ranks of a step (Σ max / Σ mean over the warm steps)
+	// and the worst step's max/mean.
+	TotalBytes                       int64
+	ByteHitRatePerEpoch              []float64
+	ByteHitRate, ByteBound           float64
+	FitSamples                       int
+	PinnedSamples                    int
+	PinnedBytes                      int64
+	StorageBytesMin, StorageBytesMax int64
+	StorageBytesImbalance            float64
+	WorstStepImbalance               float64
+	// ImbalanceFloor is the least StorageBytesImbalance any deal of the
+	// same storage reads could have: Σ max(mean, largest read) / Σ mean.
+	ImbalanceFloor float64
 }
 
 // Summarize simulates the whole run and returns its figures, holding one
@@ -403,16 +547,39 @@ func (s *Schedule) Summarize() Summary {
 		PathCost: s.pathCost, IdentityCost: s.identityCost,
 		StorageReadsMin: -1,
 	}
+	bytes := s.cfg.Bytes()
+	if bytes {
+		sum.Bound = float64(s.fitSamples) / float64(s.cfg.N)
+		sum.ByteBound = float64(s.cfg.CapacityBytes) / float64(s.totalBytes)
+		sum.TotalBytes, sum.FitSamples = s.totalBytes, s.fitSamples
+		sum.PinnedSamples, sum.PinnedBytes = s.pinnedCount, s.pinnedBytes
+		sum.StorageBytesMin = -1
+	}
 	var hits, local int64
+	var stepMax, stepMean, stepFloor float64
 	warm := 0
 	s.run(true, func(e *Epoch) bool {
 		st := e.Stats
 		sum.HitRatePerEpoch = append(sum.HitRatePerEpoch, st.HitRate())
 		sum.PerEpoch = append(sum.PerEpoch, st)
+		if bytes {
+			sum.ByteHitRatePerEpoch = append(sum.ByteHitRatePerEpoch, st.ByteHitRate())
+		}
 		if e.Index == 0 && len(s.order) > 1 {
 			return true
 		}
 		warm++
+		if bytes {
+			sum.ByteHitRate += st.ByteHitRate()
+			if sum.StorageBytesMin < 0 || st.StorageBytesMin < sum.StorageBytesMin {
+				sum.StorageBytesMin = st.StorageBytesMin
+			}
+			sum.StorageBytesMax = max(sum.StorageBytesMax, st.StorageBytesMax)
+			stepMax += st.StepMaxBytes
+			stepMean += st.StepMeanBytes
+			stepFloor += st.StepFloorBytes
+			sum.WorstStepImbalance = max(sum.WorstStepImbalance, st.WorstStepImbalance)
+		}
 		sum.HitRate += st.HitRate()
 		hits += int64(st.Hits)
 		local += int64(st.LocalHits)
@@ -424,6 +591,14 @@ func (s *Schedule) Summarize() Summary {
 		return true
 	})
 	sum.HitRate /= float64(warm)
+	if bytes {
+		sum.ByteHitRate /= float64(warm)
+		sum.StorageBytesMin = max(sum.StorageBytesMin, 0)
+		if stepMean > 0 {
+			sum.StorageBytesImbalance = stepMax / stepMean
+			sum.ImbalanceFloor = stepFloor / stepMean
+		}
+	}
 	if hits > 0 {
 		sum.NodeLocal = float64(local) / float64(hits)
 	}

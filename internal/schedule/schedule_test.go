@@ -39,6 +39,46 @@ func configs() []Config {
 			})
 		}
 	}
+	return append(out, byteConfigs()...)
+}
+
+// byteConfigs are small schedules of every policy under a byte budget:
+// sizes of atomistic structures, of tokenized documents, and uniform ones
+// from 0 bytes up, with a sample now and then larger than a node's or a
+// rank's share of the budget; both pins.
+func byteConfigs() []Config {
+	var out []Config
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, p := range Policies {
+		for i := range 12 {
+			ranks := []int{1, 2, 4, 6}[i%4]
+			perNode := []int{1, ranks, 2}[i%3]
+			if ranks%perNode != 0 {
+				perNode = 1
+			}
+			batch := 1 + rng.IntN(5)
+			n := batch*ranks + rng.IntN(60)
+			var sizes []int64
+			switch i % 3 {
+			case 0:
+				sizes = atomisticSizes(rng.Uint64(), n)
+			case 1:
+				sizes = tokenSizes(rng.Uint64(), n)
+			default:
+				sizes = make([]int64, n)
+				for k := range sizes {
+					sizes[k] = rng.Int64N(100)
+				}
+				sizes[rng.IntN(n)] = 5000
+			}
+			total := sumSizes(sizes)
+			out = append(out, Config{
+				Seed: rng.Uint64(), Epochs: 1 + rng.IntN(4), N: n, Ranks: ranks, RanksPerNode: perNode,
+				Batch: batch, Sizes: sizes, CapacityBytes: max(int64(ranks), rng.Int64N(total+1)),
+				Pin: []Pin{PinBytes, PinSamples}[i/6], Policy: p, DropLast: i%2 == 1, SwarmIterations: 50,
+			})
+		}
+	}
 	return out
 }
 
@@ -115,6 +155,9 @@ func TestEverySampleOncePerEpoch(t *testing.T) {
 
 func TestLocalityExactBatches(t *testing.T) {
 	for _, c := range configs() {
+		if c.Policy != Locality || c.Bytes() { // under a byte budget: TestBytesLocalityDeal
+			continue
+		}
 		if c.Policy != Locality {
 			continue
 		}
@@ -181,6 +224,11 @@ func naiveRandom(c Config) [][][][]int32 { // epoch, step, rank, samples (negati
 	}
 	total := per * c.Ranks
 	queues := make([][]int32, c.Ranks)
+	held := make([]int64, c.Ranks) // bytes of each queue, under a byte budget
+	// Under a byte budget, the rank that stored each sample last: a rank
+	// holds x while a copy is in its queue and no other rank stored x
+	// since (the fifo's newest-copy rule).
+	last := map[int32]int{}
 	var out [][][][]int32
 	for e := range c.Epochs {
 		indices := Permutation(c.Seed, e, c.N)
@@ -209,11 +257,23 @@ func naiveRandom(c Config) [][][][]int32 { // epoch, step, rank, samples (negati
 			for r := range c.Ranks {
 				var got []int32
 				for _, x := range lists[r][lo:hi] {
-					if slices.Contains(queues[r], x) {
+					if slices.Contains(queues[r], x) && (!c.Bytes() || last[x] == r) {
 						got = append(got, -x-1)
 						continue
 					}
 					got = append(got, x)
+					if c.Bytes() {
+						budget := c.CapacityBytes / int64(c.Ranks)
+						if c.Sizes[x] > budget {
+							continue // larger than the whole buffer: not kept
+						}
+						last[x] = r
+						queues[r] = append(queues[r], x)
+						for held[r] += c.Sizes[x]; held[r] > budget; queues[r] = queues[r][1:] {
+							held[r] -= c.Sizes[queues[r][0]]
+						}
+						continue
+					}
 					queues[r] = append(queues[r], x)
 					if len(queues[r]) > c.Capacity/c.Ranks {
 						queues[r] = queues[r][1:]

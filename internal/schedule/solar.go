@@ -36,12 +36,22 @@ package schedule
 import (
 	"math/bits"
 	"math/rand/v2"
+	"slices"
 )
 
 // solarCosts returns SOLAR's epoch-to-epoch cost matrix. |head ∩ tail| is
 // counted on bitsets, E² popcounts of n/64 words, where the artifact's
 // Python loops take O(E²·C) dictionary operations.
+//
+// Under a byte budget head and tail are the longest head and tail of at
+// most M bytes, and the cost is bytes: the bytes of head_M(L[j]) that
+// tail_M(L[i]) does not hold, over P. The bytes of head ∩ tail are summed
+// over bit planes: Σ_b 2^b · |head ∩ tail ∩ {x : bit b of size(x) set}|,
+// one popcount per plane and word, exact.
 func solarCosts(c Config) [][]int64 {
+	if c.Bytes() {
+		return solarByteCosts(c)
+	}
 	e, n, capa := c.Epochs, c.N, c.Capacity
 	words := (n + 63) / 64
 	head := make([]uint64, e*words)
@@ -72,6 +82,70 @@ func solarCosts(c Config) [][]int64 {
 				both += bits.OnesCount64(w & h[k])
 			}
 			cost[i][j] = int64(capa-both) / int64(c.Ranks)
+		}
+	}
+	return cost
+}
+
+func solarByteCosts(c Config) [][]int64 {
+	e, n, capa, sizes := c.Epochs, c.N, c.CapacityBytes, c.Sizes
+	words := (n + 63) / 64
+	planes := bits.Len64(uint64(slices.Max(sizes)))
+	plane := make([]uint64, words*planes) // word k of plane b at k*planes+b
+	for x, sz := range sizes {
+		for b := range planes {
+			if sz&(1<<b) != 0 {
+				plane[(x>>6)*planes+b] |= 1 << (x & 63)
+			}
+		}
+	}
+	head := make([]uint64, e*words)
+	tail := make([]uint64, e*words)
+	headBytes := make([]int64, e)
+	var p permuter
+	var perm []int32
+	for i := range e {
+		perm = p.permute(c.Seed, i, n, perm)
+		h, t := head[i*words:(i+1)*words], tail[i*words:(i+1)*words]
+		var sum int64
+		for _, x := range perm {
+			if sum+sizes[x] > capa {
+				break
+			}
+			sum += sizes[x]
+			h[x>>6] |= 1 << (x & 63)
+		}
+		headBytes[i] = sum
+		sum = 0
+		for k := n - 1; k >= 0; k-- {
+			x := perm[k]
+			if sum+sizes[x] > capa {
+				break
+			}
+			sum += sizes[x]
+			t[x>>6] |= 1 << (x & 63)
+		}
+	}
+	cost := make([][]int64, e)
+	for i := range e {
+		cost[i] = make([]int64, e)
+		t := tail[i*words : (i+1)*words]
+		for j := range e {
+			if i == j {
+				continue
+			}
+			h := head[j*words : (j+1)*words]
+			var both int64
+			for k, w := range t {
+				w &= h[k]
+				if w == 0 {
+					continue
+				}
+				for b, pw := range plane[k*planes : (k+1)*planes] {
+					both += int64(bits.OnesCount64(w&pw)) << b
+				}
+			}
+			cost[i][j] = (headBytes[j] - both) / int64(c.Ranks)
 		}
 	}
 	return cost
@@ -119,15 +193,43 @@ type solarSim struct {
 	redealt int       // steps re-dealt at the start of each epoch after the first
 	held    [][]int32 // per rank, the samples of the step it buffers
 	load    []int32   // the step's storage reads
+	// Under a byte budget: the storage reads of a re-dealt step dealt by
+	// bytes, and the rank of each.
+	dealer *byteDealer
+	pos    []int32
+	rankOf []int32
+	give   [][]int32 // per rank, its storage reads
 }
 
 func newSolarSim(s *Schedule) *solarSim {
 	c := s.cfg
-	return &solarSim{
-		s: s, buf: newFIFO(c.N, c.Ranks, c.Capacity/c.Ranks),
-		redealt: min(c.Capacity/(c.Batch*c.Ranks), s.geo.steps),
-		held:    make([][]int32, c.Ranks),
+	m := &solarSim{s: s, buf: newBuffers(c), held: make([][]int32, c.Ranks)}
+	if c.Bytes() {
+		m.dealer = newByteDealer(c.Ranks)
+	} else {
+		m.redealt = min(c.Capacity/(c.Batch*c.Ranks), s.geo.steps)
 	}
+	return m
+}
+
+// redealtSteps returns how many steps are re-dealt at the start of an epoch
+// after the first: ⌊C/G⌋, or under a byte budget the leading steps whose
+// global batches add up to at most M bytes.
+func (m *solarSim) redealtSteps() int {
+	c, g := m.s.cfg, m.s.geo
+	if !c.Bytes() {
+		return m.redealt
+	}
+	var sum int64
+	for s := range g.steps {
+		lo, hi := g.rankSteps(s)
+		for k := lo * g.ranks; k < hi*g.ranks; k++ {
+			if sum += c.Sizes[g.at(m.perm, k)]; sum > c.CapacityBytes {
+				return s
+			}
+		}
+	}
+	return g.steps
 }
 
 func (m *solarSim) epoch(e *Epoch) {
@@ -135,10 +237,10 @@ func (m *solarSim) epoch(e *Epoch) {
 	m.perm = m.p.permute(m.s.cfg.Seed, e.Perm, g.n, m.perm)
 	from := 0
 	if e.Index > 0 {
-		for s := range m.redealt {
+		from = m.redealtSteps()
+		for s := range from {
 			m.redeal(e, s)
 		}
-		from = m.redealt
 	}
 	positional(e, g, m.perm, m.buf, from)
 }
@@ -150,7 +252,7 @@ func (m *solarSim) skip(index, perm int) {
 	m.perm = m.p.permute(m.s.cfg.Seed, perm, g.n, m.perm)
 	from := 0
 	if index > 0 {
-		from = m.redealt
+		from = m.redealtSteps()
 	}
 	positionalReads(g, m.perm, m.buf, from)
 }
@@ -172,12 +274,49 @@ func (m *solarSim) redeal(e *Epoch, s int) {
 		}
 		m.load = append(m.load, x)
 	}
+	if m.dealer != nil {
+		m.redealBytes(e)
+		return
+	}
 	for r := range g.ranks {
 		for _, x := range m.held[r] {
 			e.add(x, true, true)
 		}
 		for i := r; i < len(m.load); i += g.ranks {
 			e.add(m.load[i], false, false)
+		}
+		e.endRank()
+	}
+}
+
+// redealBytes fills a re-dealt step with the storage reads dealt by bytes
+// (bytes.go), each rank's in the permutation's order.
+func (m *solarSim) redealBytes(e *Epoch) {
+	sizes := m.s.cfg.Sizes
+	m.pos = m.pos[:0]
+	for i := range m.load {
+		m.pos = append(m.pos, int32(i))
+	}
+	if cap(m.rankOf) < len(m.load) {
+		m.rankOf = make([]int32, len(m.load))
+	}
+	m.rankOf = m.rankOf[:len(m.load)]
+	m.dealer.deal(m.pos, func(i int32) int64 { return sizes[m.load[i]] }, nil, m.rankOf)
+	if m.give == nil {
+		m.give = make([][]int32, len(m.held))
+	}
+	for r := range m.give {
+		m.give[r] = m.give[r][:0]
+	}
+	for i, x := range m.load {
+		m.give[m.rankOf[i]] = append(m.give[m.rankOf[i]], x)
+	}
+	for r := range m.held {
+		for _, x := range m.held[r] {
+			e.add(x, true, true)
+		}
+		for _, x := range m.give[r] {
+			e.add(x, false, false)
 		}
 		e.endRank()
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -477,4 +478,74 @@ func pyRepr(v any) string {
 		return "{...}"
 	}
 	return fmt.Sprint(v)
+}
+
+// ReadNPYInts reads a 1-d .npy array of integers (int8 … int64, uint8 …
+// uint64) from r, named name in errors, as int64s: sizes and offsets of
+// rows, as `ddstore schedule --sizes` takes them.
+func ReadNPYInts(r io.Reader, name string) ([]int64, error) {
+	h, err := readNPYHeader(r)
+	if err != nil {
+		return nil, base.Errorf(base.ErrArgument, "%s: %v", name, err)
+	}
+	dtype, is, err := npyType(h.descr)
+	if err != nil {
+		return nil, base.Errorf(base.ErrArgument, "%s: %v", name, err)
+	}
+	if len(h.shape) != 1 {
+		return nil, base.Errorf(base.ErrArgument, "%s: shape %s: want a 1-d array", name, shapeRepr(h.shape))
+	}
+	if !strings.HasPrefix(dtype, "int") && !strings.HasPrefix(dtype, "uint") {
+		return nil, base.Errorf(base.ErrArgument, "%s: dtype %s: want integers", name, dtype)
+	}
+	n := h.shape[0]
+	if n > math.MaxInt32+1 {
+		return nil, base.Errorf(base.ErrArgument, "%s: %d items, above %d", name, n, int64(math.MaxInt32)+1)
+	}
+	// The header's padding after the dict was read with it; the data
+	// follow, read a block at a time (a header may announce more than the
+	// stream holds).
+	out := make([]int64, 0, min(n, 1<<20))
+	block := make([]byte, 64<<10)
+	for int64(len(out)) < n {
+		k := min(n-int64(len(out)), int64(len(block))/is)
+		if _, err := io.ReadFull(r, block[:k*is]); err != nil {
+			return nil, base.Errorf(base.ErrArgument, "%s is truncated: %d items of %s want %d bytes of data, it ends after item %d: %v",
+				name, n, h.descr, n*is, len(out), err)
+		}
+		for j := range k {
+			v, err := npyInt(block[j*is:], dtype)
+			if err != nil {
+				return nil, base.Errorf(base.ErrArgument, "%s: item %d: %v", name, len(out), err)
+			}
+			out = append(out, v)
+		}
+	}
+	return out, nil
+}
+
+// npyInt decodes one little-endian integer of dtype at the start of b.
+func npyInt(b []byte, dtype string) (int64, error) {
+	switch dtype {
+	case "int8":
+		return int64(int8(b[0])), nil
+	case "uint8":
+		return int64(b[0]), nil
+	case "int16":
+		return int64(int16(binary.LittleEndian.Uint16(b))), nil
+	case "uint16":
+		return int64(binary.LittleEndian.Uint16(b)), nil
+	case "int32":
+		return int64(int32(binary.LittleEndian.Uint32(b))), nil
+	case "uint32":
+		return int64(binary.LittleEndian.Uint32(b)), nil
+	case "int64":
+		return int64(binary.LittleEndian.Uint64(b)), nil
+	default: // uint64
+		u := binary.LittleEndian.Uint64(b)
+		if u > math.MaxInt64 {
+			return 0, fmt.Errorf("%d is above %d", u, int64(math.MaxInt64))
+		}
+		return int64(u), nil
+	}
 }

@@ -42,13 +42,18 @@ def _int(name, v, lo, hi=None):
 
 class EpochPlan:
     """One rank's part of one epoch, as `ddstore schedule --emit-rank`
-    wrote it: samples (int64, step after step), sizes (int64 per step), hits
-    (bool per sample: memory holds it under the plan; None if not asked for)."""
+    wrote it: samples (int64, step after step), sizes (int64 per step: how
+    many samples), hits (bool per sample: memory holds it under the plan;
+    None if not asked for). Under a byte budget (rows of different sizes)
+    also bytes (int64 per step: the bytes the rank reads) and storage_bytes
+    (int64 per step: of them, from storage; None without hits); both None
+    otherwise."""
 
-    __slots__ = ("epoch", "samples", "sizes", "hits", "offsets")
+    __slots__ = ("epoch", "samples", "sizes", "hits", "offsets", "bytes", "storage_bytes")
 
-    def __init__(self, epoch, samples, sizes, hits):
+    def __init__(self, epoch, samples, sizes, hits, nbytes=None, storage_bytes=None):
         self.epoch, self.samples, self.sizes, self.hits = epoch, samples, sizes, hits
+        self.bytes, self.storage_bytes = nbytes, storage_bytes
         self.offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
 
     @property
@@ -72,15 +77,20 @@ class EpochPlan:
         return f"EpochPlan(epoch={self.epoch}, steps={self.steps}, samples={self.samples.shape[0]})"
 
 
-def read_plan(args, epoch, hits):
+def read_plan(args, epoch, hits, nbytes=False, stdin=None):
     """The EpochPlan that `args` (a `ddstore schedule ... --emit-rank R
-    --epoch E` command line, with --emit-hits when hits) writes. The
+    --epoch E` command line, with --emit-hits when hits; nbytes: with
+    --sizes or --offsets, so it also writes each step's bytes) writes;
+    stdin, bytes for the binary's stdin (the .npy of `--sizes -`). The
     binary's exit status says what failed (from_exit): a bad combination
     of arguments is an ArgumentError. The usage status means the binary
     does not take a flag of this command line, which this package built:
     the binary is older than the package. Its stderr is only passed on."""
     try:
-        r = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True)
+        if stdin is None:
+            r = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True)
+        else:
+            r = subprocess.run(args, input=stdin, capture_output=True)
     except OSError as e:
         raise InternalError(f"ddstore: internal error: cannot run {args[0]}: {e}") from None
     err = r.stderr.decode(errors="replace").strip()
@@ -98,16 +108,24 @@ def read_plan(args, epoch, hits):
         samples = np.lib.format.read_array(f)
         sizes = np.lib.format.read_array(f)
         flags = np.lib.format.read_array(f) if hits else None
+        step_bytes = np.lib.format.read_array(f) if nbytes else None
+        storage = np.lib.format.read_array(f) if nbytes and hits else None
     except (ValueError, EOFError) as e:
         raise InternalError(f"ddstore: internal error: `{' '.join(args)}` wrote no plan ({e})") from None
     if (samples.ndim != 1 or sizes.ndim != 1 or (flags is not None and flags.shape != samples.shape)
-            or f.read(1) or int(sizes.sum()) != samples.shape[0]):
+            or f.read(1) or int(sizes.sum()) != samples.shape[0]
+            or any(a is not None and a.shape != sizes.shape for a in (step_bytes, storage))):
         raise InternalError(f"ddstore: internal error: `{' '.join(args)}` wrote a malformed plan: "
                             f"samples {samples.shape}, "
                             f"sizes {sizes.shape} summing to {int(sizes.sum())}, "
-                            f"hits {None if flags is None else flags.shape}")
-    return EpochPlan(epoch, samples.astype(np.int64, copy=False), sizes.astype(np.int64, copy=False),
-                     None if flags is None else flags.astype(bool, copy=False))
+                            f"hits {None if flags is None else flags.shape}, "
+                            f"bytes {None if step_bytes is None else step_bytes.shape}, "
+                            f"storage bytes {None if storage is None else storage.shape}")
+
+    def i64(a):
+        return None if a is None else a.astype(np.int64, copy=False)
+    return EpochPlan(epoch, i64(samples), i64(sizes), None if flags is None else flags.astype(bool, copy=False),
+                     i64(step_bytes), i64(storage))
 
 
 def __getattr__(name):

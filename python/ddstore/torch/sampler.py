@@ -44,7 +44,22 @@ given step) and checks that d describes the same plan (n, ranks, batch_size,
 policy, drop_last, and what else the policy's deal depends on), raising
 ValueError naming both values otherwise. The next iteration starts at that
 step; set_epoch with the same epoch keeps it, another epoch starts at 0.
+
+Rows of different sizes. With sizes (every sample's bytes, or the name of
+a ragged variable of the dataset's store, whose row sizes the store tells:
+ragged_sizes times the bytes of a unit), memory is a budget of
+capacity_bytes bytes instead of capacity samples:
+
+    sampler = ScheduledSampler(ds, batch_size=32, sizes="atoms", capacity_bytes=8 << 30)
+
+The binary gets the sizes on stdin (`ddstore schedule --sizes -
+--capacity-bytes M`): locality pins rows filling the budget and deals
+storage reads by bytes, and each EpochPlan has its steps' bytes
+(plan.bytes, plan.storage_bytes).
 """
+
+import hashlib
+import io
 
 import numpy as np
 from torch.utils.data import Sampler
@@ -59,11 +74,41 @@ __all__ = ["ScheduledSampler", "EpochPlan"]
 # also pins `capacity` samples over nodes of ranks_per_node ranks; solar
 # re-deals by its buffers (capacity) and orders the job's epochs with a swarm.
 _SAME = ("n", "ranks", "batch_size", "policy", "drop_last")
+# Under a byte budget the pinned rows (locality) and the buffers' contents
+# (solar's re-deal) depend on the budget and the sizes too (a digest of them).
 _SAME_BY_POLICY = {
     "random": _SAME,
-    "locality": _SAME + ("capacity", "ranks_per_node"),
-    "solar": _SAME + ("capacity", "epochs", "swarm_population", "swarm_iterations"),
+    "locality": _SAME + ("capacity", "ranks_per_node", "capacity_bytes", "sizes", "pin"),
+    "solar": _SAME + ("capacity", "epochs", "swarm_population", "swarm_iterations", "capacity_bytes", "sizes"),
 }
+PINS = ("bytes", "samples")
+
+
+def _sizes_of(dataset, sizes, n):
+    """Every sample's bytes as int64: sizes itself (array-like of n
+    integers), or, for the name of a ragged variable of the dataset's store,
+    its rows' lengths times the bytes of a unit."""
+    if isinstance(sizes, str):
+        store = _find_store(dataset)
+        if store is None or not hasattr(store, "ragged_sizes"):
+            raise _bad(f"sizes {sizes!r}: a variable's name needs a store-backed dataset; pass the sizes")
+        _, disp, itemsize = store.info(sizes)
+        return np.asarray(store.ragged_sizes(sizes, np.arange(n, dtype=np.int64)), dtype=np.int64) * (disp * itemsize)
+    try:
+        a = np.asarray(sizes)
+    except Exception:  # noqa: BLE001 - anything numpy cannot read is the caller's bad value
+        raise _bad(f"sizes of type {type(sizes).__name__}: want an array of {n} integers") from None
+    if a.ndim != 1 or a.shape[0] != n:
+        raise _bad(f"sizes of shape {list(a.shape)}: want one size per sample, shape [{n}]")
+    if a.dtype.kind not in "iu":
+        raise _bad(f"sizes of dtype {a.dtype}: want integers (bytes)")
+    if a.dtype.kind == "u" and a.size and int(a.max()) > 2**63 - 1:
+        raise _bad(f"sizes: {int(a.max())} bytes is above {2**63 - 1}")
+    a = a.astype(np.int64, copy=False)
+    if a.size and int(a.min()) < 0:
+        i = int(np.argmin(a))
+        raise _bad(f"sizes[{i}] = {int(a[i])}: want a size in bytes, >= 0")
+    return a
 
 
 def _find_store(dataset):
@@ -121,6 +166,12 @@ class ScheduledSampler(Sampler):
     prefetch() as batches are yielded (a DistDataset with backing files reads
     those only the files hold into its agent's staging memory); 0 turns it
     off. Datasets without prefetch() are left alone.
+    sizes: rows of different sizes: every sample's bytes (an array of n
+    integers), or the name of a ragged variable of the dataset's store.
+    Memory is then capacity_bytes bytes (default: the dataset's, all of
+    it) instead of capacity samples, which must be left None. pin (with
+    sizes, locality): what the pinned rows maximise, "bytes" (a prefix of
+    the rows filling the budget, the default) or "samples" (the smallest).
 
     Bad values raise ValueError (ddstore.ArgumentError) naming them; the
     binary checks the combination once, at construction.
@@ -128,7 +179,7 @@ class ScheduledSampler(Sampler):
 
     def __init__(self, dataset, batch_size, seed=0, policy="locality", capacity=None, drop_last=False, epochs=None,
                  rank=None, ranks=None, ranks_per_node=None, swarm_population=None, swarm_iterations=None,
-                 binary=None, prefetch=2):
+                 binary=None, prefetch=2, sizes=None, capacity_bytes=None, pin=None):
         if isinstance(dataset, (bool, np.bool_)):
             raise _bad(f"dataset {dataset!r}: want a dataset or a number of samples")
         if isinstance(dataset, (int, np.integer)):
@@ -146,9 +197,33 @@ class ScheduledSampler(Sampler):
         self.n, self.policy = n, policy
         self.batch_size = _int("batch_size", batch_size, 1)
         self.seed = _int("seed", seed, 0, _MAX_SEED)
-        self.capacity = n if capacity is None else _int("capacity", capacity, 1)
-        if self.capacity > n:
-            raise _bad(f"capacity {self.capacity} above n {n}: memory holds at most the whole dataset")
+        self._sizes_npy, self.sizes_digest, self.capacity_bytes, self.pin = None, None, None, None
+        if sizes is None:
+            if capacity_bytes is not None or pin is not None:
+                raise _bad(f"{'capacity_bytes' if capacity_bytes is not None else 'pin'} goes with sizes: a byte "
+                           f"budget needs every sample's size")
+            self.capacity = n if capacity is None else _int("capacity", capacity, 1)
+            if self.capacity > n:
+                raise _bad(f"capacity {self.capacity} above n {n}: memory holds at most the whole dataset")
+        else:
+            if capacity is not None:
+                raise _bad(f"capacity {capacity!r} with sizes: the budget is capacity_bytes (bytes), not samples")
+            if pin is not None and pin not in PINS:
+                raise _bad(f"pin {pin!r}: want one of {', '.join(repr(p) for p in PINS)}")
+            sz = _sizes_of(dataset, sizes, n)
+            total = int(sz.sum())
+            if total < 1:
+                raise _bad(f"sizes of {n} samples add up to {total} bytes")
+            self.capacity = None
+            self.capacity_bytes = total if capacity_bytes is None else _int("capacity_bytes", capacity_bytes, 1)
+            if self.capacity_bytes > total:
+                raise _bad(f"capacity_bytes {self.capacity_bytes} above the dataset's {total} bytes: memory holds at "
+                           f"most the whole dataset")
+            self.pin = pin if pin is not None else "bytes"
+            buf = io.BytesIO()
+            np.save(buf, sz)
+            self._sizes_npy = buf.getvalue()
+            self.sizes_digest = hashlib.sha256(sz.tobytes()).hexdigest()[:16]
         if not isinstance(drop_last, (bool, np.bool_)):
             raise _bad(f"drop_last {drop_last!r}: want True or False")
         self.drop_last = bool(drop_last)
@@ -190,9 +265,13 @@ class ScheduledSampler(Sampler):
 
     def _args(self, epoch, hits=True):
         epochs = self.epochs if self.epochs is not None else epoch + 1
+        if self._sizes_npy is None:
+            budget = ["--capacity", str(self.capacity)]
+        else:
+            budget = ["--sizes", "-", "--capacity-bytes", str(self.capacity_bytes), "--pin", self.pin]
         a = [self.binary, "schedule", "--n", str(self.n), "--ranks", str(self.ranks), "--ranks-per-node",
-             str(self.ranks_per_node), "--batch", str(self.batch_size), "--epochs", str(epochs), "--capacity",
-             str(self.capacity), "--policy", self.policy, "--seed", str(self.seed), "--emit-rank", str(self.rank),
+             str(self.ranks_per_node), "--batch", str(self.batch_size), "--epochs", str(epochs)] + budget + [
+             "--policy", self.policy, "--seed", str(self.seed), "--emit-rank", str(self.rank),
              "--epoch", str(epoch)] + (["--emit-hits"] if hits else [])
         if self.drop_last:
             a.append("--drop-last")
@@ -217,7 +296,8 @@ class ScheduledSampler(Sampler):
         p = self._cache.get(epoch)
         if p is not None and (p.hits is not None or not hits):
             return p
-        p = read_plan(self._args(epoch, hits), epoch, hits)
+        p = read_plan(self._args(epoch, hits), epoch, hits, nbytes=self._sizes_npy is not None,
+                      stdin=self._sizes_npy)
         while len(self._cache) >= 2:
             del self._cache[next(iter(self._cache))]
         self._cache[epoch] = p
@@ -292,7 +372,8 @@ class ScheduledSampler(Sampler):
         return {"seed": self.seed, "epoch": self._epoch, "step": int(step), "policy": self.policy,
                 "capacity": self.capacity, "n": self.n, "ranks": self.ranks, "batch_size": self.batch_size,
                 "drop_last": self.drop_last, "ranks_per_node": self.ranks_per_node, "epochs": self.epochs,
-                "swarm_population": self.swarm_population, "swarm_iterations": self.swarm_iterations}
+                "swarm_population": self.swarm_population, "swarm_iterations": self.swarm_iterations,
+                "capacity_bytes": self.capacity_bytes, "sizes": self.sizes_digest, "pin": self.pin}
 
     def _check_step(self, step):
         step = _int("step", step, 0)
@@ -324,6 +405,8 @@ class ScheduledSampler(Sampler):
         self._pass_start = step
 
     def __repr__(self):
+        budget = (f"capacity={self.capacity}" if self.capacity_bytes is None else
+                  f"capacity_bytes={self.capacity_bytes}, pin={self.pin!r}")
         return (f"ScheduledSampler(n={self.n}, batch_size={self.batch_size}, policy={self.policy!r}, "
-                f"capacity={self.capacity}, rank={self.rank}/{self.ranks}, ranks_per_node={self.ranks_per_node}, "
+                f"{budget}, rank={self.rank}/{self.ranks}, ranks_per_node={self.ranks_per_node}, "
                 f"seed={self.seed}, epoch={self._epoch})")
