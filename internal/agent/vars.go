@@ -98,7 +98,9 @@ func (v *variable) setTable(a *Agent, t *wire.Table) error {
 	}
 	v.table, v.lay, v.byRank = t, lay, byRank
 	v.expose(a)
-	if t.Backing != "" {
+	if t.Backing != "" && !t.Ragged() {
+		// A ragged variable's tier reads by the node's index: it is made
+		// with the index (ensureIndex).
 		v.tier = tier.New(tier.Config{Name: t.Name, Spec: t.Backing, Dtype: t.Dtype, RowBytes: t.Disp * t.ItemSize,
 			Held: lay.Held(), Total: t.Total, StagingBytes: a.cfg.StagingBytes, Admit: a.admitStaging,
 			Go: a.go_, Context: a.ctx, Timeout: a.cfg.Timeout, Counters: &a.stats.tier})
@@ -162,6 +164,11 @@ func (v *variable) unmap() {
 func (v *variable) drop() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if v.tier != nil {
+		// First: a ragged variable's tier reads by the index unmapped
+		// below; Close waits for its reads in flight.
+		v.tier.Close()
+	}
 	for _, seg := range v.segs {
 		seg.MarkDropped()
 	}
@@ -179,9 +186,6 @@ func (v *variable) drop() {
 	}
 	v.segs, v.byRank, v.gone = map[int]*shm.Segment{}, nil, true
 	v.wake()
-	if v.tier != nil {
-		v.tier.Close()
-	}
 }
 
 func (v *variable) info() VarInfo {
