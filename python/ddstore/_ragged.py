@@ -14,9 +14,10 @@ from ._vars import MAX_ROWS_PER_READ, check_rows, row_indices
 from .dtypes import as_array
 
 
-def add(store, name, values, lengths, offsets):
-    """Store.add_ragged: check the rows' geometry, then create the variable
-    (a bad geometry fails the add on every rank)."""
+def add(store, name, values, lengths, offsets, backing=None, total=None):
+    """Store.add_ragged: check the rows' geometry and the backing pair,
+    then create the variable (a bad one fails the add on every rank)."""
+    from .store import _check_ragged_backing
     try:
         a, dt = as_array(values)
         if a.ndim == 0:
@@ -30,11 +31,12 @@ def add(store, name, values, lengths, offsets):
         if units != a.shape[0]:
             raise GeometryError(f"ddstore: bad geometry: variable {name!r}: lengths add up to {units} units, "
                                 f"but the values have {a.shape[0]} (values of shape {a.shape})")
+        spec, total = _check_ragged_backing(name, backing, total, int(lens.shape[0]))
     except Error as e:
         return store._create(name, None, 0, 1, 1, "", bad=e, kind=_wire.KIND_RAGGED)
     disp = int(np.prod(shape, dtype=np.int64)) if shape else 1
     return store._create(name, (a, lens), int(lens.shape[0]), disp, a.dtype.itemsize, dt, kind=_wire.KIND_RAGGED,
-                         items=units, shape=shape)
+                         items=units, shape=shape, backing=spec, total=total or 0)
 
 
 def sizes(v, name, indices):
