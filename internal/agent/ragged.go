@@ -129,10 +129,11 @@ func (a *Agent) ensureIndex(ctx context.Context, v *variable) error {
 	n, items := lay.Held(), g.first[len(g.first)-1]
 	var offsets source.Source
 	if t.Backing != "" {
-		// Every rank's agent checked the pair at publish.
+		// Every rank's agent checked the offsets at publish: here they
+		// are read once, into the index.
 		var values source.Source
 		var err error
-		values, offsets, err = tier.OpenRagged(t.Backing, t.Dtype, g.ub, t.Total)
+		values, offsets, err = tier.OpenPair(t.Backing, t.Dtype, g.ub, t.Total)
 		if err != nil {
 			return fmt.Errorf("variable %q: %w", v.name, err)
 		}

@@ -26,6 +26,23 @@ const offsetsBlock = 1 << 16
 // decreasing, the last one the values' length. It reads every offset to
 // check them (in blocks: it holds none) and returns both datasets open.
 func OpenRagged(spec, dtype string, ub, total int64) (values, offsets source.Source, err error) {
+	values, offsets, err = OpenPair(spec, dtype, ub, total)
+	if err != nil {
+		return nil, nil, err
+	}
+	p, _ := naming.ParsePair(spec)
+	if err := checkOffsets(p.Offsets.String(), offsets, values.Rows()); err != nil {
+		values.Close()
+		offsets.Close()
+		return nil, nil, err
+	}
+	return values, offsets, nil
+}
+
+// OpenPair is OpenRagged without reading the offsets: both datasets open,
+// their shapes and types checked, as the node's index is filled from the
+// offsets after every rank's agent has checked them (OpenRagged).
+func OpenPair(spec, dtype string, ub, total int64) (values, offsets source.Source, err error) {
 	p, err := naming.ParsePair(spec)
 	if err != nil {
 		return nil, nil, err
@@ -37,7 +54,7 @@ func OpenRagged(spec, dtype string, ub, total int64) (values, offsets source.Sou
 	}
 	offsets, err = source.Open(ofs, source.Options{ChunkBytes: gapBytes})
 	if err == nil {
-		err = checkOffsets(ofs, offsets, values.Rows(), total)
+		err = checkOffsetsShape(ofs, offsets, total)
 	} else {
 		err = fmt.Errorf("ragged offsets: %w", err)
 	}
@@ -51,19 +68,25 @@ func OpenRagged(spec, dtype string, ub, total int64) (values, offsets source.Sou
 	return values, offsets, nil
 }
 
-// checkOffsets checks the offsets dataset against the values' units and
-// the variable's rows.
-func checkOffsets(spec string, src source.Source, units, total int64) error {
+// checkOffsetsShape checks that the offsets dataset is 1-D integers, at
+// least total+1 of them.
+func checkOffsetsShape(spec string, src source.Source, total int64) error {
 	if sh := src.RowShape(); len(sh) != 0 {
 		return base.Errorf(base.ErrArgument, "ragged offsets %s: shape (%d, %v): want a 1-D dataset of rows + 1 integers", spec, src.Rows(), sh)
 	}
 	if _, ok := offsetTypes[src.Dtype()]; !ok {
 		return base.Errorf(base.ErrArgument, "ragged offsets %s hold items of %s: want integers (int64, int32, uint64, uint32)", spec, src.Dtype())
 	}
-	m := src.Rows()
-	if m < total+1 {
+	if m := src.Rows(); m < total+1 {
 		return base.Errorf(base.ErrGeometry, "ragged offsets %s: %d offsets are %d rows: the variable has %d", spec, m, max(m-1, 0), total)
 	}
+	return nil
+}
+
+// checkOffsets reads every offset, checking that they start at 0, never
+// decrease and end at the values' units.
+func checkOffsets(spec string, src source.Source, units int64) error {
+	m := src.Rows()
 	buf := make([]int64, min(m, offsetsBlock))
 	prev := int64(0)
 	for lo := int64(0); lo < m; lo += offsetsBlock {

@@ -214,13 +214,13 @@ func (t *Tier) source() (source.Source, error) {
 	return t.src, t.openErr
 }
 
-// open opens the file: a ragged variable's values, checked with its
-// offsets (which the node's index holds already).
+// open opens the file: a ragged variable's values (its offsets, checked
+// when it was added, are in the node's index already).
 func (t *Tier) open() (source.Source, error) {
 	if t.off == nil {
 		return Open(t.spec, t.dtype, t.rb, t.total)
 	}
-	values, offsets, err := OpenRagged(t.spec, t.dtype, t.rb, t.total)
+	values, offsets, err := OpenPair(t.spec, t.dtype, t.rb, t.total)
 	if err != nil {
 		return nil, err
 	}
