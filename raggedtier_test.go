@@ -387,3 +387,55 @@ func TestClusterRaggedBackedErrors(t *testing.T) {
 	f.addBacked(t, c, "v", values, offsets, 10)
 	f.readAll(t, c, "v")
 }
+
+// TestAgentRestartReadoptsRaggedBacked: a ragged variable with a backing
+// file survives a SIGKILLed agent: the restarted agent re-adopts its
+// shards and its node index of every row (the same files), and a store
+// opened then reads every row, the file's too.
+func TestAgentRestartReadoptsRaggedBacked(t *testing.T) {
+	dir := t.TempDir()
+	ns := fmt.Sprintf("rbrestart%d", os.Getpid())
+	runDir := filepath.Join(dir, "run")
+	f := newRaggedFile(6, 60, 12, 8)
+	values, offsets := f.writeNPYPair(t, dir)
+	p := startRestartableAgent(t, "--namespace", ns, "--node", "n0", "--run-dir", runDir, "--timeout", "5s")
+	open := func(rank, size int) *ddstore.Store { return openLocal(t, ns, "n0", runDir, rank, size, rank, size) }
+	c := &cluster{ns: ns, stores: []*ddstore.Store{open(0, 2), open(1, 2)}}
+	f.addBacked(t, c, "rg", values, offsets, 20)
+	segs := segments(ns)
+	if len(segs) != 3 { // two shards and the index
+		t.Fatalf("segments %v", segs)
+	}
+	before := map[string]uint64{}
+	for _, s := range segs {
+		before[s] = inode(t, s)
+	}
+	sock := ddstore.SocketPath(runDir, ns, "n0")
+	in, err := ddstore.QueryAgent(sock, ns, "n0")
+	if err != nil || len(in.Variables) != 1 || in.Variables[0].IndexBytes != 61*8 {
+		t.Fatalf("info %+v, %v: want one ragged variable with an index of 61 offsets", in.Variables, err)
+	}
+	p.kill()
+	p.start()
+	testutil.WaitFor(t, 20*time.Second, func() (err error) {
+		in, err = ddstore.QueryAgent(sock, ns, "n0")
+		return err
+	})
+	if in.Counters["adopted_variables"] != 1 {
+		t.Fatalf("after the restart: adopted %d variables, want 1", in.Counters["adopted_variables"])
+	}
+	late := open(0, 2)
+	want, _ := f.span(0, f.rows())
+	dst := make([]byte, len(want))
+	if _, err := late.GetRagged("rg", dst, rangeOf(0, f.rows()), nil); err != nil {
+		t.Fatal(err)
+	}
+	if string(dst) != string(want) {
+		t.Fatal("rows read after the restart differ from the file")
+	}
+	for _, s := range segments(ns) {
+		if inode(t, s) != before[s] {
+			t.Errorf("segment %s was made again, not re-adopted", s)
+		}
+	}
+}

@@ -172,12 +172,7 @@ func (a *Agent) ensureIndex(ctx context.Context, v *variable) error {
 		if v.gone {
 			err = base.Errorf(base.ErrFreed, "variable %q was freed", v.name)
 		} else {
-			v.index = seg
-			if t.Backing != "" {
-				v.tier = tier.New(tier.Config{Name: t.Name, Spec: t.Backing, Dtype: t.Dtype, RowBytes: g.ub, Offsets: seg.Offsets,
-					Held: lay.Held(), Total: t.Total, StagingBytes: a.cfg.StagingBytes, Admit: a.admitStaging,
-					Go: a.go_, Context: a.ctx, Timeout: a.cfg.Timeout, Counters: &a.stats.tier})
-			}
+			v.setIndex(a, seg)
 		}
 		v.mu.Unlock()
 	}
@@ -225,6 +220,18 @@ func (a *Agent) fillIndex(ctx context.Context, v *variable, t *wire.Table, byRan
 	}
 	idx[row] = g.first[len(g.first)-1]
 	return nil
+}
+
+// setIndex installs the node's index of a ragged variable and, with a
+// backing file, the tier that reads the file's rows by it; the caller
+// holds v.mu (W).
+func (v *variable) setIndex(a *Agent, seg *shm.Segment) {
+	v.index = seg
+	if t := v.table; t.Backing != "" {
+		v.tier = tier.New(tier.Config{Name: t.Name, Spec: t.Backing, Dtype: t.Dtype, RowBytes: v.rag.ub, Offsets: seg.Offsets,
+			Held: v.lay.Held(), Total: t.Total, StagingBytes: a.cfg.StagingBytes, Admit: a.admitStaging,
+			Go: a.go_, Context: a.ctx, Timeout: a.cfg.Timeout, Counters: &a.stats.tier})
+	}
 }
 
 // fillBackedIndex reads the N+1 offsets of a ragged variable's backing
