@@ -275,6 +275,13 @@ func TestClusterRaggedBackedNPY(t *testing.T) {
 			if !in.Ragged || in.TotalRows != f.rows() || in.TotalItems != f.off[f.rows()] || in.HeldRows != 100 || in.Backing != values || in.BackingOffsets != offsets {
 				t.Errorf("info %+v: want %d ragged rows of %d units, 100 held", in, f.rows(), f.off[f.rows()])
 			}
+			ai, err := ddstore.QueryAgent(c.agents[0].Socket(), c.ns, "node0")
+			if err != nil || len(ai.Variables) != 1 {
+				t.Fatalf("agent info %+v, %v", ai, err)
+			}
+			if av := ai.Variables[0]; av.Backing != values || av.BackingOffsets != offsets || av.TotalBytes != f.off[f.rows()]*12 || av.IndexBytes != (f.rows()+1)*8 {
+				t.Errorf("agent's variable %+v: want backing %s and %s, %d bytes, an index of %d offsets", av, values, offsets, f.off[f.rows()]*12, f.rows()+1)
+			}
 			c.mustEach(t, func(r int, s *ddstore.Store) error { return s.Free("pos") })
 		})
 	}

@@ -4,11 +4,13 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/layout"
+	"github.com/ddstore-go/ddstore/internal/naming"
 	"github.com/ddstore-go/ddstore/internal/shm"
 	"github.com/ddstore-go/ddstore/internal/tier"
 	"github.com/ddstore-go/ddstore/internal/transport"
@@ -204,6 +206,9 @@ func (v *variable) info() VarInfo {
 	if t := v.table; t != nil {
 		vi.Disp, vi.ItemSize, vi.TotalRows, vi.Dtype = t.Disp, t.ItemSize, v.lay.Total(), t.Dtype
 		vi.ShardRows, vi.Backing, vi.HeldRows = t.ShardRows, t.Backing, v.lay.Held()
+		if vs, ofs, ok := strings.Cut(t.Backing, naming.PairSep); ok {
+			vi.Backing, vi.BackingOffsets = vs, ofs
+		}
 		for _, n := range t.RankNode {
 			vi.Owners = append(vi.Owners, t.Nodes[n])
 		}
@@ -212,6 +217,10 @@ func (v *variable) info() VarInfo {
 			vi.Shape, vi.ShardItems = t.Shape, t.ShardItems
 			for _, n := range t.ShardItems {
 				vi.TotalBytes += n * t.Disp * t.ItemSize
+			}
+			if v.index != nil && t.Backing != "" {
+				// The index holds every row, the backing file's too.
+				vi.TotalBytes = v.index.Header.Items * t.Disp * t.ItemSize
 			}
 		} else {
 			vi.TotalBytes = v.lay.Total() * v.lay.Bytes()
