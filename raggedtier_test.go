@@ -282,6 +282,9 @@ func TestClusterRaggedBackedNPY(t *testing.T) {
 			if av := ai.Variables[0]; av.Backing != values || av.BackingOffsets != offsets || av.TotalBytes != f.off[f.rows()]*12 || av.IndexBytes != (f.rows()+1)*8 {
 				t.Errorf("agent's variable %+v: want backing %s and %s, %d bytes, an index of %d offsets", av, values, offsets, f.off[f.rows()]*12, f.rows()+1)
 			}
+			if p, err := c.stores[2].Profile("pos"); err != nil || p.StorageRows == 0 || p.RemoteRows == 0 || p.LocalRows == 0 {
+				t.Errorf("profile %+v, %v: want rows of this node, of the other and of the file", p, err)
+			}
 			c.mustEach(t, func(r int, s *ddstore.Store) error { return s.Free("pos") })
 		})
 	}

@@ -208,7 +208,7 @@ func (s *Store) getRagged(v *variable, name string, dst []byte, indices, lengths
 	}
 	t0 := time.Now()
 	g := v.rag
-	var pos int64
+	var pos, stored int64
 	var remote, at, size []int64
 	for _, gi := range indices {
 		nb := (g.off[gi+1] - g.off[gi]) * g.ub
@@ -217,6 +217,7 @@ func (s *Store) getRagged(v *variable, name string, dst []byte, indices, lengths
 			// Only in the backing file: the agent reads it.
 			if nb > 0 {
 				remote, at, size = append(remote, gi), append(at, pos), append(size, nb)
+				stored++
 			}
 		} else if src := v.local[r]; src != nil {
 			lo := (g.off[gi] - g.first[r]) * g.ub
@@ -235,8 +236,9 @@ func (s *Store) getRagged(v *variable, name string, dst []byte, indices, lengths
 	p.rows.Add(int64(len(indices)))
 	p.bytes.Add(need)
 	p.localRows.Add(int64(len(indices) - len(remote)))
+	p.storageRows.Add(stored)
 	if len(remote) > 0 {
-		p.remoteRows.Add(int64(len(remote)))
+		p.remoteRows.Add(int64(len(remote)) - stored)
 		p.remoteCalls.Add(1)
 		p.waitNs.Add(int64(time.Since(t0)))
 	}

@@ -86,11 +86,12 @@ def get(store, v, name, indices, out):
         d0, nb = pos[sel] * ub, lengths[sel] * ub
         for a, b, n in zip(d0.tolist(), s0.tolist(), nb.tolist()):
             flat[a:a + n] = src[b:b + n]
-    nremote = 0
+    nremote = nstored = 0
     if remote:
         sel = np.concatenate(remote) if len(remote) > 1 else remote[0]
         sel = sel[lengths[sel] > 0]
         nremote = sel.shape[0]
+        nstored = int((idx[sel] >= v.held).sum())  # only in the backing file
         for lo in range(0, nremote, MAX_ROWS_PER_READ):
             part = sel[lo:lo + MAX_ROWS_PER_READ]
             _fetch(store, v, flat, idx[part], pos[part] * ub, lengths[part] * ub)
@@ -99,8 +100,9 @@ def get(store, v, name, indices, out):
     p["rows"] += idx.shape[0]
     p["bytes"] += units * ub
     p["local_rows"] += idx.shape[0] - nremote
+    p["storage_rows"] += nstored
     if nremote:
-        p["remote_rows"] += nremote
+        p["remote_rows"] += nremote - nstored
         p["remote_calls"] += 1
         p["wait_s"] += time.perf_counter() - t0
     return out, lengths

@@ -73,7 +73,8 @@ def test_ragged_backed_hdf5(job, tmp_path, layout):
         assert d["total_rows"] == 300 and d["held_rows"] == held and d["total_items"] == int(off[-1])
         assert d["backing"] == backing[0] and d["backing_offsets"] == backing[1]
         check_reads(s, "pos", vals, off)
-        assert s.get_profile("pos")["remote_rows"] > 0
+        prof = s.get_profile("pos")
+        assert prof["storage_rows"] > 0 and prof["remote_rows"] == 0, prof
         # int32 offsets read the same.
         s.add_ragged("pos32", vals[:off[held]], offsets=off[:held + 1], backing=(backing[0], f"{f}:/pos/offsets32"),
                      total=300)
@@ -119,7 +120,8 @@ for k in range(0, n, B):
     got, lens = s.get_ragged("pos", idx)
     want = np.concatenate([vals[off[g]:off[g + 1]] for g in idx])
     assert np.array_equal(got, want), (r, k)
-print("rank", r, "remote", s.get_profile("pos")["remote_rows"])
+prof = s.get_profile("pos")
+print("rank", r, "storage", prof["storage_rows"], "remote", prof["remote_rows"])
 s.close()
 """
 
@@ -131,4 +133,4 @@ def test_ragged_backed_npy_four_ranks_two_nodes(job, tmp_path):
     np.save(vf, vals)
     np.save(of, off)
     outs = run_ranks(SCRIPT, ["a", "a", "b", "b"], job, args=(str(vf), str(of), str(n)))
-    assert all(int(o.split()[3]) > 0 for o in outs), outs
+    assert all(int(o.split()[3]) > 0 and int(o.split()[5]) > 0 for o in outs), outs
