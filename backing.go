@@ -1,6 +1,8 @@
 package ddstore
 
 import (
+	"fmt"
+
 	"github.com/ddstore-go/ddstore/internal/client"
 	"github.com/ddstore-go/ddstore/internal/naming"
 )
@@ -20,6 +22,15 @@ type Backing struct {
 	// Rows is how many rows the variable has in all: at least the sum of
 	// the shards, at most the file's.
 	Rows int64
+	// Offsets, for a ragged variable only (AddRaggedBacked), names its
+	// offsets dataset as File names its values: a .npy file or an HDF5
+	// dataset (FILE:DATASET), 1-D, of at least Rows+1 integers (int64,
+	// int32, uint64 or uint32), from 0, never decreasing, the last one
+	// the number of units the values hold. File is then the flat values,
+	// of shape (units, *trailing shape): row i is units [offsets[i],
+	// offsets[i+1]). The usual pair: two datasets of one HDF5 file, or
+	// two .npy files.
+	Offsets string
 }
 
 // AddBacked is AddAs for a variable whose rows all lie in a backing file,
@@ -49,6 +60,9 @@ func (s *Store) InitBacked(name string, nrows, disp int64, dtype Dtype, b Backin
 
 // check validates a Backing and makes its file name absolute.
 func (b Backing) check(name string, nrows int64) (Backing, error) {
+	if b.Offsets != "" {
+		return b, fmt.Errorf("%w: variable %q: backing offsets %s: offsets are for a ragged variable (AddRaggedBacked); fixed rows need only File", ErrArgument, name, b.Offsets)
+	}
 	f, err := naming.CheckBacking(name, b.File, b.Rows, nrows)
 	if err != nil {
 		return b, err

@@ -3,6 +3,7 @@ package ddstore_test
 import (
 	"fmt"
 	"math/rand/v2"
+	"path/filepath"
 	"testing"
 
 	"github.com/ddstore-go/ddstore"
@@ -201,5 +202,90 @@ func BenchmarkRagged(b *testing.B) {
 				})
 			})
 		}
+	}
+}
+
+// BenchmarkRaggedBacked: a batch of 64 random ragged rows (GetRagged) of
+// a variable held in memory, of this node and of the other, against the
+// same rows of a variable whose rows all lie in its backing file (a .npy
+// pair, in the page cache: the file's reads, not the disk's), read on
+// demand and announced one batch ahead (Prefetch), into a receive buffer.
+// The file's batches are an epoch's, each row once (a row read again
+// within a second is not read ahead: the tier takes it for a late
+// announcement), each run on a variable of its own: run it with
+// -benchtime of at most 80x.
+func BenchmarkRaggedBacked(b *testing.B) {
+	for _, mean := range []int64{100, 1000} {
+		b.Run(fmt.Sprintf("%dB", mean*12), func(b *testing.B) {
+			rb := newRaggedBench(b, mean)
+			s := rb.c.stores[0]
+			dir := b.TempDir()
+			total := 2 * rb.rows
+			off := make([]int64, total+1)
+			for g, n := range rb.lengths {
+				off[g+1] = off[g] + n
+			}
+			values := make([]byte, off[total]*12)
+			for g := range total {
+				for i := range (off[g+1] - off[g]) * 12 {
+					values[off[g]*12+i] = byte(i)
+				}
+			}
+			vf, of := filepath.Join(dir, "values.npy"), filepath.Join(dir, "offsets.npy")
+			writeNPYArray(b, vf, "<f4", []int64{off[total], 3}, values)
+			writeNPYArray(b, of, "<i8", []int64{total + 1}, offsetsBytes(off))
+			dst, err := s.AllocRecv(int(64 * 2 * mean * 12))
+			if err != nil {
+				b.Fatal(err)
+			}
+			rng := rand.New(rand.NewPCG(3, 4))
+			perm := rng.Perm(int(total))
+			var epoch [][]int64
+			for lo := 0; lo+64 <= len(perm); lo += 64 {
+				batch := make([]int64, 64)
+				for i, g := range perm[lo : lo+64] {
+					batch[i] = int64(g)
+				}
+				epoch = append(epoch, batch)
+			}
+			vars := 0
+			run := func(name string, idx [][]int64, backed, prefetch bool) {
+				b.Run(name, func(b *testing.B) {
+					v := "r"
+					if backed {
+						vars++
+						v = fmt.Sprintf("file%d", vars)
+						rb.c.mustEach(b, func(r int, s *ddstore.Store) error {
+							return s.AddRaggedBacked(v, nil, nil, ddstore.Float32, ddstore.Backing{File: vf, Offsets: of, Rows: total}, 3)
+						})
+						defer rb.c.mustEach(b, func(r int, s *ddstore.Store) error { return s.Free(v) })
+					}
+					before := rb.c.counters(b, 0)
+					var bytes int64
+					for i := 0; b.Loop(); i++ {
+						if prefetch {
+							if err := s.Prefetch(v, idx[(i+1)%len(idx)]); err != nil {
+								b.Fatal(err)
+							}
+						}
+						n, err := s.GetRagged(v, dst, idx[i%len(idx)], nil)
+						if err != nil {
+							b.Fatal(err)
+						}
+						bytes += n
+					}
+					b.ReportMetric(float64(bytes)/b.Elapsed().Seconds()/1e9, "GB/s")
+					if backed {
+						// What share of the rows came from staging, read ahead.
+						after := rb.c.counters(b, 0)
+						b.ReportMetric(float64(after["staged_rows"]-before["staged_rows"])/float64(64*b.N), "staged/row")
+					}
+				})
+			}
+			run("memory-local", rb.batches(false), false, false)
+			run("memory-remote", rb.batches(true), false, false)
+			run("file", epoch, true, false)
+			run("file-prefetch", epoch, true, true)
+		})
 	}
 }

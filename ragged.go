@@ -4,6 +4,8 @@ package ddstore
 // token sequences), in items of one type, with an optional fixed trailing
 // shape.
 
+import "github.com/ddstore-go/ddstore/internal/client"
+
 // AddRagged creates a ragged variable whose shard on this rank is
 // len(lengths) rows, row i being lengths[i] units of the trailing shape
 // (shape's product of items of type dtype; no shape: one item), packed in
@@ -15,7 +17,22 @@ package ddstore
 // naming the values; the store keeps working.
 func (s *Store) AddRagged(name string, values []byte, lengths []int64, dtype Dtype, shape ...int64) error {
 	size, err := dtype.ItemSize()
-	return s.c.CreateRagged(name, values, lengths, shape, string(dtype), size, err)
+	return s.c.CreateRagged(name, values, lengths, shape, string(dtype), size, err, nil)
+}
+
+// AddRaggedBacked is AddRagged for a ragged variable whose rows all lie in
+// a backing file, a pair of datasets (Backing: File the values, Offsets
+// the offsets), of which this rank's shard holds rows: the file's rows
+// from this rank's first global row, as for AddBacked. The node's agent
+// reads the offsets once into the node's index and the other rows from
+// the values, coalesced and ahead of use (Prefetch). Every rank calls it
+// with the same Backing; a pair that cannot be opened, offsets that
+// decrease or do not end at the values' length, values of another type
+// or trailing shape, or shards whose rows are not the file's fail it on
+// every rank.
+func (s *Store) AddRaggedBacked(name string, values []byte, lengths []int64, dtype Dtype, b Backing, shape ...int64) error {
+	size, err := dtype.ItemSize()
+	return s.c.CreateRagged(name, values, lengths, shape, string(dtype), size, err, (*client.Backing)(&b))
 }
 
 // RaggedSizes fills lengths (one per index; in units of the trailing

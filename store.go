@@ -161,9 +161,11 @@ type VarInfo struct {
 	ShardRows []int64  // per rank
 	Nodes     []string // per rank: the node holding the shard
 	// Backing is the file holding every row ("" for none); the shards
-	// hold the first HeldRows of TotalRows, the file the rest.
-	Backing  string
-	HeldRows int64
+	// hold the first HeldRows of TotalRows, the file the rest. For a
+	// ragged variable it is the values, BackingOffsets the offsets.
+	Backing        string
+	BackingOffsets string
+	HeldRows       int64
 	// Ragged variables (AddRagged): Ragged is set, Shape is the rows'
 	// trailing dimensions (Disp their product), ShardItems per rank the
 	// units of Disp items its shard holds, TotalItems all of them.

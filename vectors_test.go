@@ -301,6 +301,11 @@ func vectorBodies(t *testing.T) obj {
 		Dtype: "float32", ID: 8, Kind: wire.KindRagged, ShardItems: []int64{17, 4}, Shape: []int64{2, 3},
 		Index: "/dev/shm/ddstore.ns.n1.graphs.index"}
 	add("table_ragged", "Table", vTable(table3), table3.Encode, func(b []byte) (any, error) { return wire.DecodeTable(b) }, table3)
+	// A ragged variable with a backing file: the pair of its values and
+	// offsets datasets, joined by a NUL byte; 9 rows in all, 5 in shards.
+	table4 := table3
+	table4.Name, table4.Backing, table4.Total = "graphs2", "/d/g.h5:/values\x00/d/g.h5:/offsets", 9
+	add("table_ragged_backed", "Table", vTable(table4), table4.Encode, func(b []byte) (any, error) { return wire.DecodeTable(b) }, table4)
 	hr := wire.HelloReply{Node: "n1", AgentPid: 77}
 	add("hello_reply", "HelloReply", obj{"node": hr.Node, "agent_pid": hr.AgentPid}, hr.Encode,
 		func(b []byte) (any, error) { return wire.DecodeHelloReply(b) }, hr)

@@ -48,8 +48,9 @@ fi
 run "$GO" test $RACE -count=1 -timeout 20m ./...
 
 echo '== HDF5 (build tag hdf5, cgo on libhdf5)'
-run "$GO" vet -tags hdf5 ./internal/source/ ./internal/cli/
+run "$GO" vet -tags hdf5 . ./internal/source/ ./internal/cli/
 run "$GO" test $RACE -tags hdf5 -count=1 ./internal/source/ ./internal/cli/
+run "$GO" test $RACE -tags hdf5 -count=1 -run '^TestClusterRaggedBackedHDF5$' .
 
 if command -v mpicc >/dev/null 2>&1; then
 	echo '== MPI (build tag mpi, cgo on MPI): the transport between ranks, then the cluster tests over it'

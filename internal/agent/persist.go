@@ -180,8 +180,11 @@ func (a *Agent) adoptVar(mv manifestVar) (*variable, int64, error) {
 		// table is left out and built again on first use.
 		// Writable, as a made one is, so that its drop can mark it.
 		if idx, ierr := shm.Open(mv.Index, true); ierr == nil {
-			if h := idx.Header; h.Kind == shm.KindIndex && h.Rows == v.lay.Held() && h.Items == v.rag.first[len(v.rag.first)-1] && idx.CheckOffsets(0) == nil && !idx.Dropped() {
-				v.index = idx
+			// With a backing file it holds every row, the file's too.
+			held := v.rag.first[len(v.rag.first)-1]
+			items := idx.Header.Items == held || t.Backing != "" && idx.Header.Items >= held
+			if h := idx.Header; h.Kind == shm.KindIndex && h.Rows == v.lay.Total() && items && idx.CheckOffsets(0) == nil && !idx.Dropped() {
+				v.setIndex(a, idx)
 				n += idx.Bytes()
 			} else {
 				idx.Close()

@@ -9,11 +9,16 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/layout"
+	"github.com/ddstore-go/ddstore/internal/naming"
 	"github.com/ddstore-go/ddstore/internal/shm"
+	"github.com/ddstore-go/ddstore/internal/source"
+	"github.com/ddstore-go/ddstore/internal/tier"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
@@ -48,8 +53,8 @@ func checkKind(m wire.Shard) error {
 		return base.Errorf(base.ErrGeometry, "variable %q: %d ragged rows in one shard: want at most 2^40", m.Name, m.Rows)
 	case m.Items > 0 && m.Disp*m.ItemSize > (1<<46)/m.Items:
 		return base.Errorf(base.ErrGeometry, "variable %q: %d units of %d bytes is too large for one shard", m.Name, m.Items, m.Disp*m.ItemSize)
-	case m.Backing != "" || m.Total != 0:
-		return base.Errorf(base.ErrArgument, "variable %q: a ragged variable with a backing file: not supported yet (its rows must all be in memory)", m.Name)
+	case m.Backing != "" && !naming.IsPair(m.Backing):
+		return base.Errorf(base.ErrArgument, "variable %q: ragged rows with backing file %s: want a pair of values and offsets datasets", m.Name, m.Backing)
 	}
 	return nil
 }
@@ -98,8 +103,11 @@ func (g *ragged) localRow(seg *shm.Segment, l int64) ([]byte, error) {
 // ensureIndex builds the node's index of a ragged variable if it has none:
 // a segment of N+1 job-wide offsets, which the node's clients map
 // read-only. Local ranks' offsets come from their shards, the others' from
-// their agents (PeerOffsets). The caller holds no lock of v's; the index is
-// built once (indexMu), outside v.mu, since it waits on other nodes.
+// their agents (PeerOffsets); with a backing file, every row's come from
+// its offsets dataset, checked against the shards, and the tier that reads
+// the rows only the file holds is made on the index. The caller holds no
+// lock of v's; the index is built once (indexMu), outside v.mu, since it
+// waits on other nodes.
 func (a *Agent) ensureIndex(ctx context.Context, v *variable) error {
 	v.mu.RLock()
 	t, done, gone := v.table, v.index != nil, v.gone
@@ -118,8 +126,27 @@ func (a *Agent) ensureIndex(ctx context.Context, v *variable) error {
 	if done {
 		return nil
 	}
-	n := lay.Held()
-	h := shm.Header{Rank: -1, Rows: n, Disp: t.Disp, ItemSize: t.ItemSize, Kind: shm.KindIndex, Items: g.first[len(g.first)-1]}
+	n, items := lay.Held(), g.first[len(g.first)-1]
+	var offsets source.Source
+	if t.Backing != "" {
+		// Every rank's agent checked the offsets at publish: here they
+		// are read once, into the index.
+		var values source.Source
+		var err error
+		values, offsets, err = tier.OpenPair(t.Backing, t.Dtype, g.ub, t.Total)
+		if err != nil {
+			return fmt.Errorf("variable %q: %w", v.name, err)
+		}
+		values.Close()
+		defer offsets.Close()
+		n = lay.Total()
+		last := []int64{0}
+		if err := tier.ReadOffsets(offsets, n, last); err != nil {
+			return fmt.Errorf("variable %q: ragged offsets: %w", v.name, err)
+		}
+		items = last[0]
+	}
+	h := shm.Header{Rank: -1, Rows: n, Disp: t.Disp, ItemSize: t.ItemSize, Kind: shm.KindIndex, Items: items}
 	size := shm.DataBytes(h)
 	release, err := a.admit(size, true, func(s string) string { return fmt.Sprintf("variable %q: the index of its %d rows, %s", v.name, n, s) })
 	if err != nil {
@@ -132,7 +159,9 @@ func (a *Agent) ensureIndex(ctx context.Context, v *variable) error {
 	// gone since, which a client may still map.
 	shm.Discard(path)
 	seg, err := shm.Create(path, h)
-	if err == nil {
+	if err == nil && offsets != nil {
+		err = fillBackedIndex(t, lay, byRank, g, offsets, seg.Offsets)
+	} else if err == nil {
 		err = a.fillIndex(ctx, v, t, byRank, seg.Offsets)
 	}
 	if err == nil {
@@ -143,7 +172,7 @@ func (a *Agent) ensureIndex(ctx context.Context, v *variable) error {
 		if v.gone {
 			err = base.Errorf(base.ErrFreed, "variable %q was freed", v.name)
 		} else {
-			v.index = seg
+			v.setIndex(a, seg)
 		}
 		v.mu.Unlock()
 	}
@@ -193,6 +222,45 @@ func (a *Agent) fillIndex(ctx context.Context, v *variable, t *wire.Table, byRan
 	return nil
 }
 
+// setIndex installs the node's index of a ragged variable and, with a
+// backing file, the tier that reads the file's rows by it; the caller
+// holds v.mu (W).
+func (v *variable) setIndex(a *Agent, seg *shm.Segment) {
+	v.index = seg
+	if t := v.table; t.Backing != "" {
+		v.tier = tier.New(tier.Config{Name: t.Name, Spec: t.Backing, Dtype: t.Dtype, RowBytes: v.rag.ub, Offsets: seg.Offsets,
+			Held: v.lay.Held(), Total: t.Total, StagingBytes: a.cfg.StagingBytes, Admit: a.admitStaging,
+			Go: a.go_, Context: a.ctx, Timeout: a.cfg.Timeout, Counters: &a.stats.tier})
+	}
+}
+
+// fillBackedIndex reads the N+1 offsets of a ragged variable's backing
+// file into idx, the node's index, and checks them against the shards,
+// which hold the file's first rows: each rank's units, and the local
+// ranks' rows one by one.
+func fillBackedIndex(t *wire.Table, lay *layout.Layout, byRank []*shm.Segment, g *ragged, offsets source.Source, idx []int64) error {
+	if err := tier.ReadOffsets(offsets, 0, idx); err != nil {
+		return fmt.Errorf("ragged offsets: %w", err)
+	}
+	var row int64
+	for r, rows := range t.ShardRows {
+		if got := idx[row+rows] - idx[row]; got != t.ShardItems[r] {
+			return base.Errorf(base.ErrGeometry, "rank %d's shard holds rows [%d, %d) of %d units; the backing file's offsets say %d",
+				r, row, row+rows, t.ShardItems[r], got)
+		}
+		if seg := byRank[r]; seg != nil {
+			for l, o := range seg.Offsets[:rows+1] {
+				if idx[row+int64(l)]-g.first[r] != o {
+					return base.Errorf(base.ErrGeometry, "rank %d's shard: row %d (global %d) starts at unit %d of the shard; the backing file's offsets say %d",
+						r, l, row+int64(l), o, idx[row+int64(l)]-g.first[r])
+				}
+			}
+		}
+		row += rows
+	}
+	return nil
+}
+
 // peerOffsets asks the agent at addr for rank r's offsets [first,
 // first+count].
 func (a *Agent) peerOffsets(ctx context.Context, addr string, t *wire.Table, r int, first, count int64) ([]int64, error) {
@@ -239,6 +307,9 @@ func (h *peerHandler) raggedRows(v *variable, globals []int64, rows [][]byte) ([
 	var n int64
 	for _, gi := range globals {
 		rank, local := v.lay.Owner(gi)
+		if rank == layout.Backed {
+			return rows[:0], base.Errorf(base.ErrArgument, "row %d of %q is in its backing file, not on node %q: read it from the file", gi, v.name, a.cfg.Node)
+		}
 		seg := v.byRank[rank]
 		if seg == nil {
 			return rows[:0], base.Errorf(base.ErrArgument, "row %d of %q belongs to rank %d on node %q, not on node %q",
@@ -271,6 +342,7 @@ func (a *Agent) readRagged(ctx context.Context, s *session, v *variable, m *wire
 	for i := range t.Nodes {
 		f.nodes[i].globals, f.nodes[i].dst = f.nodes[i].globals[:0], f.nodes[i].dst[:0]
 	}
+	f.backed.globals, f.backed.dst = f.backed.globals[:0], f.backed.dst[:0]
 	for i, gi := range m.Globals {
 		off, nb := m.Offsets[i], (idx[gi+1]-idx[gi])*g.ub
 		if off < 0 || off > size-nb {
@@ -281,6 +353,13 @@ func (a *Agent) readRagged(ctx context.Context, s *session, v *variable, m *wire
 		off, nb := m.Offsets[i], (idx[gi+1]-idx[gi])*g.ub
 		dst := mem[off : off+nb : off+nb]
 		rank, local := v.lay.Owner(gi)
+		if rank == layout.Backed {
+			if nb > 0 {
+				f.backed.globals = append(f.backed.globals, gi)
+				f.backed.dst = append(f.backed.dst, dst)
+			}
+			continue
+		}
 		if seg := v.byRank[rank]; seg != nil {
 			row, err := g.localRow(seg, local)
 			if err != nil {
@@ -294,42 +373,86 @@ func (a *Agent) readRagged(ctx context.Context, s *session, v *variable, m *wire
 		n.globals = append(n.globals, gi)
 		n.dst = append(n.dst, dst)
 	}
+	tr := v.tier
 	unlock()
 	a.stats.readRows.Add(int64(len(m.Globals)))
 	// Ragged rows travel over the TCP Fetch path on every engine, which
 	// is never serial.
 	a.cutPieces(f, t, false)
 	fetch := func(p *piece, addr string) error { return a.pool.Fetch(ctx, addr, m.Name, t.ID, p.globals, p.dst) }
-	err := a.fetchPieces(ctx, v, f.pieces, fetch)
+	var backed func() error
+	if len(f.backed.globals) > 0 {
+		backed = func() error {
+			tctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
+			defer cancel()
+			return tr.Read(tctx, f.backed.globals, f.backed.dst)
+		}
+	}
+	err := a.fetchPieces(ctx, v, f.pieces, fetch, backed, a.tierFallback(ctx, tr))
 	clear(f.pieces)
+	clear(f.backed.dst)
 	for i := range t.Nodes {
 		clear(f.nodes[i].dst)
 	}
 	return err
 }
 
-// fetchPieces fetches pieces concurrently (the first on this goroutine)
-// and handles their errors: a stale table, a node that moved.
-func (a *Agent) fetchPieces(ctx context.Context, v *variable, pieces []piece, fetch func(p *piece, addr string) error) error {
-	if len(pieces) == 0 {
+// fetchPieces fetches pieces concurrently (the first on this goroutine,
+// unless backed, the read of rows of the backing file, runs there
+// meanwhile) and handles their errors: a stale table, a node that moved,
+// one that is gone (fallback, when not nil: settlePiece).
+func (a *Agent) fetchPieces(ctx context.Context, v *variable, pieces []piece, fetch func(p *piece, addr string) error,
+	backed func() error, fallback func(p *piece, err error) error) error {
+	if len(pieces) == 0 && backed == nil {
 		return nil
 	}
+	first := 1
+	if backed != nil {
+		first = 0
+	}
 	done := make(chan struct{}, len(pieces))
-	for i := 1; i < len(pieces); i++ {
+	for i := first; i < len(pieces); i++ {
 		p := &pieces[i]
 		go func() {
 			defer func() { done <- struct{}{} }()
 			p.err = fetch(p, p.addr)
 		}()
 	}
-	pieces[0].err = fetch(&pieces[0], pieces[0].addr)
-	for i := 1; i < len(pieces); i++ {
+	var backedErr error
+	if backed != nil {
+		backedErr = backed()
+	} else {
+		pieces[0].err = fetch(&pieces[0], pieces[0].addr)
+	}
+	for i := first; i < len(pieces); i++ {
 		<-done
 	}
+	if backedErr != nil {
+		return backedErr
+	}
 	for i := range pieces {
-		if err := a.settlePiece(ctx, v, &pieces[i], fetch, nil); err != nil {
+		if err := a.settlePiece(ctx, v, &pieces[i], fetch, fallback); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// tierFallback is settlePiece's fallback for a variable with a backing
+// file (tr; nil: none): the rows of a node that is gone or unreachable are
+// read from the file, which holds every row.
+func (a *Agent) tierFallback(ctx context.Context, tr *tier.Tier) func(p *piece, err error) error {
+	if tr == nil {
+		return nil
+	}
+	return func(p *piece, err error) error {
+		tctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
+		ferr := tr.ReadAny(tctx, p.globals, p.dst)
+		cancel()
+		if ferr != nil {
+			return errors.Join(err, ferr)
+		}
+		a.stats.peerFallbackRows.Add(int64(len(p.globals)))
+		return nil
+	}
 }

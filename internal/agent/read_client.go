@@ -188,21 +188,7 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 		return backedErr
 	}
 	fetch := func(p *piece, addr string) error { return a.rows.Fetch(ctx, addr, m.Name, t.ID, p.globals, p.dst) }
-	var fallback func(p *piece, err error) error
-	if v.tier != nil {
-		fallback = func(p *piece, err error) error {
-			// The node is gone or unreachable, but the backing file holds
-			// every row: read its rows from there instead.
-			tctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
-			ferr := v.tier.ReadAny(tctx, p.globals, p.dst)
-			cancel()
-			if ferr != nil {
-				return errors.Join(err, ferr)
-			}
-			a.stats.peerFallbackRows.Add(int64(len(p.globals)))
-			return nil
-		}
-	}
+	fallback := a.tierFallback(ctx, v.tier)
 	for i := range f.pieces {
 		if err := a.settlePiece(ctx, v, &f.pieces[i], fetch, fallback); err != nil {
 			return err
@@ -303,6 +289,11 @@ func (a *Agent) refreshAddr(ctx context.Context, v *variable, node, old string) 
 func (a *Agent) prefetch(ctx context.Context, m *wire.Fetch) error {
 	v, err := a.lookup(ctx, m.Name)
 	if err != nil {
+		return err
+	}
+	// A ragged variable's tier comes with the node's index, which a
+	// reading job's node builds at its first use.
+	if err := a.ensureIndex(ctx, v); err != nil {
 		return err
 	}
 	v.mu.RLock()

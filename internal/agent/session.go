@@ -403,8 +403,10 @@ func checkShard(m wire.Shard) error {
 		return base.Errorf(base.ErrGeometry, "variable %q: %d rows in all but no backing file", m.Name, m.Total)
 	case m.Backing != "" && (m.Total < 1 || m.Total > 1<<62):
 		return base.Errorf(base.ErrGeometry, "variable %q: backing file %s of %d rows: want at least 1", m.Name, m.Backing, m.Total)
-	case len(m.Backing) > maxPath:
-		return base.Errorf(base.ErrArgument, "variable %q: backing file name of %d bytes: want at most %d", m.Name, len(m.Backing), maxPath)
+	case len(m.Backing) > maxPath && !naming.IsPair(m.Backing) || len(m.Backing) > 2*maxPath+1:
+		return base.Errorf(base.ErrArgument, "variable %q: backing file name of %d bytes: want at most %d (each of a pair)", m.Name, len(m.Backing), maxPath)
+	case m.Kind == wire.KindRows && naming.IsPair(m.Backing):
+		return base.Errorf(base.ErrArgument, "variable %q: fixed rows with a pair of values and offsets datasets as backing file: want one dataset", m.Name)
 	}
 	return nil
 }
@@ -469,7 +471,17 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) 
 			bad = fmt.Errorf("variable %q: rank %d's offsets: %w", m.Name, m.Rank, err)
 		}
 	}
-	if bad == nil && m.Backing != "" {
+	if bad == nil && m.Backing != "" && m.Kind == wire.KindRagged {
+		// The same for a ragged pair, whose offsets are all read here to
+		// be checked (a rank's agent reads them again into the index).
+		values, offsets, err := tier.OpenRagged(m.Backing, m.Dtype, m.Disp*m.ItemSize, m.Total)
+		if err != nil {
+			bad = fmt.Errorf("variable %q: %w", m.Name, err)
+		} else {
+			values.Close()
+			offsets.Close()
+		}
+	} else if bad == nil && m.Backing != "" {
 		// Open the backing file now, so that a wrong name, shape or type
 		// fails the Add on every rank rather than a read later.
 		src, err := tier.Open(m.Backing, m.Dtype, m.Disp*m.ItemSize, m.Total)
@@ -509,6 +521,15 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) 
 	}
 	// Outside v.mu: the index of a ragged variable waits on other nodes.
 	if err := a.ensureIndex(ctx, v); err != nil {
+		if t.Backing != "" {
+			// Shards that are not the backing file's rows: each node
+			// finds the ranks' units differ from the file's alike (and
+			// its own ranks' rows one by one), so each rank gives its
+			// share back, and once all have the name is free again.
+			if ferr := a.free(ctx, m.Name, int(m.Rank)); ferr != nil {
+				err = errors.Join(err, ferr)
+			}
+		}
 		return nil, err
 	}
 	v.mu.RLock()

@@ -4,11 +4,13 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/layout"
+	"github.com/ddstore-go/ddstore/internal/naming"
 	"github.com/ddstore-go/ddstore/internal/shm"
 	"github.com/ddstore-go/ddstore/internal/tier"
 	"github.com/ddstore-go/ddstore/internal/transport"
@@ -98,7 +100,9 @@ func (v *variable) setTable(a *Agent, t *wire.Table) error {
 	}
 	v.table, v.lay, v.byRank = t, lay, byRank
 	v.expose(a)
-	if t.Backing != "" {
+	if t.Backing != "" && !t.Ragged() {
+		// A ragged variable's tier reads by the node's index: it is made
+		// with the index (ensureIndex).
 		v.tier = tier.New(tier.Config{Name: t.Name, Spec: t.Backing, Dtype: t.Dtype, RowBytes: t.Disp * t.ItemSize,
 			Held: lay.Held(), Total: t.Total, StagingBytes: a.cfg.StagingBytes, Admit: a.admitStaging,
 			Go: a.go_, Context: a.ctx, Timeout: a.cfg.Timeout, Counters: &a.stats.tier})
@@ -162,6 +166,11 @@ func (v *variable) unmap() {
 func (v *variable) drop() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if v.tier != nil {
+		// First: a ragged variable's tier reads by the index unmapped
+		// below; Close waits for its reads in flight.
+		v.tier.Close()
+	}
 	for _, seg := range v.segs {
 		seg.MarkDropped()
 	}
@@ -179,9 +188,6 @@ func (v *variable) drop() {
 	}
 	v.segs, v.byRank, v.gone = map[int]*shm.Segment{}, nil, true
 	v.wake()
-	if v.tier != nil {
-		v.tier.Close()
-	}
 }
 
 func (v *variable) info() VarInfo {
@@ -200,6 +206,9 @@ func (v *variable) info() VarInfo {
 	if t := v.table; t != nil {
 		vi.Disp, vi.ItemSize, vi.TotalRows, vi.Dtype = t.Disp, t.ItemSize, v.lay.Total(), t.Dtype
 		vi.ShardRows, vi.Backing, vi.HeldRows = t.ShardRows, t.Backing, v.lay.Held()
+		if vs, ofs, ok := strings.Cut(t.Backing, naming.PairSep); ok {
+			vi.Backing, vi.BackingOffsets = vs, ofs
+		}
 		for _, n := range t.RankNode {
 			vi.Owners = append(vi.Owners, t.Nodes[n])
 		}
@@ -208,6 +217,10 @@ func (v *variable) info() VarInfo {
 			vi.Shape, vi.ShardItems = t.Shape, t.ShardItems
 			for _, n := range t.ShardItems {
 				vi.TotalBytes += n * t.Disp * t.ItemSize
+			}
+			if v.index != nil && t.Backing != "" {
+				// The index holds every row, the backing file's too.
+				vi.TotalBytes = v.index.Header.Items * t.Disp * t.ItemSize
 			}
 		} else {
 			vi.TotalBytes = v.lay.Total() * v.lay.Bytes()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/layout"
+	"github.com/ddstore-go/ddstore/internal/naming"
 	"github.com/ddstore-go/ddstore/internal/shm"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
@@ -48,9 +49,12 @@ func openRagged(t *wire.Table, lay *layout.Layout) (*ragged, error) {
 	for r, n := range t.ShardItems {
 		g.first[r+1] = g.first[r] + n
 	}
-	if h := seg.Header; h.Kind != shm.KindIndex || h.Rows != lay.Held() || h.Items != g.first[len(g.first)-1] {
+	// With a backing file, the index holds every row, the shards' and
+	// the file's, so more units than the shards.
+	held := g.first[len(g.first)-1]
+	if h := seg.Header; h.Kind != shm.KindIndex || h.Rows != lay.Total() || h.Items != held && (t.Backing == "" || h.Items < held) {
 		seg.Close()
-		return nil, base.Errorf(base.ErrProtocol, "index %s of %d rows and %d units; the table says %d rows and %d units", t.Index, h.Rows, h.Items, lay.Held(), g.first[len(g.first)-1])
+		return nil, base.Errorf(base.ErrProtocol, "index %s of %d rows and %d units; the table says %d rows and %d units", t.Index, h.Rows, h.Items, lay.Total(), held)
 	}
 	return g, nil
 }
@@ -76,7 +80,7 @@ func RaggedShape(name string, shape []int64) (int64, error) {
 // dtype), packed in values. Collective, like Create; bad, when not nil,
 // is this rank's error found before (a dtype unknown), which fails the
 // round for every rank.
-func (s *Store) CreateRagged(name string, values []byte, lengths []int64, shape []int64, dtype string, itemsize int64, bad error) error {
+func (s *Store) CreateRagged(name string, values []byte, lengths []int64, shape []int64, dtype string, itemsize int64, bad error, b *Backing) error {
 	disp, err := RaggedShape(name, shape)
 	if bad == nil {
 		bad = err
@@ -103,6 +107,11 @@ func (s *Store) CreateRagged(name string, values []byte, lengths []int64, shape 
 		bad = base.Errorf(base.ErrGeometry, "variable %q: lengths add up to %d units of %d bytes (%d bytes), but the values are %d bytes",
 			name, items, ub, items*ub, len(values))
 	}
+	if bad == nil && b != nil {
+		var sent string
+		sent, bad = naming.CheckRaggedBacking(name, b.File, b.Offsets, b.Rows, int64(len(lengths)))
+		b = &Backing{File: sent, Rows: b.Rows}
+	}
 	if bad != nil {
 		return s.create(name, 0, max(disp, 1), max(itemsize, 1), dtype, bad, nil, &raggedShard{shape: shape}, nil, false)
 	}
@@ -118,7 +127,7 @@ func (s *Store) CreateRagged(name string, values []byte, lengths []int64, shape 
 	if shape == nil {
 		shape = []int64{}
 	}
-	return s.create(name, int64(len(lengths)), disp, itemsize, dtype, nil, nil, &raggedShard{items: items, shape: shape}, fill, true)
+	return s.create(name, int64(len(lengths)), disp, itemsize, dtype, nil, b, &raggedShard{items: items, shape: shape}, fill, true)
 }
 
 // readRagged is read (stale.go) of a ragged variable.
@@ -199,12 +208,18 @@ func (s *Store) getRagged(v *variable, name string, dst []byte, indices, lengths
 	}
 	t0 := time.Now()
 	g := v.rag
-	var pos int64
+	var pos, stored int64
 	var remote, at, size []int64
 	for _, gi := range indices {
 		nb := (g.off[gi+1] - g.off[gi]) * g.ub
 		r, _ := v.lay.Owner(gi)
-		if src := v.local[r]; src != nil {
+		if r == layout.Backed {
+			// Only in the backing file: the agent reads it.
+			if nb > 0 {
+				remote, at, size = append(remote, gi), append(at, pos), append(size, nb)
+				stored++
+			}
+		} else if src := v.local[r]; src != nil {
 			lo := (g.off[gi] - g.first[r]) * g.ub
 			if lo < 0 || lo+nb > int64(len(src)) {
 				return 0, base.Errorf(base.ErrInternal, "variable %q: row %d at bytes [%d, %d) of rank %d's shard of %d", name, gi, lo, lo+nb, r, len(src))
@@ -221,8 +236,9 @@ func (s *Store) getRagged(v *variable, name string, dst []byte, indices, lengths
 	p.rows.Add(int64(len(indices)))
 	p.bytes.Add(need)
 	p.localRows.Add(int64(len(indices) - len(remote)))
+	p.storageRows.Add(stored)
 	if len(remote) > 0 {
-		p.remoteRows.Add(int64(len(remote)))
+		p.remoteRows.Add(int64(len(remote)) - stored)
 		p.remoteCalls.Add(1)
 		p.waitNs.Add(int64(time.Since(t0)))
 	}

@@ -87,7 +87,8 @@ func ruleGeometry() []rule {
 
 // ruleBacking: a backing file's spec as the client sends it (naming.CheckBacking:
 // FILE made absolute, FILE:DATASET split for HDF5, by the file's name or
-// its HDF5 signature), and the rows it must have. Paths relative to the
+// its HDF5 signature), and the rows it must have; the same of a ragged
+// variable's pair of values and offsets. Paths relative to the
 // working directory appear as $CWD, where the file "sig.bin" begins with
 // HDF5's signature.
 func ruleBacking(t *testing.T) rule {
@@ -113,7 +114,27 @@ func ruleBacking(t *testing.T) rule {
 		_, err := naming.CheckBacking("v", "/d/x.npy", c[0], c[1])
 		rows = append(rows, rule{"total": c[0], "nrows": c[1], "code": codeOf(err)})
 	}
-	return rule{"specs": specOut, "rows": rows, "hdf5_signature_file": "sig.bin"}
+	// A ragged variable's pair (naming.CheckRaggedBacking): values and
+	// offsets, each a .npy file or an HDF5 dataset, sent joined by a NUL.
+	pairs := [][2]string{{"data.h5:/grp/values", "data.h5:/grp/offsets"}, {"values.npy", "offsets.npy"},
+		{"data.h5:/v", "o.npy"}, {"sub/../d.h5:/v", "./d.h5:/o"}, {"sig.bin:/v", "sig.bin:/o"}, {"/abs/v.NPY", "/abs/o.npy"},
+		{"data.h5", "data.h5:/offsets"}, {"data.h5:/v", "sig.bin"}, {"raw.bin", "o.npy"}, {"v.npy", "raw.bin:/d"},
+		{"x.npy", "x.npy"}, {"d.h5:/a", "./d.h5:/a"}, {"d.h5:/a", ""}, {"", "o.npy"}, {"x.h5:", "o.npy"}, {"a\x00b.npy", "o.npy"}}
+	var pairOut []rule
+	for _, p := range pairs {
+		sent, err := naming.CheckRaggedBacking("v", p[0], p[1], 1, 0)
+		o := rule{"values": p[0], "offsets": p[1], "code": codeOf(err)}
+		if err == nil {
+			o["sent"] = strings.ReplaceAll(sent, cwd, "$CWD")
+		}
+		pairOut = append(pairOut, o)
+	}
+	var pairRows []rule
+	for _, c := range [][2]int64{{10, 0}, {10, 10}, {10, 11}, {0, 0}} {
+		_, err := naming.CheckRaggedBacking("v", "/d/v.npy", "/d/o.npy", c[0], c[1])
+		pairRows = append(pairRows, rule{"total": c[0], "nrows": c[1], "code": codeOf(err)})
+	}
+	return rule{"specs": specOut, "rows": rows, "hdf5_signature_file": "sig.bin", "ragged_pairs": pairOut, "ragged_rows": pairRows}
 }
 
 // ruleSpawn: how a rank that finds no agent starts one and waits for it

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -89,10 +90,12 @@ func (s *Store) Add(name string, rows []byte, disp, itemsize int64) error {
 }
 
 // Backing is ddstore.Backing: the file holding every row of a variable
-// (File, made absolute) and how many rows it has in all.
+// (File, made absolute) and how many rows it has in all; for a ragged
+// variable File names the values and Offsets the offsets.
 type Backing struct {
-	File string
-	Rows int64
+	File    string
+	Rows    int64
+	Offsets string
 }
 
 // Create runs this rank's part of the collective that makes a variable:
@@ -395,20 +398,22 @@ func (s *Store) Shard(name string) ([]byte, error) {
 // VarInfo is ddstore.VarInfo, which documents each field; the two are one
 // struct type, converted from one to the other.
 type VarInfo struct {
-	Name       string
-	TotalRows  int64
-	Disp       int64
-	ItemSize   int64
-	Dtype      string
-	ShardRows  []int64
-	Nodes      []string
-	Backing    string
-	HeldRows   int64
-	Ragged     bool
-	Shape      []int64
-	ShardItems []int64
-	TotalItems int64
-	Bytes      int64
+	Name      string
+	TotalRows int64
+	Disp      int64
+	ItemSize  int64
+	Dtype     string
+	ShardRows []int64
+	Nodes     []string
+	Backing   string
+	// BackingOffsets is a ragged variable's offsets dataset.
+	BackingOffsets string
+	HeldRows       int64
+	Ragged         bool
+	Shape          []int64
+	ShardItems     []int64
+	TotalItems     int64
+	Bytes          int64
 }
 
 // Info describes a variable.
@@ -429,8 +434,12 @@ func (v *variable) info(name string) VarInfo {
 		in.ShardRows = append(in.ShardRows, v.lay.ShardRows(r))
 	}
 	in.Bytes = in.TotalRows * v.rb
+	if vs, ofs, ok := strings.Cut(v.backing, naming.PairSep); ok {
+		in.Backing, in.BackingOffsets = vs, ofs
+	}
 	if g := v.rag; g != nil {
-		in.Ragged, in.Shape, in.TotalItems = true, slices.Clone(g.shape), g.first[len(g.first)-1]
+		// The index holds every row, the backing file's too.
+		in.Ragged, in.Shape, in.TotalItems = true, slices.Clone(g.shape), g.off[len(g.off)-1]
 		for r := range v.lay.Ranks() {
 			in.ShardItems = append(in.ShardItems, g.first[r+1]-g.first[r])
 		}

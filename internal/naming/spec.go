@@ -147,3 +147,95 @@ func CheckBacking(variable, file string, rows, nrows int64) (string, error) {
 	}
 	return abs, nil
 }
+
+// PairSep joins the two specs of a ragged variable's backing file on the
+// wire: the values dataset, then the offsets dataset. A NUL byte occurs
+// in no file name and no HDF5 dataset name, so the pair splits back
+// without escaping.
+const PairSep = "\x00"
+
+// Pair is the backing file of a ragged variable: the flat values (rows
+// of units one after another, shape (V, *trailing)) and the offsets (N+1
+// integers from 0, never decreasing, ending at V), each a .npy file or an
+// HDF5 dataset as FILE:DATASET — two datasets of one HDF5 file, or two
+// .npy files, as h5py and numpy write them.
+type Pair struct{ Values, Offsets Spec }
+
+// IsPair says whether a backing spec as sent names a ragged pair.
+func IsPair(spec string) bool { return strings.Contains(spec, PairSep) }
+
+// ParsePair parses a pair as sent (VALUES PairSep OFFSETS): both specs as
+// ParseSpec reads them, neither raw, and not the same dataset.
+func ParsePair(spec string) (Pair, error) {
+	vs, ofs, ok := strings.Cut(spec, PairSep)
+	if !ok || strings.Contains(ofs, PairSep) {
+		return Pair{}, base.Errorf(base.ErrArgument, "ragged backing %q: want a values and an offsets dataset", spec)
+	}
+	var p Pair
+	var err error
+	if p.Values, err = pairSpec("values", vs); err != nil {
+		return Pair{}, err
+	}
+	if p.Offsets, err = pairSpec("offsets", ofs); err != nil {
+		return Pair{}, err
+	}
+	if p.Values == p.Offsets {
+		return Pair{}, base.Errorf(base.ErrArgument, "ragged backing: values and offsets are both %s: want two datasets", vs)
+	}
+	return p, nil
+}
+
+// pairSpec parses one side of a pair: a .npy file or an HDF5 dataset.
+func pairSpec(what, spec string) (Spec, error) {
+	if spec == "" {
+		return Spec{}, base.Errorf(base.ErrArgument, "ragged backing: empty %s file name: want a .npy file or an HDF5 dataset as FILE:DATASET", what)
+	}
+	sp, err := ParseSpec(spec, true)
+	if err != nil {
+		return Spec{}, fmt.Errorf("ragged backing %s: %w", what, err)
+	}
+	switch {
+	case sp.Kind == KindRaw:
+		return Spec{}, base.Errorf(base.ErrArgument, "ragged backing %s %s: want a .npy file or an HDF5 dataset as FILE:DATASET (FILE ending in .h5 or .hdf5), which say their shape and type", what, spec)
+	case sp.Kind == KindHDF5 && sp.Dataset == "":
+		return Spec{}, base.Errorf(base.ErrArgument, "ragged backing %s %s: an HDF5 file without a dataset: want FILE:DATASET, e.g. %s:/%s", what, spec, spec, what)
+	}
+	return sp, nil
+}
+
+// CheckRaggedBacking is CheckBacking of a ragged variable: values and
+// offsets as ParsePair reads them, each FILE made absolute, rows the rows
+// in all (the offsets' count less one, or fewer). It returns the pair to
+// send, joined by PairSep.
+func CheckRaggedBacking(variable, values, offsets string, rows, nrows int64) (string, error) {
+	if values == "" || offsets == "" {
+		return "", base.Errorf(base.ErrArgument, "variable %q: ragged backing (values %q, offsets %q): want both files named", variable, values, offsets)
+	}
+	if rows < 1 || rows < nrows {
+		return "", base.Errorf(base.ErrGeometry, "variable %q: ragged backing file %s of %d rows: want at least 1 and at least this rank's %d", variable, values, rows, nrows)
+	}
+	var out [2]string
+	for i, s := range [2]string{values, offsets} {
+		if strings.Contains(s, PairSep) {
+			return "", base.Errorf(base.ErrArgument, "variable %q: backing file name %q holds a NUL byte", variable, s)
+		}
+		abs, err := CheckBacking(variable, s, rows, nrows)
+		if err != nil {
+			return "", err
+		}
+		out[i] = abs
+	}
+	sent := out[0] + PairSep + out[1]
+	if _, err := ParsePair(sent); err != nil {
+		return "", fmt.Errorf("variable %q: %w", variable, err)
+	}
+	return sent, nil
+}
+
+// String is the spec as ParseSpec reads it back: FILE, or FILE:DATASET.
+func (s Spec) String() string {
+	if s.Dataset != "" {
+		return s.File + ":" + s.Dataset
+	}
+	return s.File
+}

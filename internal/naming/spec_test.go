@@ -47,3 +47,34 @@ func TestParseSpec(t *testing.T) {
 		}
 	}
 }
+
+func TestParsePair(t *testing.T) {
+	for _, tc := range []struct {
+		spec string
+		want Pair
+		err  string
+	}{
+		{"/d/g.h5:/v" + PairSep + "/d/g.h5:/o", Pair{Spec{KindHDF5, "/d/g.h5", "/v"}, Spec{KindHDF5, "/d/g.h5", "/o"}}, ""},
+		{"/d/v.npy" + PairSep + "/d/o.NPY", Pair{Spec{KindNPY, "/d/v.npy", ""}, Spec{KindNPY, "/d/o.NPY", ""}}, ""},
+		{"/d/v.npy", Pair{}, "want a values and an offsets dataset"},
+		{"/d/v.npy" + PairSep + "/d/o.npy" + PairSep + "/d/x.npy", Pair{}, "want a values and an offsets dataset"},
+		{"/d/g.h5" + PairSep + "/d/o.npy", Pair{}, "an HDF5 file without a dataset"},
+		{"/d/raw.bin" + PairSep + "/d/o.npy", Pair{}, "want a .npy file or an HDF5 dataset"},
+		{"/d/v.npy" + PairSep + "/d/v.npy", Pair{}, "values and offsets are both"},
+		{PairSep + "/d/o.npy", Pair{}, "empty values file name"},
+	} {
+		got, err := ParsePair(tc.spec)
+		if tc.err != "" {
+			if !errors.Is(err, base.ErrArgument) || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("ParsePair(%q): %v, want an error saying %q", tc.spec, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("ParsePair(%q) = %+v, %v; want %+v", tc.spec, got, err, tc.want)
+		}
+		if !IsPair(tc.spec) || got.Values.String()+PairSep+got.Offsets.String() != tc.spec {
+			t.Errorf("ParsePair(%q): the specs do not join back: %q", tc.spec, got.Values.String()+PairSep+got.Offsets.String())
+		}
+	}
+}

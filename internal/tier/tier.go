@@ -12,6 +12,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math/bits"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -74,9 +75,14 @@ type Counters struct {
 // Config is what a Tier needs of its agent.
 type Config struct {
 	Name     string // the variable's
-	Spec     string // the backing file (FILE, FILE:DATASET)
+	Spec     string // the backing file (FILE, FILE:DATASET; a ragged pair)
 	Dtype    string
 	RowBytes int64
+	// Offsets, for a ragged variable, are the node's index: its N+1
+	// offsets in units, row g being units [Offsets[g], Offsets[g+1]) of
+	// the values dataset; RowBytes is then the bytes of a unit. Nil for
+	// fixed rows.
+	Offsets []int64
 	// Held is how many rows the shards hold (the file's first), Total all.
 	Held, Total int64
 	// StagingBytes is the memory for rows read ahead; 0:
@@ -104,6 +110,7 @@ type Tier struct {
 	rb           int64
 	held, total  int64
 	stagingLimit int64
+	off          []int64 // a ragged variable's offsets; nil: fixed rows
 
 	// rw guards src: read-locked while the file is read, write-locked to
 	// close it (a read of a freed variable fails, never crashes). Never
@@ -116,19 +123,32 @@ type Tier struct {
 
 	scratch sync.Pool // *[]byte of maxRunBytes at most
 
-	slots int64 // staging slots; 0 until the first prefetch (t.mu)
+	// capBytes is the staging room in bytes; 0 until the first prefetch
+	// (t.mu). Fixed rows take slots of one row out of one arena; ragged
+	// rows take buffers of a power of two bytes, kept by size class for
+	// the next rows of that class, while the buffers made add up to at
+	// most capBytes (t.mu.made).
+	capBytes int64
 	// mu guards the staging area; Config.Admit is called under it (lock
 	// order: internal/LOCKS.md).
 	mu struct {
 		sync.Mutex
 		staged map[int64]*stagedRow // by row
 		fifo   []*stagedRow         // in the order staged, for eviction
-		free   [][]byte             // staging slots not in use
-		queue  []int64              // rows to prefetch, not yet started
+		free   [][]byte             // staging slots not in use (fixed rows)
+		// classes are the free buffers of ragged rows, by size class
+		// (a buffer of class c holds 1<<c bytes); made their bytes and
+		// those in use.
+		classes [][][]byte
+		made    int64
+		queue   []int64 // rows to prefetch, not yet started
 		// queued holds the rows of queue still wanted: a demand read of a
 		// queued row takes it out, so that the prefetcher does not read
 		// it a second time.
 		queued map[int64]struct{}
+		// queuedBytes are the bytes of the queued rows, bounded by
+		// capBytes.
+		queuedBytes int64
 		// recent holds the rows read on demand in the last lateWindow, in
 		// order: a prefetch of one of them arrived after its read (the
 		// loader ran ahead of the sampler's announcement) and is ignored,
@@ -161,7 +181,7 @@ func New(cfg Config) *Tier {
 		limit = DefaultStagingBytes
 	}
 	tr := &Tier{cfg: cfg, c: cfg.Counters, name: cfg.Name, spec: cfg.Spec, dtype: cfg.Dtype, rb: cfg.RowBytes,
-		held: cfg.Held, total: cfg.Total, stagingLimit: limit, wake: make(chan struct{}, 1)}
+		held: cfg.Held, total: cfg.Total, stagingLimit: limit, off: cfg.Offsets, wake: make(chan struct{}, 1)}
 	tr.mu.staged = make(map[int64]*stagedRow)
 	tr.mu.queued = make(map[int64]struct{})
 	tr.mu.recent = make(map[int64]time.Time)
@@ -179,7 +199,7 @@ func (t *Tier) source() (source.Source, error) {
 	t.rw.RUnlock()
 	t.rw.Lock()
 	if t.src == nil && t.openErr == nil && !t.closed {
-		t.src, t.openErr = Open(t.spec, t.dtype, t.rb, t.total)
+		t.src, t.openErr = t.open()
 		if t.openErr == nil {
 			t.unit = max(1, t.src.ChunkRows())
 		} else {
@@ -194,12 +214,42 @@ func (t *Tier) source() (source.Source, error) {
 	return t.src, t.openErr
 }
 
+// open opens the file: a ragged variable's values (its offsets, checked
+// when it was added, are in the node's index already).
+func (t *Tier) open() (source.Source, error) {
+	if t.off == nil {
+		return Open(t.spec, t.dtype, t.rb, t.total)
+	}
+	values, offsets, err := OpenPair(t.spec, t.dtype, t.rb, t.total)
+	if err != nil {
+		return nil, err
+	}
+	offsets.Close()
+	return values, nil
+}
+
+// span is where file row g lies in the source's rows: units [lo, hi) of a
+// ragged variable's values, [g, g+1) for fixed rows.
+func (t *Tier) span(g int64) (lo, hi int64) {
+	if t.off == nil {
+		return g, g + 1
+	}
+	return t.off[g], t.off[g+1]
+}
+
+// rowBytes is the size of file row g.
+func (t *Tier) rowBytes(g int64) int64 {
+	lo, hi := t.span(g)
+	return (hi - lo) * t.rb
+}
+
 // Close stops the prefetcher and closes the file once no read is using it.
 func (t *Tier) Close() {
 	t.mu.Lock()
 	t.mu.stopped = true
 	t.mu.queue = nil
 	clear(t.mu.queued)
+	t.mu.queuedBytes = 0
 	t.mu.Unlock()
 	t.poke()
 	t.rw.Lock()
@@ -235,7 +285,7 @@ func (t *Tier) Read(ctx context.Context, rows []int64, dst [][]byte) error {
 			hits = append(hits, e)
 		} else {
 			miss = append(miss, i)
-			delete(t.mu.queued, g) // read now: not again ahead
+			t.unqueueLocked(g) // read now: not again ahead
 		}
 		t.noteReadLocked(g, now)
 	}
@@ -287,6 +337,15 @@ func (t *Tier) readPicked(ctx context.Context, rows []int64, dst [][]byte, pick 
 		sr[k], sd[k] = rows[i], dst[i]
 	}
 	return t.readFile(ctx, sr, sd)
+}
+
+// unqueueLocked takes row g out of the rows queued to be read ahead, if
+// it is there; the caller holds t.mu.
+func (t *Tier) unqueueLocked(g int64) {
+	if _, ok := t.mu.queued[g]; ok {
+		delete(t.mu.queued, g)
+		t.mu.queuedBytes -= t.rowBytes(g)
+	}
 }
 
 // noteReadLocked records that row g was read at now, and forgets the reads
@@ -361,20 +420,25 @@ func (t *Tier) readFile(ctx context.Context, rows []int64, dst [][]byte) error {
 	return nil
 }
 
-// plan cuts sorted rows into runs: a run goes on while the next row is in
-// the same chunk as the last or within gapBytes of it, up to maxRunBytes.
+// plan cuts sorted rows into runs: a run goes on while the next row
+// starts in the same chunk as the last ends or within gapBytes of it, up
+// to maxRunBytes (a ragged row larger than that is a run of its own). It
+// works in the source's rows: a fixed row is one, a ragged row its units.
 func (t *Tier) plan(rows []int64) []run {
 	gap := max(1, gapBytes/t.rb)
-	maxRows := max(1, maxRunBytes/t.rb)
+	maxUnits := max(1, maxRunBytes/t.rb)
 	var runs []run
 	lo := 0
+	start, _ := t.span(rows[0])
 	for i := 1; i <= len(rows); i++ {
 		if i < len(rows) {
-			prev, g := rows[i-1], rows[i]
-			near := g/t.unit == prev/t.unit || g-prev <= gap
-			if near && g-rows[lo] < maxRows {
+			_, pe := t.span(rows[i-1])
+			s, e := t.span(rows[i])
+			near := s/t.unit == max(pe-1, 0)/t.unit || s-pe < gap
+			if near && e-start <= maxUnits {
 				continue
 			}
+			start = s
 		}
 		runs = append(runs, run{lo, i})
 		lo = i
@@ -385,9 +449,12 @@ func (t *Tier) plan(rows []int64) []run {
 // readRun reads file rows [rows[0], rows[len-1]] in one request and copies
 // out the wanted ones.
 func (t *Tier) readRun(src source.Source, rows []int64, dst [][]byte) error {
-	first, n := rows[0], rows[len(rows)-1]-rows[0]+1
-	if n == 1 {
-		if err := src.ReadRows(first, 1, dst[0]); err != nil {
+	first, _ := t.span(rows[0])
+	_, end := t.span(rows[len(rows)-1])
+	n := end - first
+	if rows[0] == rows[len(rows)-1] {
+		// One row (maybe asked for more than once): straight into dst.
+		if err := src.ReadRows(first, n, dst[0]); err != nil {
 			return err
 		}
 		for k := 1; k < len(rows); k++ {
@@ -404,8 +471,8 @@ func (t *Tier) readRun(src source.Source, rows []int64, dst [][]byte) error {
 		err := src.ReadRows(first, n, buf)
 		if err == nil {
 			for k, g := range rows {
-				o := (g - first) * t.rb
-				copy(dst[k], buf[o:o+t.rb])
+				lo, hi := t.span(g)
+				copy(dst[k], buf[(lo-first)*t.rb:(hi-first)*t.rb])
 			}
 		}
 		t.scratch.Put(bp)
@@ -427,7 +494,7 @@ func (t *Tier) Prefetch(rows []int64) error {
 		t.mu.Unlock()
 		return base.Errorf(base.ErrFreed, "variable %q was freed", t.name)
 	}
-	if t.slots == 0 {
+	if t.capBytes == 0 {
 		if err := t.startLocked(); err != nil {
 			t.mu.Unlock()
 			return err
@@ -439,16 +506,21 @@ func (t *Tier) Prefetch(rows []int64) error {
 		if _, ok := t.mu.queued[g]; ok || g < t.held || t.mu.staged[g] != nil {
 			continue
 		}
+		size := t.rowBytes(g)
+		if size == 0 {
+			continue // an empty ragged row: nothing to read
+		}
 		if at, ok := t.mu.recent[g]; ok && now.Sub(at) <= lateWindow {
 			t.c.Late.Add(1) // it was read already
 			continue
 		}
-		if int64(len(t.mu.queued)) >= t.slots {
+		if t.mu.queuedBytes+size > t.capBytes {
 			t.c.Dropped.Add(1)
 			continue
 		}
 		t.mu.queue = append(t.mu.queue, g)
 		t.mu.queued[g] = struct{}{}
+		t.mu.queuedBytes += size
 		n++
 	}
 	t.mu.Unlock()
@@ -461,23 +533,34 @@ func (t *Tier) Prefetch(rows []int64) error {
 // startLocked allocates the staging slots, within the agent's memory
 // budget (Config.Admit), and starts the prefetcher; the caller holds t.mu.
 func (t *Tier) startLocked() error {
-	slots := min(t.stagingLimit/t.rb, t.total-t.held)
-	if slots < 1 {
-		return base.Errorf(base.ErrArgument, "variable %q: a staging area of %d bytes holds no row of %d bytes", t.name, t.stagingLimit, t.rb)
+	var n int64
+	if t.off == nil {
+		slots := min(t.stagingLimit/t.rb, t.total-t.held)
+		if slots < 1 {
+			return base.Errorf(base.ErrArgument, "variable %q: a staging area of %d bytes holds no row of %d bytes", t.name, t.stagingLimit, t.rb)
+		}
+		n = slots * t.rb
+	} else {
+		// As many bytes as the rows only the file holds, at most.
+		n = min(t.stagingLimit, max(1, (t.off[t.total]-t.off[t.held])*t.rb))
 	}
-	n := slots * t.rb
 	unbudget, err := t.cfg.Admit(n, func(size string) string {
 		return fmt.Sprintf("staging of %s for rows of %q read ahead", size, t.name)
 	})
 	if err != nil {
 		return err
 	}
-	arena := make([]byte, n)
-	t.mu.free = make([][]byte, 0, slots)
-	for i := range slots {
-		t.mu.free = append(t.mu.free, arena[i*t.rb:(i+1)*t.rb:(i+1)*t.rb])
+	if t.off == nil {
+		arena := make([]byte, n)
+		slots := n / t.rb
+		t.mu.free = make([][]byte, 0, slots)
+		for i := range slots {
+			t.mu.free = append(t.mu.free, arena[i*t.rb:(i+1)*t.rb:(i+1)*t.rb])
+		}
+	} else {
+		t.mu.classes = make([][][]byte, 64)
 	}
-	t.slots = slots
+	t.capBytes = n
 	t.cfg.Go(func() {
 		defer unbudget()
 		t.prefetcher()
@@ -551,8 +634,8 @@ func (t *Tier) takeQueued() []*stagedRow {
 		if _, ok := t.mu.queued[g]; !ok || t.mu.staged[g] != nil {
 			continue // read on demand meanwhile, or already staged
 		}
-		delete(t.mu.queued, g)
-		buf := t.slotLocked()
+		t.unqueueLocked(g)
+		buf := t.slotLocked(t.rowBytes(g))
 		if buf == nil {
 			t.c.Dropped.Add(1)
 			continue
@@ -570,10 +653,14 @@ func (t *Tier) takeQueued() []*stagedRow {
 	return batch
 }
 
-// slotLocked returns a free staging slot, evicting the oldest staged row
-// if it has waited unread for staleAfter; nil when there is none.
-func (t *Tier) slotLocked() []byte {
-	for len(t.mu.free) == 0 {
+// slotLocked returns a free staging buffer of size bytes, evicting the
+// oldest staged rows while they have waited unread for staleAfter; nil
+// when there is none.
+func (t *Tier) slotLocked(size int64) []byte {
+	for {
+		if b := t.takeLocked(size); b != nil {
+			return b
+		}
 		f := t.mu.fifo
 		for len(f) > 0 && f[0].claimed {
 			f = f[1:]
@@ -589,15 +676,50 @@ func (t *Tier) slotLocked() []byte {
 		t.freeLocked(e)
 		t.c.Evicted.Add(1)
 	}
-	b := t.mu.free[len(t.mu.free)-1]
-	t.mu.free = t.mu.free[:len(t.mu.free)-1]
-	return b
 }
 
-// freeLocked puts e's slot back on the free list.
-func (t *Tier) freeLocked(e *stagedRow) {
-	if e.buf != nil {
-		t.mu.free = append(t.mu.free, e.buf)
-		e.buf = nil
+// takeLocked returns a free buffer of size bytes, or nil: a slot of the
+// arena for fixed rows; for ragged rows one of the size's class, else a
+// new one while the buffers made stay within capBytes (free buffers of
+// other classes are let go to make room).
+func (t *Tier) takeLocked(size int64) []byte {
+	if t.off == nil {
+		if len(t.mu.free) == 0 {
+			return nil
+		}
+		b := t.mu.free[len(t.mu.free)-1]
+		t.mu.free = t.mu.free[:len(t.mu.free)-1]
+		return b
 	}
+	c := bits.Len64(uint64(size - 1))
+	if fl := t.mu.classes[c]; len(fl) > 0 {
+		t.mu.classes[c] = fl[:len(fl)-1]
+		return fl[len(fl)-1][:size]
+	}
+	for t.mu.made+int64(1)<<c > t.capBytes {
+		k := slices.IndexFunc(t.mu.classes, func(fl [][]byte) bool { return len(fl) > 0 })
+		if k < 0 {
+			return nil
+		}
+		fl := t.mu.classes[k]
+		t.mu.made -= int64(cap(fl[len(fl)-1]))
+		fl[len(fl)-1] = nil
+		t.mu.classes[k] = fl[:len(fl)-1]
+	}
+	t.mu.made += int64(1) << c
+	return make([]byte, size, int64(1)<<c)
+}
+
+// freeLocked puts e's buffer back on its free list.
+func (t *Tier) freeLocked(e *stagedRow) {
+	if e.buf == nil {
+		return
+	}
+	if t.off == nil {
+		t.mu.free = append(t.mu.free, e.buf)
+	} else {
+		c := bits.Len64(uint64(cap(e.buf) - 1))
+		t.mu.classes[c] = append(t.mu.classes[c], e.buf)
+	}
+	e.buf = nil
 }

@@ -41,9 +41,11 @@ type AgentVariable struct {
 	LocalBytes int64    `json:"local_bytes"`
 	// Backing is the file holding every row, HeldRows how many of them
 	// the shards hold (the rest are read from the file); "" and TotalRows
-	// without one.
-	Backing  string `json:"backing,omitempty"`
-	HeldRows int64  `json:"held_rows"`
+	// without one. A ragged variable's backing file is a pair: Backing
+	// names its values, BackingOffsets its offsets.
+	Backing        string `json:"backing,omitempty"`
+	BackingOffsets string `json:"backing_offsets,omitempty"`
+	HeldRows       int64  `json:"held_rows"`
 	// Kind is "fixed" (every row RowBytes) or "ragged" (rows of a length
 	// of their own: RowBytes 0, Shape the trailing dimensions, ShardItems
 	// per rank the units of Disp items); "" before publication.

@@ -1,6 +1,9 @@
 package wire
 
-import "math"
+import (
+	"math"
+	"strings"
+)
 
 // Messages are the bodies of frames. Each has Encode, appending its fields,
 // and a Decode function that reads them and rejects anything else.
@@ -69,9 +72,10 @@ type Shard struct {
 	// docs/protocol.md), or "" for untyped bytes; ranks must agree.
 	Dtype string
 	// Backing names the file holding every row of the variable (a source
-	// spec: FILE, FILE:DATASET), "" for none; Total is then the number of
-	// rows in all, of which the shards hold the first (their sum) and the
-	// file the rest. Ranks must agree on both.
+	// spec: FILE, FILE:DATASET; for ragged rows a pair, the values' spec
+	// and the offsets', joined by a NUL byte), "" for none; Total is then
+	// the number of rows in all, of which the shards hold the first
+	// (their sum) and the file the rest. Ranks must agree on both.
 	Backing string
 	Total   int64
 	// Kind is KindRows (fixed rows of Disp items) or KindRagged (rows of a
@@ -282,7 +286,7 @@ func (m *Table) Check() error {
 			return protoErr("table of %q: fixed rows with %d shard item counts, %d trailing dimensions, index %q", m.Name, len(m.ShardItems), len(m.Shape), m.Index)
 		}
 	case KindRagged:
-		if len(m.ShardItems) != p || len(m.Shape) > MaxShape || m.Backing != "" {
+		if len(m.ShardItems) != p || len(m.Shape) > MaxShape || m.Backing != "" && !strings.Contains(m.Backing, "\x00") {
 			return protoErr("table of %q: ragged rows with %d shard item counts for %d shards, %d trailing dimensions, backing %q",
 				m.Name, len(m.ShardItems), p, len(m.Shape), m.Backing)
 		}

@@ -393,7 +393,7 @@ func TestTableCheck(t *testing.T) {
 		{"fixed rows with an index", mod(func(m *Table) { m.Index = "/dev/shm/i" }), "index"},
 		{"ragged without items", mod(func(m *Table) { m.Kind, m.Disp = KindRagged, 1 }), "ragged rows with 0 shard item counts for 2 shards"},
 		{"ragged with negative items", mod(func(m *Table) { m.Kind, m.Disp, m.ShardItems = KindRagged, 1, []int64{1, -3} }), "rank 1 holds -3 items"},
-		{"ragged with a backing file", mod(func(m *Table) {
+		{"ragged with one backing file, not a pair", mod(func(m *Table) {
 			m.Kind, m.Disp, m.ShardItems, m.Backing, m.Total = KindRagged, 1, []int64{1, 3}, "f.npy", 3
 		}), "backing"},
 		{"ragged shape and disp differ", mod(func(m *Table) { m.Kind, m.Disp, m.ShardItems, m.Shape = KindRagged, 4, []int64{1, 3}, []int64{2, 3} }), "trailing shape [2 3] of 6 items per unit, disp 4"},

@@ -14,9 +14,10 @@ from ._vars import MAX_ROWS_PER_READ, check_rows, row_indices
 from .dtypes import as_array
 
 
-def add(store, name, values, lengths, offsets):
-    """Store.add_ragged: check the rows' geometry, then create the variable
-    (a bad geometry fails the add on every rank)."""
+def add(store, name, values, lengths, offsets, backing=None, total=None):
+    """Store.add_ragged: check the rows' geometry and the backing pair,
+    then create the variable (a bad one fails the add on every rank)."""
+    from .store import _check_ragged_backing
     try:
         a, dt = as_array(values)
         if a.ndim == 0:
@@ -30,11 +31,12 @@ def add(store, name, values, lengths, offsets):
         if units != a.shape[0]:
             raise GeometryError(f"ddstore: bad geometry: variable {name!r}: lengths add up to {units} units, "
                                 f"but the values have {a.shape[0]} (values of shape {a.shape})")
+        spec, total = _check_ragged_backing(name, backing, total, int(lens.shape[0]))
     except Error as e:
         return store._create(name, None, 0, 1, 1, "", bad=e, kind=_wire.KIND_RAGGED)
     disp = int(np.prod(shape, dtype=np.int64)) if shape else 1
     return store._create(name, (a, lens), int(lens.shape[0]), disp, a.dtype.itemsize, dt, kind=_wire.KIND_RAGGED,
-                         items=units, shape=shape)
+                         items=units, shape=shape, backing=spec, total=total or 0)
 
 
 def sizes(v, name, indices):
@@ -84,11 +86,12 @@ def get(store, v, name, indices, out):
         d0, nb = pos[sel] * ub, lengths[sel] * ub
         for a, b, n in zip(d0.tolist(), s0.tolist(), nb.tolist()):
             flat[a:a + n] = src[b:b + n]
-    nremote = 0
+    nremote = nstored = 0
     if remote:
         sel = np.concatenate(remote) if len(remote) > 1 else remote[0]
         sel = sel[lengths[sel] > 0]
         nremote = sel.shape[0]
+        nstored = int((idx[sel] >= v.held).sum())  # only in the backing file
         for lo in range(0, nremote, MAX_ROWS_PER_READ):
             part = sel[lo:lo + MAX_ROWS_PER_READ]
             _fetch(store, v, flat, idx[part], pos[part] * ub, lengths[part] * ub)
@@ -97,8 +100,9 @@ def get(store, v, name, indices, out):
     p["rows"] += idx.shape[0]
     p["bytes"] += units * ub
     p["local_rows"] += idx.shape[0] - nremote
+    p["storage_rows"] += nstored
     if nremote:
-        p["remote_rows"] += nremote
+        p["remote_rows"] += nremote - nstored
         p["remote_calls"] += 1
         p["wait_s"] += time.perf_counter() - t0
     return out, lengths

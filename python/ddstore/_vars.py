@@ -61,7 +61,11 @@ class Var:
                                      f"agent answered")
                 self.index = seg.offsets
                 self.first_unit = np.concatenate(([0], np.cumsum(t.shard_items))).astype(np.int64)
-                if seg.kind != KIND_INDEX or seg.nrows != self.held or int(self.index[-1]) != int(self.first_unit[-1]):
+                # With a backing file the index holds every row, the file's
+                # too: more units than the shards.
+                held_units = int(self.first_unit[-1])
+                units_ok = int(self.index[-1]) == held_units or (self.backing and int(self.index[-1]) >= held_units)
+                if seg.kind != KIND_INDEX or seg.nrows != self.total or not units_ok:
                     raise ProtocolError(f"ddstore: protocol error: index {t.index} does not match the table of "
                                         f"{t.name!r}")
             for r, path in enumerate(t.paths):

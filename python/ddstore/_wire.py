@@ -167,7 +167,8 @@ class Table:
         if t.kind == KIND_ROWS:
             ok = len(t.shard_items) == 0 and len(t.shape) == 0 and not t.index
         elif t.kind == KIND_RAGGED:
-            ok = (len(t.shard_items) == p and len(t.shape) <= MAX_SHAPE and not t.backing
+            # A ragged variable's backing file is a pair: values NUL offsets.
+            ok = (len(t.shard_items) == p and len(t.shape) <= MAX_SHAPE and (not t.backing or "\0" in t.backing)
                   and not (t.shard_items < 0).any() and not (t.shape < 1).any()
                   and int(np.prod(t.shape, dtype=np.int64)) == t.disp)
         else:

@@ -216,7 +216,7 @@ class Store:
         return self._create(name, None, int(nrows), int(disp), int(itemsize), dt, bad=bad, backing=spec,
                             total=total or 0)
 
-    def add_ragged(self, name, values, lengths=None, *, offsets=None):
+    def add_ragged(self, name, values, lengths=None, *, offsets=None, backing=None, total=None):
         """Collective: every rank adds its rows of a ragged variable `name`,
         rows of a length of their own (a graph's n_i atoms, a sequence's
         tokens). values holds the rows concatenated along the first axis,
@@ -225,8 +225,22 @@ class Store:
         lengths (one per row) or offsets (rows + 1, from 0, never
         decreasing, ending at values.shape[0]). Every rank passes the same
         dtype and trailing shape; lengths that are negative or do not add up
-        to the values fail the add on every rank, naming them."""
-        return _ragged.add(self, name, values, lengths, offsets)
+        to the values fail the add on every rank, naming them.
+
+        backing, as for add, is a file holding every row, `total` of them,
+        for data larger than the memory the job gives it: here a pair
+        (VALUES, OFFSETS), each a .npy file or an HDF5 dataset as
+        "FILE:DATASET" — the flat values, of shape (units, *trailing), and
+        the offsets, 1-D integers, at least total + 1 of them, from 0,
+        never decreasing, the last one the values' length (h5py's and
+        numpy's usual layout: two datasets of one file, or two .npy files).
+        The ranks' rows are then the file's first rows, in rank order; the
+        node's agent reads the offsets once into the node's index, the
+        other rows from the values (see prefetch). Offsets that decrease or
+        do not end at the values' length, values of another dtype or
+        trailing shape, a missing dataset, or rows that are not the file's
+        fail the add on every rank."""
+        return _ragged.add(self, name, values, lengths, offsets, backing, total)
 
     def _create(self, name, a, nrows, disp, itemsize, dt, bad=None, backing="", total=0, kind=_wire.KIND_ROWS,
                 items=0, shape=()):
@@ -657,8 +671,11 @@ class Store:
         if v.ragged:
             d["shape"] = list(v.shape)
             d["shard_items"] = [int(b - a) for a, b in zip(v.first_unit[:-1], v.first_unit[1:])]
-            d["total_items"] = int(v.first_unit[-1])
+            # The index holds every row, the backing file's too.
+            d["total_items"] = int(v.index[-1])
             d["bytes"] = d["total_items"] * v.rb
+            if "\0" in v.backing:
+                d["backing"], d["backing_offsets"] = v.backing.split("\0", 1)
         return d
 
     def prefetch(self, name, indices, wait=False):
@@ -802,6 +819,55 @@ def _check_backing(name, backing, total, nrows):
     if nrows > int(total):
         raise GeometryError(f"ddstore: bad geometry: variable {name!r}: {nrows} rows on this rank but {total} in all")
     return spec, int(total)
+
+
+def _check_ragged_backing(name, backing, total, nrows):
+    """(the pair as sent, total) of add_ragged's backing arguments, or
+    ("", None) without a backing file (naming.CheckRaggedBacking): values
+    and offsets each a .npy file or an HDF5 dataset, FILE made absolute,
+    joined by a NUL byte."""
+    if backing is None:
+        if total is not None:
+            raise ArgumentError(f"ddstore: bad argument: variable {name!r}: total={total!r} without a backing file")
+        return "", None
+    if isinstance(backing, (str, os.PathLike)) or not isinstance(backing, (tuple, list)) or len(backing) != 2:
+        raise ArgumentError(f"ddstore: bad argument: variable {name!r}: ragged backing {backing!r}: want a pair "
+                            f"(VALUES, OFFSETS) of .npy files or HDF5 datasets")
+    values, offsets = (os.fspath(s) if isinstance(s, os.PathLike) else s for s in backing)
+    if not isinstance(values, str) or not isinstance(offsets, str) or not values or not offsets:
+        raise ArgumentError(f"ddstore: bad argument: variable {name!r}: ragged backing (values {values!r}, offsets "
+                            f"{offsets!r}): want both files named")
+    _, total = _check_backing(name, "/rows.npy", total, nrows)
+    sent = []
+    for what, spec in (("values", values), ("offsets", offsets)):
+        if "\0" in spec:
+            raise ArgumentError(f"ddstore: bad argument: variable {name!r}: backing file name {spec!r} holds a NUL byte")
+        a = _absolute_spec(name, spec)
+        kind, has_dataset = _spec_kind(a)
+        if kind == "raw":
+            raise ArgumentError(f"ddstore: bad argument: variable {name!r}: ragged backing {what} {spec}: want a .npy "
+                                f"file or an HDF5 dataset as FILE:DATASET (FILE ending in .h5 or .hdf5)")
+        if kind == "hdf5" and not has_dataset:
+            raise ArgumentError(f"ddstore: bad argument: variable {name!r}: ragged backing {what} {spec}: an HDF5 "
+                                f"file without a dataset: want FILE:DATASET, e.g. {spec}:/{what}")
+        sent.append(a)
+    if sent[0] == sent[1]:
+        raise ArgumentError(f"ddstore: bad argument: variable {name!r}: ragged backing: values and offsets are both "
+                            f"{values}: want two datasets")
+    return sent[0] + "\0" + sent[1], total
+
+
+def _spec_kind(spec):
+    """("hdf5" | "npy" | "raw", whether a dataset is named) of a spec as
+    _absolute_spec returns it (naming.ParseSpec)."""
+    for i, ch in enumerate(spec):
+        if ch == ":" and i > 0 and _is_hdf5(spec[:i]):
+            return "hdf5", True
+    if _is_hdf5(spec):
+        return "hdf5", False
+    if spec.lower().endswith(".npy"):
+        return "npy", False
+    return "raw", False
 
 
 def _absolute_spec(name, spec):

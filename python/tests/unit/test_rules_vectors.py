@@ -65,6 +65,26 @@ def test_backing_specs(tmp_path, monkeypatch):
             assert store_mod._absolute_spec("v", case["spec"]) == case["sent"].replace("$CWD", cwd, 1), case
 
 
+def test_ragged_backing_pairs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with open(V["backing"]["hdf5_signature_file"], "wb") as f:
+        f.write(b"\x89HDF\r\n\x1a\nrest of the file")
+    cwd = os.getcwd()
+    for case in V["backing"]["ragged_pairs"]:
+        pair = (case["values"], case["offsets"])
+        if case["code"]:
+            check_raises(case["code"], store_mod._check_ragged_backing, "v", pair, 1, 0)
+        else:
+            sent, total = store_mod._check_ragged_backing("v", pair, 1, 0)
+            assert (sent, total) == (case["sent"].replace("$CWD", cwd), 1), case
+
+
+def test_ragged_backing_rows():
+    for case in V["backing"]["ragged_rows"]:
+        check_raises(case["code"], store_mod._check_ragged_backing, "v", ("/d/v.npy", "/d/o.npy"), case["total"],
+                     case["nrows"])
+
+
 def test_backing_rows():
     for case in V["backing"]["rows"]:
         check_raises(case["code"], store_mod._check_backing, "v", "/d/x.npy", case["total"], case["nrows"])
