@@ -16,13 +16,19 @@ threads, and a batch sampler that follows `ddstore schedule`.
     rd = DistDatasetReader("train", store=ddstore.Store())
 
 Modules: dataset (DistDataset, DistDatasetReader, WindowedDataset, row_of,
-and how a dataset is stored), loader (ThreadDataLoader), sampler
-(ScheduledSampler). Every name is also importable from ddstore.torch.
+and how a dataset is stored, ragged fields included), collate (Packed,
+Padded, Graphs: batches of samples whose fields vary in size), loader
+(ThreadDataLoader), sampler (ScheduledSampler), budget (BudgetSampler:
+batches filled up to a budget of atoms or tokens). Every name is also
+importable from ddstore.torch.
 """
 
 from ._schema import _FIELDS, _META  # noqa: F401  (the reserved variables, for pyddstore)
 from .dataset import DistDataset, DistDatasetReader, WindowedDataset, row_of
+from .budget import BudgetSampler
+from .collate import Graphs, Packed, Padded
 from .loader import ThreadDataLoader
 from .sampler import ScheduledSampler
 
-__all__ = ["DistDataset", "DistDatasetReader", "WindowedDataset", "row_of", "ThreadDataLoader", "ScheduledSampler"]
+__all__ = ["DistDataset", "DistDatasetReader", "WindowedDataset", "row_of", "ThreadDataLoader", "ScheduledSampler",
+           "BudgetSampler", "Packed", "Padded", "Graphs"]
