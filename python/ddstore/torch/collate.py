@@ -204,7 +204,7 @@ class Padded(_Collate):
                 rows = torch.repeat_interleave(torch.arange(b), lengths)
                 starts = c.offsets()[:-1]
                 pos = torch.arange(c.data.shape[0]) - torch.repeat_interleave(starts, lengths)
-                out[rows, pos] = c.data
+                out[rows.to(out.device), pos.to(out.device)] = c.data
             if c.axis:
                 out = out.movedim(1, c.axis + 1).contiguous()
             outs.append((out, lengths))
@@ -282,7 +282,7 @@ class Graphs(_Collate):
             if c.key in self.edges:
                 nodes = count(self.edges[c.key])
                 shift = torch.cumsum(nodes, 0) - nodes
-                per = torch.repeat_interleave(shift, count(c.key)).to(t.dtype)
+                per = torch.repeat_interleave(shift, count(c.key)).to(device=t.device, dtype=t.dtype)
                 t = t + per.reshape(-1, *([1] * (t.dim() - dim - 1)))
             outs.append(t)
         out = dict(zip(keys, outs))
@@ -299,11 +299,12 @@ class Graphs(_Collate):
                 raise ArgumentError(f"ddstore: bad argument: Graphs: node field {node_key!r} not in the samples' "
                                     f"fields {keys}")
             n = count(node_key)
+            device = by[node_key].data.device
             if self.batch_key is not None:
-                out[self.batch_key] = torch.repeat_interleave(torch.arange(n.shape[0]), n)
+                out[self.batch_key] = torch.repeat_interleave(torch.arange(n.shape[0]), n).to(device)
             if self.ptr_key is not None:
                 ptr = torch.zeros(n.shape[0] + 1, dtype=torch.int64)
                 torch.cumsum(n, 0, out=ptr[1:])
-                out[self.ptr_key] = ptr
+                out[self.ptr_key] = ptr.to(device)
         return out
 

@@ -15,9 +15,10 @@ uint8 units (text as UTF-8). Before storing anything the ranks exchange,
 through one small ragged variable `{name}/__census__.K` (freed at once),
 each share's shapes and any error its loading met: every rank then learns
 which fields are ragged, and a bad sample on one rank fails the load on
-every rank with the same message. After the fields, rank 0 publishes `{name}/__meta__`: one row of JSON bytes (uint8) with
-the schema, length, and every field's key, sample shape, dtype and kind
-(torch or numpy), so that a reader learns everything from one lookup. It is
+every rank with the same message. After the fields, rank 0 publishes
+`{name}/__meta__`: one row of JSON bytes (uint8) with the schema, length,
+and every field's key, sample shape, dtype and kind (torch or numpy), and
+for a field that is not fixed its layout and varying axis, so that a reader learns everything from one lookup. It is
 published last, which makes it the commit mark: once it exists, every row is
 in place. Dict datasets also get `{name}/__fields__` (their keys, as JSON
 bytes) for readers that only know DDStore's conventions.
@@ -515,7 +516,6 @@ class DistDataset(_StoredDataset):
             self._fail_collective(self._census)
             raise
         self._settle(err, cols, [])
-        del source
         done = []
         try:
             for f, c in zip(self._schema.fields, cols):

@@ -299,7 +299,9 @@ def test_shapes_that_cannot_be_ragged(store):
 def test_budget_sampler_over_a_dataset(store):
     src = Molecules(60)
     ds = DistDataset(src, "g", store=store)
+    calls = store.get_profile("g/x")["calls"]
     sampler = BudgetSampler(ds, budget=40, field="x", seed=3)
+    assert store.get_profile("g/x")["calls"] == calls  # the sizes alone: no row read
     loader = ThreadDataLoader(ds, batch_sampler=sampler, num_workers=2, collate_fn=Graphs(edges=EDGES))
     seen = []
     for g in loader:
@@ -308,6 +310,21 @@ def test_budget_sampler_over_a_dataset(store):
     assert sorted(seen) == sorted(src.nodes.tolist())  # one rank: every graph once, no padding
     with pytest.raises(ValueError, match=r"sample \d+ has size 11, above the budget 10"):
         BudgetSampler(ds, budget=10)
+    # Resumed mid-epoch behind a prefetching loader: the rest of the epoch
+    # is what the uninterrupted run got.
+    sampler.set_epoch(1)
+    full = [g["y"].tolist() for g in loader]
+    it = iter(loader)
+    for _ in range(4):
+        next(it)
+        sampler.consumed()
+    state = sampler.state_dict()
+    del it
+    again = BudgetSampler(ds, budget=40, field="x")
+    again.load_state_dict(state)
+    rest = [g["y"].tolist() for g in ThreadDataLoader(ds, batch_sampler=again, num_workers=2,
+                                                          collate_fn=Graphs(edges=EDGES))]
+    assert state["step"] == 4 and rest == full[4:]
 
 
 TWO_RANKS = r"""
