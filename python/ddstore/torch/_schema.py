@@ -37,19 +37,16 @@ class _Field:
     """One field of the samples: where it is stored, how, and what a row
     holds (see the module's docstring for layouts)."""
 
-    __slots__ = ("key", "var", "shape", "dtype", "npdtype", "torch", "layout", "axis")
+    __slots__ = ("key", "var", "shape", "dtype", "npdtype", "torch", "layout", "axis", "ragged")
 
     def __init__(self, key, var, shape, dtype, is_torch, layout="fixed", axis=None):
         self.key, self.var, self.dtype, self.torch = key, var, dtype, is_torch
         self.shape = tuple(None if d is None else int(d) for d in shape)
         self.layout, self.axis = layout, axis
+        # Stored as a ragged variable (ragged, str and bytes layouts).
+        self.ragged = layout != "fixed"
         # bfloat16 rows are kept in int16 arrays: numpy has no bfloat16.
         self.npdtype = numpy_dtype(dtype)
-
-    @property
-    def ragged(self):
-        """Stored as a ragged variable (ragged, str and bytes layouts)."""
-        return self.layout != "fixed"
 
     @property
     def trailing(self):
@@ -107,11 +104,8 @@ class _Schema:
     def __init__(self, kind, fields):
         self.kind, self.fields = kind, list(fields)
         self.by_key = {f.key: f for f in self.fields}
-
-    @property
-    def ragged(self):
-        """Whether any field is stored ragged."""
-        return any(f.ragged for f in self.fields)
+        # Whether any field is stored ragged.
+        self.ragged = any(f.ragged for f in self.fields)
 
     @classmethod
     def of_sample(cls, name, sample):

@@ -122,20 +122,17 @@ class _Column:
     """One field of this rank's share as the load reads it: rows of one
     shape into a preallocated array, until a row of another shape comes;
     from then on, the rows kept one by one (copies: a source may reuse its
-    memory). shape: the rows' common shape, None on axes that varied."""
+    memory)."""
 
-    __slots__ = ("buf", "parts", "shape")
+    __slots__ = ("buf", "parts", "rows")
 
     def __init__(self, f, n):
-        self.shape = None
         self.buf = np.empty((n, *f.shape), f.npdtype) if f.layout == "fixed" else None
         self.parts = [] if self.buf is None else None
+        self.rows = 0
 
     def put(self, j, a):
-        if self.shape is None:
-            self.shape = list(a.shape)
-        elif len(self.shape) == a.ndim:
-            self.shape = [d if d == e else None for d, e in zip(self.shape, a.shape)]
+        self.rows = j + 1
         if self.buf is not None:
             if a.shape == self.buf.shape[1:]:
                 self.buf[j] = a
@@ -143,6 +140,19 @@ class _Column:
             self.parts = [self.buf[k] for k in range(j)]
             self.buf = None
         self.parts.append(np.array(a))
+
+    @property
+    def shape(self):
+        """The rows' common shape, None on the axes that varied (None for
+        no rows)."""
+        if not self.rows:
+            return None
+        if self.buf is not None:
+            return list(self.buf.shape[1:])
+        shape = list(self.parts[0].shape)
+        for p in self.parts[1:]:
+            shape = [d if d == e else None for d, e in zip(shape, p.shape)]
+        return shape
 
     def fixed(self, f):
         return self.buf
@@ -537,10 +547,9 @@ class DistDataset(_StoredDataset):
         # Fields of one shape are stored chunk by chunk; ragged ones (they
         # must be declared, or be str or bytes) are gathered whole and added
         # once every sample is read.
-        fields = self._schema.fields
-        for f in fields:
-            if f.key in self._declared and not f.ragged:
-                f.layout, f.axis = "ragged", self._declared[f.key]
+        fields = [_Field(f.key, f.var, f.shape, f.dtype, f.torch, "ragged", self._declared[f.key])
+                  if f.key in self._declared and not f.ragged else f for f in self._schema.fields]
+        self._schema = _Schema(self._schema.kind, fields)
         fixed = [k for k, f in enumerate(fields) if not f.ragged]
         ragged = [k for k, f in enumerate(fields) if f.ragged]
         done = []
