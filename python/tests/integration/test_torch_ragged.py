@@ -431,3 +431,19 @@ def test_a_bad_sample_on_one_rank_fails_every_rank(job, bad, what):
             assert re.search(what, line), (r, line)
             if r == 0:
                 assert "rank 1 could not load its share" in line, line
+
+
+def test_reader_of_ragged_variables_without_metadata(store):
+    """A ragged variable published by add_ragged alone (DDStore's
+    convention of name/0, name/1, ...): a field of arrays (length,
+    *trailing)."""
+    vals = np.arange(21, dtype=np.float32).reshape(7, 3)
+    store.add_ragged("rr/0", vals, [4, 0, 3])
+    store.add("rr/1", np.arange(3, dtype=np.int64) * 5)
+    rd = DistDatasetReader("rr", store=store)
+    assert rd.ragged_fields == [0] and len(rd) == 3
+    same(rd[0], (torch.from_numpy(vals[:4]), torch.tensor([0])))
+    same(rd[1], (torch.zeros(0, 3), torch.tensor([5])))
+    (v, off), y = next(iter(ThreadDataLoader(rd, batch_sampler=[[2, 0]])))
+    assert torch.equal(v, torch.from_numpy(np.concatenate([vals[4:], vals[:4]]))) and off.tolist() == [0, 3, 7]
+    assert y.tolist() == [[10], [0]]
