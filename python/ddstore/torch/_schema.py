@@ -79,8 +79,8 @@ class _Field:
             return units.tobytes().decode("utf-8")
         if self.layout == "bytes":
             return units.tobytes()
-        if self.axis:
-            units = np.moveaxis(units, 0, self.axis)
+        if self.axis:  # contiguous, as the source gave it
+            units = np.ascontiguousarray(np.moveaxis(units, 0, self.axis))
         return self.value(units, device)
 
     def to_json(self):
@@ -208,8 +208,8 @@ class _Schema:
                 off = _offsets(lengths)
                 if f.layout == "ragged" and f.torch:
                     t = f.tensor(values, device)
-                    cols.append([t[off[j]:off[j + 1]].movedim(0, f.axis) if f.axis else t[off[j]:off[j + 1]]
-                                 for j in range(n)])
+                    cols.append([t[off[j]:off[j + 1]].movedim(0, f.axis).contiguous() if f.axis
+                                 else t[off[j]:off[j + 1]] for j in range(n)])
                 else:
                     cols.append([f.unit_value(values[off[j]:off[j + 1]], device) for j in range(n)])
                 continue

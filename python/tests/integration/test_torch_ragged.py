@@ -149,6 +149,7 @@ def test_graph_dataset(store, chunk):
     assert ds.sizes().tolist() == src.nodes.tolist()
     assert ds.sizes("edge_index", [7, 0]).tolist() == [0, src.edges[0]]
     check_samples(ds, src)
+    assert ds[1]["edge_index"].is_contiguous() and ds.__getitems__([2])[0]["edge_index"].is_contiguous()
     check_samples(DistDatasetReader("g", store=store), src)
     with pytest.raises(ddstore.Unsupported, match=r"ragged fields \['x'"):
         WindowedDataset(ds, 2)
