@@ -211,6 +211,13 @@ def test_sequences_padded_packed(store):
     # A collate_fn of one's own gets the samples.
     got = next(iter(ThreadDataLoader(ds, batch_sampler=[b], collate_fn=lambda s: [len(t) for t, _ in s])))
     assert got == [len(src[i][0]) for i in b]
+    # bfloat16 and bool rows, ragged, with reused buffers.
+    half = [(torch.randn(k % 4 + 1, 2).to(torch.bfloat16), torch.arange(k % 3) > 0) for k in range(9)]
+    h = DistDataset(half, "h", store=store)
+    assert h.ragged_fields == [0, 1]
+    check_samples(h, half)
+    for (v, off), (m, moff) in ThreadDataLoader(h, batch_size=4, reuse_buffers=True, num_workers=1):
+        assert v.dtype == torch.bfloat16 and m.dtype == torch.bool and off.shape == moff.shape
     # Edges padded along their own (last) axis.
     g = DistDataset(Molecules(12), "g", store=store)
     pad, lens = Padded(ds=g)(g.__getitems__([1, 2]))["edge_index"]
