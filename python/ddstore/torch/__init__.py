@@ -4,7 +4,7 @@ that attach to it by name, windows over it, a DataLoader whose workers are
 threads, and a batch sampler that follows `ddstore schedule`.
 
     import torch, ddstore
-    from ddstore.torch import DistDataset, DistDatasetReader, ThreadDataLoader
+    from ddstore.torch import BudgetSampler, DistDataset, DistDatasetReader, Graphs, ThreadDataLoader
 
     source = torch.utils.data.TensorDataset(features, labels)  # fixed-shape samples
     ds = DistDataset(source, "train")         # collective: each rank loads its share
@@ -14,6 +14,11 @@ threads, and a batch sampler that follows `ddstore schedule`.
         ...
     # elsewhere, in a process that loaded nothing:
     rd = DistDatasetReader("train", store=ddstore.Store())
+
+    # graphs (dicts: x [n_i, F], edge_index [2, e_i], y): ragged fields, found while loading
+    gs = DistDataset(graphs, "qm9")
+    loader = ThreadDataLoader(gs, batch_sampler=BudgetSampler(gs, budget=4096, seed=1),
+                              collate_fn=Graphs(edges={"edge_index": "x"}))   # + batch, ptr
 
 Modules: dataset (DistDataset, DistDatasetReader, WindowedDataset, row_of,
 and how a dataset is stored, ragged fields included), collate (Packed,
