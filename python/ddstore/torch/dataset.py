@@ -124,17 +124,18 @@ class _Column:
     from then on, the rows kept one by one (copies: a source may reuse its
     memory)."""
 
-    __slots__ = ("buf", "parts", "rows")
+    __slots__ = ("buf", "row", "parts", "rows")
 
     def __init__(self, f, n):
         self.buf = np.empty((n, *f.shape), f.npdtype) if f.layout == "fixed" else None
+        self.row = self.buf.shape[1:] if self.buf is not None else None
         self.parts = [] if self.buf is None else None
-        self.rows = 0
+        self.rows = 0  # rows put (the whole load sets it once at the end)
 
     def put(self, j, a):
         self.rows = j + 1
         if self.buf is not None:
-            if a.shape == self.buf.shape[1:]:
+            if a.shape == self.row:
                 self.buf[j] = a
                 return
             self.parts = [self.buf[k] for k in range(j)]
@@ -515,9 +516,20 @@ class DistDataset(_StoredDataset):
         cols = []
         try:
             cols = self._columns(fields, n)
-            for i, arrays in self._samples(source, self.lo, self.hi):
-                for c, a in zip(cols, arrays):
-                    c.put(i - self.lo, a)
+            getitems = getattr(source, "__getitems__", None)
+            lo, split, encode = self.lo, self._schema.split, self.encode
+            samples = getitems(list(range(lo, self.hi))) if getitems else (source[i] for i in range(lo, self.hi))
+            for j, sample in enumerate(samples):
+                if encode is not None:
+                    sample = self._encoded(sample, lo + j)
+                for c, a in zip(cols, split(sample, lo + j)):
+                    # Rows of the shape so far go straight to the column's array.
+                    if c.buf is not None and a.shape == c.row:
+                        c.buf[j] = a
+                    else:
+                        c.put(j, a)
+            for c in cols:
+                c.rows = n
         except Exception as e:
             err = e
         except BaseException:
