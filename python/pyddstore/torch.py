@@ -7,7 +7,10 @@ and DistDatasetReader are ddstore.torch's with DDStore's signatures and
 defaults on top:
 
 - DistDataset(source, name, comm=None, ddstore_width=None, device=None,
-  add_device=None, method=None, handshake_dir=None, chunk_size=None): comm
+  add_device=None, method=None, handshake_dir=None, chunk_size=None,
+  encode=None, decode=None, fields=None): encode, decode as ddstore.torch's
+  (DDStore's hooks; samples whose fields vary in size are stored ragged),
+  fields= keeps those keys or positions (not with encode); comm
   None is MPI.COMM_WORLD under an MPI launcher (see pyddstore), else the
   launcher's environment; method defaults to DDSTORE_METHOD; method 2 meets
   through handshake_dir (default DDSTORE_HANDSHAKE_DIR, else ./ddstore_hs)
@@ -16,7 +19,8 @@ defaults on top:
   holding a full copy in a namespace of its own, reads staying in the group
   (not with method 2, as DDStore). add_device is accepted and ignored: shards
   live in shared memory. `ds.ddstore` is the PyDDStore.
-- DistDatasetReader(name, handshake_dir=None, n_core=None, device=None): a
+- DistDatasetReader(name, handshake_dir=None, n_core=None, device=None,
+  decode=None): a
   reader store (split mode: it holds no shard) that waits up to
   DDSTORE_HANDSHAKE_TIMEOUT_S (300 s) for the dataset to be published; n_core
   defaults to DDSTORE_N_CORE and, when known, is checked against the
@@ -102,12 +106,33 @@ def _group_store(comm, width, method, handshake_dir):
                      exchange_ns=f"w{width}g{group}")
 
 
+class _select:
+    """DDStore's fields=: keep those keys (dict samples) or positions
+    (tuple and list samples) of every sample."""
+
+    def __init__(self, keys):
+        self.keys = keys
+
+    def __call__(self, s):
+        if isinstance(s, dict):
+            return {k: s[k] for k in self.keys}
+        if isinstance(s, (tuple, list)):
+            return type(s)(s[k] for k in self.keys) if not hasattr(s, "_fields") else tuple(s[k] for k in self.keys)
+        raise ArgumentTypeError(f"pyddstore: bad argument: fields= on a sample of type {type(s).__name__}: want "
+                                f"dict, tuple or list samples")
+
+
 class DistDataset(_Compat, _dt.DistDataset):
     """DDStore's DistDataset (see the module docstring); construction is
     collective over comm (or over the group of ddstore_width ranks)."""
 
     def __init__(self, source, name, comm=None, ddstore_width=None, device=None, add_device=None, method=None,
-                 handshake_dir=None, chunk_size=None, store=None):
+                 handshake_dir=None, chunk_size=None, encode=None, decode=None, fields=None, store=None):
+        if fields is not None:
+            if encode is not None:
+                raise ArgumentError("pyddstore: bad argument: fields= cannot be combined with encode= (select the "
+                                    "fields in encode)")
+            encode = _select(list(fields))
         method = default_method() if method is None else int(method)
         if store is None:
             dds = _group_store(comm, ddstore_width, method, handshake_dir)
@@ -117,7 +142,8 @@ class DistDataset(_Compat, _dt.DistDataset):
             owned = False
         st = dds.store if dds is not None else store
         try:
-            super().__init__(source, name, store=st, device=device, chunk_size=chunk_size)
+            super().__init__(source, name, store=st, device=device, chunk_size=chunk_size, encode=encode,
+                             decode=decode)
         except BaseException:
             if owned:
                 dds.store.close()
@@ -132,7 +158,8 @@ class DistDatasetReader(_Compat, _dt.DistDatasetReader):
     """DDStore's DistDatasetReader: reads a dataset published by a
     DistDataset of another job (or of this one) without holding any shard."""
 
-    def __init__(self, name, handshake_dir=None, n_core=None, device=None, store=None, comm=None, timeout=None):
+    def __init__(self, name, handshake_dir=None, n_core=None, device=None, decode=None, store=None, comm=None,
+                 timeout=None):
         if n_core is None:
             n_core = int(os.environ.get("DDSTORE_N_CORE", "0") or 0)
         hs = handshake_dir or os.environ.get("DDSTORE_HANDSHAKE_DIR") or ""
@@ -146,7 +173,7 @@ class DistDatasetReader(_Compat, _dt.DistDatasetReader):
         st = dds.store if dds is not None else store
         try:
             self._wait(st, name, n_core, handshake_timeout() if timeout is None else float(timeout))
-            super().__init__(name, store=st, device=device)
+            super().__init__(name, store=st, device=device, decode=decode)
         except BaseException:
             if owned:
                 st.close()

@@ -1,8 +1,15 @@
 """The schema of a dataset's samples: their kind (a bare tensor, a tuple,
 list or dict of fields) and each field's key, row shape and dtype, the
-variable that stores it, and how a row comes back (tensor or numpy array).
-Named so as not to be confused with the store's layout, which places rows
-on ranks."""
+variable that stores it, how it is stored (fixed rows, ragged rows, text or
+bytes) and how a row comes back (tensor or numpy array). Named so as not to
+be confused with the store's layout, which places rows on ranks.
+
+A field's layout: "fixed" (every sample the same shape: a variable of fixed
+rows), "ragged" (the size of one axis, `axis`, varies between samples: a
+ragged variable whose units are the sample's slices along that axis, so
+that axis is moved to the front in the store and back on read; shape holds
+None there), "str" (UTF-8 text) and "bytes" (raw bytes), both ragged
+variables of uint8 units."""
 
 import operator
 
@@ -15,18 +22,39 @@ from ..dtypes import as_array, numpy_dtype
 # The reserved variables of a dataset (dataset.py) and the format tag of its
 # metadata row.
 _META, _FIELDS = "__meta__", "__fields__"
+# A load's exchange between the ranks (dataset.py): freed once every rank
+# has read it.
+_CENSUS = "__census__"
 _FORMAT = "ddstore.torch/1"
+# Datasets with a field that is not fixed say so in their format, so that a
+# reader that knows only fixed rows refuses them rather than misreads them.
+_FORMAT_RAGGED = "ddstore.torch/2"
+_FORMATS = (_FORMAT, _FORMAT_RAGGED)
+LAYOUTS = ("fixed", "ragged", "str", "bytes")
 
 
 class _Field:
-    """One field of the samples: where it is stored and what a row holds."""
+    """One field of the samples: where it is stored, how, and what a row
+    holds (see the module's docstring for layouts)."""
 
-    __slots__ = ("key", "var", "shape", "dtype", "npdtype", "torch")
+    __slots__ = ("key", "var", "shape", "dtype", "npdtype", "torch", "layout", "axis", "ragged")
 
-    def __init__(self, key, var, shape, dtype, is_torch):
-        self.key, self.var, self.shape, self.dtype, self.torch = key, var, tuple(shape), dtype, is_torch
+    def __init__(self, key, var, shape, dtype, is_torch, layout="fixed", axis=None):
+        self.key, self.var, self.dtype, self.torch = key, var, dtype, is_torch
+        self.shape = tuple(None if d is None else int(d) for d in shape)
+        self.layout, self.axis = layout, axis
+        # Stored as a ragged variable (ragged, str and bytes layouts).
+        self.ragged = layout != "fixed"
         # bfloat16 rows are kept in int16 arrays: numpy has no bfloat16.
         self.npdtype = numpy_dtype(dtype)
+
+    @property
+    def trailing(self):
+        """The shape of one unit of a ragged field in the store: the sample's
+        shape without its varying axis."""
+        if self.layout != "ragged":
+            return ()
+        return tuple(d for k, d in enumerate(self.shape) if k != self.axis)
 
     def dest(self, a):
         """The buffer to hand the store: its dtype check must see bfloat16,
@@ -43,6 +71,31 @@ class _Field:
         """A field as the source gave it: a tensor, or a numpy array."""
         return self.tensor(a, device) if self.torch else a
 
+    def unit_value(self, units, device):
+        """One sample's field from its units in the store (units of shape
+        (length, *trailing)): text, bytes, or the array with the varying
+        axis moved back into place."""
+        if self.layout == "str":
+            return units.tobytes().decode("utf-8")
+        if self.layout == "bytes":
+            return units.tobytes()
+        if self.axis:  # contiguous, as the source gave it
+            units = np.ascontiguousarray(np.moveaxis(units, 0, self.axis))
+        return self.value(units, device)
+
+    def to_json(self):
+        d = {"key": self.key, "shape": list(self.shape), "dtype": self.dtype, "torch": self.torch}
+        if self.layout != "fixed":
+            d["layout"] = self.layout
+            d["axis"] = self.axis
+        return d
+
+    def describe(self):
+        """The field in words, for errors."""
+        if self.layout in ("str", "bytes"):
+            return self.layout
+        return f"{self.dtype} of shape {_shape_words(self.shape)}"
+
 
 class _Schema:
     """The schema of a sample: kind ("tensor", "tuple", "list", "dict", or
@@ -51,6 +104,8 @@ class _Schema:
     def __init__(self, kind, fields):
         self.kind, self.fields = kind, list(fields)
         self.by_key = {f.key: f for f in self.fields}
+        # Whether any field is stored ragged.
+        self.ragged = any(f.ragged for f in self.fields)
 
     @classmethod
     def of_sample(cls, name, sample):
@@ -63,26 +118,28 @@ class _Schema:
                 if not isinstance(key, str):
                     raise ArgumentTypeError(f"ddstore: bad argument: dataset {name!r}: dict key {key!r}: want "
                                             f"str keys (they name variables and travel as JSON)")
-                if key in (_META, _FIELDS):
+                if key in (_META, _FIELDS, _CENSUS):
                     raise ArgumentError(f"ddstore: bad argument: dataset {name!r}: dict key {key!r} is reserved")
-            a, dt, is_torch = _field_array(v)
-            if a.size == 0:
-                raise ArgumentError(f"ddstore: bad argument: dataset {name!r}: field {key!r} of shape {a.shape} "
-                                    f"holds no items")
-            fields.append(_Field(key, f"{name}/{key}", a.shape, dt, is_torch))
+            a, dt, is_torch, layout = _field_array(v, key, 0)
+            if layout is not None:
+                fields.append(_Field(key, f"{name}/{key}", (None,), dt, False, layout, 0))
+            else:
+                # A field of no items is fine if it turns out ragged along
+                # its empty axis (a graph without edges); the load checks.
+                fields.append(_Field(key, f"{name}/{key}", a.shape, dt, is_torch))
         return cls(kind, fields)
 
     def to_json(self, length):
-        return {"format": _FORMAT, "kind": self.kind, "len": length,
-                "fields": [{"key": f.key, "shape": list(f.shape), "dtype": f.dtype, "torch": f.torch}
-                           for f in self.fields]}
+        return {"format": _FORMAT_RAGGED if self.ragged else _FORMAT, "kind": self.kind, "len": length,
+                "fields": [f.to_json() for f in self.fields]}
 
     @classmethod
     def from_json(cls, name, meta):
-        if meta.get("format") != _FORMAT:
+        if meta.get("format") not in _FORMATS:
             raise BadDataset(f"ddstore: bad geometry: dataset {name!r}: metadata of format {meta.get('format')!r}: "
-                             f"want {_FORMAT!r}")
-        return cls(meta["kind"], [_Field(f["key"], f"{name}/{f['key']}", f["shape"], f["dtype"], f["torch"])
+                             f"want one of {list(_FORMATS)}")
+        return cls(meta["kind"], [_Field(f["key"], f"{name}/{f['key']}", f["shape"], f["dtype"], f["torch"],
+                                         f.get("layout", "fixed"), f.get("axis"))
                                   for f in meta["fields"]])
 
     def select(self, keys):
@@ -109,7 +166,9 @@ class _Schema:
 
     def split(self, sample, index):
         """The fields of a source sample as arrays in storage dtype, checked
-        against the schema (every row of a variable has one shape)."""
+        against the schema: the same structure, and every field of the dtype
+        and rank of sample 0's (fixed fields: of its shape too; a field whose
+        sizes vary is the load's to find, see dataset.py)."""
         kind, items = _items(sample)
         if kind != self.kind or [k for k, _ in items] != [f.key for f in self.fields]:
             raise ArgumentError(f"ddstore: bad argument: sample at index {index}: its structure ({kind}, fields "
@@ -117,31 +176,71 @@ class _Schema:
                                 f"{[f.key for f in self.fields]})")
         out = []
         for f, (_, v) in zip(self.fields, items):
-            a, dt, _ = _field_array(v)
-            if a.shape != f.shape or dt != f.dtype:
+            a, dt, _, layout = _field_array(v, f.key, index)
+            if f.layout in ("str", "bytes") or layout is not None:
+                if layout != f.layout:
+                    got = layout or f"{dt} of shape {_shape_words(a.shape)}"
+                    raise ArgumentError(f"ddstore: bad argument: sample at index {index}, field {f.key!r}: {got}, "
+                                        f"sample 0 has {f.describe()}: every sample's field keeps one type")
+            elif dt != f.dtype or a.ndim != len(f.shape):
                 raise ArgumentError(f"ddstore: bad argument: sample at index {index}, field {f.key!r}: {dt} of shape "
-                                    f"{a.shape}, sample 0 has {f.dtype} of shape {f.shape}: samples must have fixed "
-                                    f"shapes")
+                                    f"{_shape_words(a.shape)} ({a.ndim} dimensions), sample 0 has {f.dtype} of shape "
+                                    f"{_shape_words(f.shape)} ({len(f.shape)} dimensions): every sample's field "
+                                    f"keeps one dtype and rank, only its sizes may vary")
             out.append(a)
         return out
 
     def sample(self, arrays, device):
-        return self.pack([f.value(a, device) for f, a in zip(self.fields, arrays)])
+        """One sample from per-field arrays: a fixed field's row, a ragged
+        field's (units, lengths) of one row."""
+        vals = []
+        for f, a in zip(self.fields, arrays):
+            vals.append(f.unit_value(a[0], device) if f.ragged else f.value(a, device))
+        return self.pack(vals)
 
     def samples(self, arrays, n, device):
-        """n samples as views into per-field batch arrays."""
+        """n samples as views into per-field batch arrays (a ragged field's
+        values are cut at its rows' offsets)."""
         cols = []
         for f, a in zip(self.fields, arrays):
+            if f.ragged:
+                values, lengths = a
+                off = _offsets(lengths)
+                if f.layout == "ragged" and f.torch:
+                    t = f.tensor(values, device)
+                    cols.append([t[off[j]:off[j + 1]].movedim(0, f.axis).contiguous() if f.axis
+                                 else t[off[j]:off[j + 1]] for j in range(n)])
+                else:
+                    cols.append([f.unit_value(values[off[j]:off[j + 1]], device) for j in range(n)])
+                continue
             b = f.value(a, device)
             # a[j, ...] keeps a 0-d row an array; a[j] would give a numpy scalar.
             cols.append(b.unbind(0) if f.torch else [b[j, ...] for j in range(n)])
         return [self.pack([c[j] for c in cols]) for j in range(n)]
 
-    def collated(self, arrays, device):
+    def collated(self, arrays, device, collate=None):
         """What default_collate makes of the samples: tensors (numpy fields
-        too), a tuple's fields as a list."""
-        vals = [f.tensor(a, device) for f, a in zip(self.fields, arrays)]
-        return list(vals) if self.kind == "tuple" else self.pack(vals)
+        too), a tuple's fields as a list. With ragged fields, or with a
+        collate of ddstore.torch.collate, that collate's batch (default
+        Packed)."""
+        if collate is None and not self.ragged:
+            vals = [f.tensor(a, device) for f, a in zip(self.fields, arrays)]
+            return list(vals) if self.kind == "tuple" else self.pack(vals)
+        if collate is None:
+            from .collate import Packed
+            collate = Packed()
+        return collate._ddstore_batch(self, arrays, device)
+
+
+def _offsets(lengths):
+    off = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=off[1:])
+    return off.tolist()
+
+
+def _shape_words(shape):
+    """A shape for errors, its varying axis as "*"."""
+    return "(" + ", ".join("*" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 def _items(sample):
@@ -155,18 +254,36 @@ def _items(sample):
     return "tensor", [(0, sample)]
 
 
-def _field_array(v):
-    """(numpy array in storage dtype, ddstore dtype name, came from torch)."""
+def _field_array(v, key=None, index=None):
+    """(numpy array in storage dtype, ddstore dtype name, came from torch,
+    layout "str"/"bytes" or None for an array)."""
     if isinstance(v, torch.Tensor):
         if v.device.type != "cpu":
             v = v.cpu()
         a, dt = as_array(v)
-        return a, dt, True
-    if isinstance(v, (np.ndarray, np.generic, int, float, bool)):
-        a, dt = as_array(np.asarray(v))
-        return a, dt, False
-    raise ArgumentTypeError(f"ddstore: bad argument: a sample's field of type {type(v).__name__}: want a tensor, "
-                            f"a numpy array, or a tuple, list or dict of them")
+        return a, dt, True, None
+    if isinstance(v, (np.ndarray, np.generic, int, float, bool)) and not isinstance(v, (np.str_, np.bytes_)):
+        a = np.asarray(v)
+        if a.dtype.kind in "OUSV":
+            raise _unstorable(v, key, index, f"a numpy array of {a.dtype}")
+        a, dt = as_array(a)
+        return a, dt, False, None
+    if isinstance(v, str):
+        return np.frombuffer(v.encode("utf-8"), np.uint8), "uint8", False, "str"
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return np.frombuffer(bytes(v), np.uint8), "uint8", False, "bytes"
+    raise _unstorable(v, key, index, f"a {type(v).__name__}")
+
+
+def _unstorable(v, key, index, what):
+    r = repr(v)
+    if len(r) > 60:
+        r = r[:57] + "..."
+    where = "" if index is None else f"sample at index {index}, "
+    where += "" if key is None else f"field {key!r}: "
+    return ArgumentTypeError(f"ddstore: bad argument: {where}{what} ({r}): want a tensor, a numpy array, a number, "
+                             f"str or bytes, or a tuple, list or dict of them (pass encode= to store other objects, "
+                             f"e.g. as pickle.dumps bytes)")
 
 
 def _check_indices(indices, n, name):

@@ -5,10 +5,20 @@ dataset) and row_of.
 
 How a dataset is stored: field k of the samples (the tuple position, the dict
 key, or 0 for a bare tensor) is the variable `{name}/{k}`, one row per sample,
-rows in index order, rank r holding indices [r*N//P, (r+1)*N//P). After the
-fields, rank 0 publishes `{name}/__meta__`: one row of JSON bytes (uint8) with
-the schema, length, and every field's key, sample shape, dtype and kind
-(torch or numpy), so that a reader learns everything from one lookup. It is
+rows in index order, rank r holding indices [r*N//P, (r+1)*N//P). A field
+of one shape in every sample is a variable of fixed rows (read with
+get_batch); a field whose size along one axis varies (a graph's nodes
+[n_i, F], its edges [2, e_i], a sequence's tokens) is a ragged variable,
+that axis moved to the front (edges are stored as [e_i, 2] units of shape
+(2,)) and moved back on read; str and bytes fields are ragged variables of
+uint8 units (text as UTF-8). Before storing anything the ranks exchange,
+through one small ragged variable `{name}/__census__.K` (freed at once),
+each share's shapes and any error its loading met: every rank then learns
+which fields are ragged, and a bad sample on one rank fails the load on
+every rank with the same message. After the fields, rank 0 publishes
+`{name}/__meta__`: one row of JSON bytes (uint8) with the schema, length,
+and every field's key, sample shape, dtype and kind (torch or numpy), and
+for a field that is not fixed its layout and varying axis, so that a reader learns everything from one lookup. It is
 published last, which makes it the commit mark: once it exists, every row is
 in place. Dict datasets also get `{name}/__fields__` (their keys, as JSON
 bytes) for readers that only know DDStore's conventions.
@@ -17,14 +27,31 @@ bytes) for readers that only know DDStore's conventions.
 import json
 import operator
 import os
+import weakref
 
 import numpy as np
 import torch
 import torch.utils.data as _tud
 
-from .._errors import (ArgumentError, ArgumentTypeError, BadDataset, Error, IndexOutOfRange, UnknownVariable)
+from .._errors import (ArgumentError, ArgumentTypeError, BadDataset, Error, IndexOutOfRange, UnknownVariable,
+                       Unsupported)
 from ..store import Store
-from ._schema import _FIELDS, _META, _Field, _Schema, _check_index, _check_indices, _items
+from ._schema import (_CENSUS, _FIELDS, _META, _Field, _Schema, _check_index, _check_indices, _items,
+                      _shape_words)
+
+_default_collate = getattr(_tud, "default_collate", None) or _tud._utils.collate.default_collate
+
+# Loads per store and dataset name: each load's census is a variable of its
+# own (`{name}/__census__.{k}`), so that a load right after a failed one
+# never meets the previous census while a slower rank still frees it. Every
+# rank makes the same loads, so all count alike.
+_LOADS = weakref.WeakKeyDictionary()
+
+
+def _census_name(store, name):
+    counts = _LOADS.setdefault(store, {})
+    k = counts[name] = counts.get(name, 0) + 1
+    return f"{name}/{_CENSUS}.{k}"
 
 def _backing_specs(name, schema, backing):
     """{field key: spec} from DistDataset's backing argument."""
@@ -66,6 +93,126 @@ def _json_rows(obj, holder):
     return b.reshape(1, -1) if holder else np.empty((0, b.size), np.uint8)
 
 
+def _declared_ragged(name, schema, ragged):
+    """{field key: varying axis} from DistDataset's ragged argument."""
+    if ragged is None:
+        return {}
+    if isinstance(ragged, dict):
+        want = dict(ragged)
+    elif isinstance(ragged, (list, tuple)):
+        want = {k: 0 for k in ragged}
+    else:
+        raise ArgumentTypeError(f"ddstore: bad argument: dataset {name!r}: ragged of type {type(ragged).__name__}: "
+                                f"want a dict field key -> varying axis, or a list of keys (axis 0)")
+    for k, axis in want.items():
+        f = schema.by_key.get(k)
+        if f is None:
+            raise ArgumentError(f"ddstore: bad argument: dataset {name!r}: ragged field {k!r}: fields are "
+                                f"{[g.key for g in schema.fields]}")
+        if f.layout in ("str", "bytes"):
+            continue
+        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not 0 <= axis < len(f.shape):
+            raise ArgumentError(f"ddstore: bad argument: dataset {name!r}: ragged field {k!r} along axis {axis!r}: "
+                                f"sample 0 has shape {_shape_words(f.shape)}, want an axis in [0, {len(f.shape)})")
+        want[k] = int(axis)
+    return want
+
+
+class _Column:
+    """One field of this rank's share as the load reads it: rows of one
+    shape into a preallocated array, until a row of another shape comes;
+    from then on, the rows kept one by one (copies: a source may reuse its
+    memory)."""
+
+    __slots__ = ("buf", "row", "parts", "rows")
+
+    def __init__(self, f, n):
+        self.buf = np.empty((n, *f.shape), f.npdtype) if f.layout == "fixed" else None
+        self.row = self.buf.shape[1:] if self.buf is not None else None
+        self.parts = [] if self.buf is None else None
+        self.rows = 0  # rows put (the whole load sets it once at the end)
+
+    def put(self, j, a):
+        self.rows = j + 1
+        if self.buf is not None:
+            if a.shape == self.row:
+                self.buf[j] = a
+                return
+            self.parts = [self.buf[k] for k in range(j)]
+            self.buf = None
+        self.parts.append(np.array(a))
+
+    @property
+    def shape(self):
+        """The rows' common shape, None on the axes that varied (None for
+        no rows)."""
+        if not self.rows:
+            return None
+        if self.buf is not None:
+            return list(self.buf.shape[1:])
+        shape = list(self.parts[0].shape)
+        for p in self.parts[1:]:
+            shape = [d if d == e else None for d, e in zip(shape, p.shape)]
+        return shape
+
+    def fixed(self, f):
+        return self.buf
+
+    def ragged(self, f):
+        """(values, lengths): the rows' units concatenated, the varying axis
+        first."""
+        axis, trailing = f.axis or 0, f.trailing
+        if self.buf is not None:
+            n = self.buf.shape[0]
+            length = self.buf.shape[axis + 1] if n else 0
+            v = np.ascontiguousarray(np.moveaxis(self.buf, axis + 1, 1)).reshape(n * length, *trailing)
+            return v, np.full(n, length, np.int64)
+        if not self.parts:
+            return np.empty((0, *trailing), f.npdtype), np.empty(0, np.int64)
+        lengths = np.array([p.shape[axis] for p in self.parts], np.int64)
+        v = np.concatenate([np.moveaxis(p, axis, 0) if axis else p for p in self.parts])
+        return v.reshape(v.shape[0], *trailing), lengths
+
+    def clear(self):
+        self.buf = self.parts = None
+
+
+def _settle_field(name, f, shapes, declared):
+    """Field f of sample 0 as every rank stores it, from every share's
+    common shape (None for an empty share or a field not gathered): fixed,
+    or ragged along the one axis whose size varies."""
+    if f.layout in ("str", "bytes"):
+        return f
+    if f.layout == "ragged":  # declared for a chunked load
+        declared = f.axis
+    ndim = len(f.shape)
+    seen = [list(f.shape)] + [s for s in shapes if s is not None]
+    varying = sorted({k for s in seen for k in range(ndim) if s[k] is None or s[k] != f.shape[k]})
+    if declared is not None:
+        if varying and varying != [declared]:
+            raise ArgumentError(f"ddstore: bad argument: dataset {name!r}: field {f.key!r} (sample 0: "
+                                f"{_shape_words(f.shape)}) varies in axes {varying}, declared ragged along axis "
+                                f"{declared}")
+        varying = [declared]
+    if not varying:
+        if int(np.prod(f.shape, dtype=np.int64)) == 0:
+            raise ArgumentError(f"ddstore: bad argument: dataset {name!r}: field {f.key!r} of shape {f.shape} holds "
+                                f"no items in every sample")
+        return f
+    if len(varying) > 1:
+        others = [_shape_words(s) for s in seen if s != list(f.shape)][:3]
+        raise ArgumentError(f"ddstore: bad argument: dataset {name!r}: field {f.key!r} varies in axes {varying} "
+                            f"(sample 0 {_shape_words(f.shape)}, others {', '.join(others)}): want one varying axis "
+                            f"(store such a field flattened, with its shape in another field, or through encode)")
+    axis = varying[0]
+    shape = tuple(None if k == axis else d for k, d in enumerate(f.shape))
+    g = _Field(f.key, f.var, shape, f.dtype, f.torch, "ragged", axis)
+    if any(d == 0 for d in g.trailing):
+        raise ArgumentError(f"ddstore: bad argument: dataset {name!r}: field {f.key!r} of shape "
+                            f"{_shape_words(shape)}: its fixed axes must not be empty")
+    return g
+
+
 # -- datasets in the store --------------------------------------------------------
 
 class _StoredDataset(_tud.Dataset):
@@ -78,9 +225,13 @@ class _StoredDataset(_tud.Dataset):
 
     _ddstore_fast = True
 
-    def _setup(self, name, store, owns_store, schema, length, device):
+    def _setup(self, name, store, owns_store, schema, length, device, decode=None):
         self.name, self.store, self._owns_store = name, store, owns_store
         self._schema, self._len, self.device = schema, length, device
+        if decode is not None and not callable(decode):
+            raise ArgumentTypeError(f"ddstore: bad argument: dataset {name!r}: decode of type "
+                                    f"{type(decode).__name__}: want a function (stored sample, index) -> sample")
+        self.decode = decode
 
     def __len__(self):
         return self._len
@@ -90,14 +241,42 @@ class _StoredDataset(_tud.Dataset):
         """The field keys, in order."""
         return [f.key for f in self._schema.fields]
 
+    @property
+    def ragged_fields(self):
+        """The keys of the fields stored ragged (ragged, str and bytes)."""
+        return [f.key for f in self._schema.fields if f.ragged]
+
     def __getitem__(self, index):
         i = _check_index(index, self._len, self.name)
         arrays = []
         for f in self._schema.fields:
+            if f.ragged:
+                arrays.append(self.store.get_ragged(f.var, [i]))
+                continue
             a = np.empty((1, *f.shape), f.npdtype)
             self.store.get(f.var, f.dest(a), i)
             arrays.append(a.reshape(f.shape))
-        return self._schema.sample(arrays, self.device)
+        sample = self._schema.sample(arrays, self.device)
+        return sample if self.decode is None else self.decode(sample, i)
+
+    def sizes(self, field=None, indices=None):
+        """Per sample (all of them, or `indices`), the size of `field` along
+        its varying axis (default: the first ragged field): atoms, tokens,
+        bytes. Read from the node's index of the ragged variable, with no
+        request to the agents. A fixed field's size is its first
+        dimension (1 for a 0-d field)."""
+        if field is None:
+            ragged = self.ragged_fields
+            if not ragged:
+                raise ArgumentError(f"ddstore: bad argument: dataset {self.name!r} has no ragged field: name the "
+                                    f"field whose sizes to read (fields are {self.fields})")
+            field = ragged[0]
+        f = self._schema.select(field).fields[0]
+        idx = np.arange(self._len, dtype=np.int64) if indices is None else _check_indices(indices, self._len,
+                                                                                           self.name)
+        if f.ragged:
+            return self.store.ragged_sizes(f.var, idx)
+        return np.full(idx.shape[0], f.shape[0] if f.shape else 1, np.int64)
 
     def __getitems__(self, indices):
         """The samples `indices` (DataLoader fetches a batch this way when a
@@ -112,18 +291,41 @@ class _StoredDataset(_tud.Dataset):
         arrays = []
         n = idx.shape[0]
         for f in schema.fields:
+            if f.ragged:
+                arrays.append(self._read_ragged(f, idx, out))
+                continue
             a = out[f.key][:n] if out is not None else np.empty((n, *f.shape), f.npdtype)
             if n:
                 self.store.get_batch(f.var, f.dest(a), idx)
             arrays.append(a)
         return schema, arrays
 
+    def _read_ragged(self, f, idx, out):
+        """(values, lengths) of rows idx of a ragged field: one get_ragged,
+        into out's buffer for the field when given (grown when a batch's
+        units outgrow it, and kept in out for the next batch)."""
+        if out is None:
+            return self.store.get_ragged(f.var, idx)
+        units = int(self.store.ragged_sizes(f.var, idx).sum())
+        buf = out.get(f.key)
+        if buf is None or buf.shape[0] < units:
+            rows = max(units, 1)
+            rows = max(rows, (buf.shape[0] * 3) // 2 if buf is not None else 0)
+            shape = (rows, *f.trailing)
+            buf = (self.store._recv_buffer(shape, f.npdtype) if self.store._through_agent(f.var)
+                   else np.empty(shape, f.npdtype))
+            out[f.key] = buf
+        values, lengths = self.store.get_ragged(f.var, idx, out=f.dest(buf))
+        if isinstance(values, torch.Tensor):
+            values = values.numpy()
+        return values.view(f.npdtype), lengths
+
     def _ddstore_buffers(self, n, keys=None):
         """Arrays for n samples of each field, reused by the caller: receive
         buffers the agent writes into directly when reads may go through it
         (rows of other nodes or of backing files: no staging copy), else
         plain memory."""
-        fields = self._schema.select(keys).fields
+        fields = [f for f in self._schema.select(keys).fields if not f.ragged]  # ragged: sized at the read
         if any(self.store._through_agent(f.var) for f in fields):
             return {f.key: self.store._recv_buffer((n, *f.shape), f.npdtype) for f in fields}
         return {f.key: np.empty((n, *f.shape), f.npdtype) for f in fields}
@@ -143,12 +345,20 @@ class _StoredDataset(_tud.Dataset):
     def _ddstore_samples(self, indices, buffers=None):
         idx = _check_indices(indices, self._len, self.name)
         schema, arrays = self._ddstore_read(idx, out=buffers)
-        return schema.samples(arrays, idx.shape[0], self.device)
+        samples = schema.samples(arrays, idx.shape[0], self.device)
+        if self.decode is not None:
+            samples = [self.decode(s, i) for s, i in zip(samples, idx.tolist())]
+        return samples
 
-    def _ddstore_collated(self, indices, buffers=None):
+    def _ddstore_collated(self, indices, buffers=None, collate=None):
+        """A batch: collated from the per-field arrays as read (see
+        _Schema.collated), or with decode, collate (default_collate when
+        None) over the decoded samples."""
+        if self.decode is not None:
+            return (collate or _default_collate)(self._ddstore_samples(indices, buffers))
         idx = _check_indices(indices, self._len, self.name)
         schema, arrays = self._ddstore_read(idx, out=buffers)
-        return schema.collated(arrays, self.device)
+        return schema.collated(arrays, self.device, collate)
 
     def close(self):
         """Close the store if this dataset opened it (the variables stay
@@ -167,15 +377,35 @@ class _StoredDataset(_tud.Dataset):
 
 
 class DistDataset(_StoredDataset):
-    """A map-style dataset of fixed-shape samples, loaded once into the job's
-    memory and readable by every rank (DDStore's DistDataset).
+    """A map-style dataset loaded once into the job's memory and readable by
+    every rank (DDStore's DistDataset).
 
-    source: any map-style dataset whose samples are a tensor or ndarray, or a
-    tuple, list or dict (str keys) of them, every sample of the same shapes
-    and dtypes as source[0]. Construction is collective: every rank passes the
-    same source and name; rank r of P reads source[i] for i in
+    source: any map-style dataset whose samples are a tensor, ndarray,
+    number, str or bytes, or a tuple, list or dict (str keys) of them, every
+    sample of the structure of source[0] and each field of its dtype and
+    rank. A field's sizes may vary between samples along one axis (a graph's
+    x [n_i, F] and edge_index [2, e_i], a sequence [L_i]): it is then stored
+    ragged (see the module's docstring) and read with one get_ragged per
+    batch; fields of one shape stay fixed rows, read with get_batch as
+    before. Which fields vary is found while loading (every rank agrees);
+    ragged={key: axis} (or a list of keys: axis 0) declares it, which
+    chunk_size needs (a chunked load stores fixed fields before it has seen
+    every sample). Construction is collective: every rank passes the same
+    source and name; rank r of P reads source[i] for i in
     [r*N//P, (r+1)*N//P) only. Samples come back in the source's structure,
-    fields as torch tensors (numpy arrays where the source gave numpy).
+    fields as torch tensors (numpy arrays where the source gave numpy), str
+    and bytes as such. Batches of ragged fields need a collate of
+    ddstore.torch.collate (Packed, Padded, Graphs; ThreadDataLoader's
+    default is Packed) or a collate_fn of yours.
+
+    encode, decode (DDStore's hooks): encode(sample) runs on every source
+    sample before it is stored and returns what to store (e.g. labels as
+    numbers, an object as pickle.dumps bytes); decode(stored, index) runs on
+    every sample read (ds[i], __getitems__, and so in loaders) and rebuilds
+    the sample (e.g. pickle.loads). decode runs on the reading rank: what it
+    looks up must exist there. WindowedDataset reads stored rows, without
+    decode. A sample that encode fails on, or whose encoding cannot be
+    stored, fails the load on every rank, naming the sample and the value.
 
     store: an open ddstore.Store to use (it stays the caller's); otherwise one
     is made from comm (an mpi4py communicator, a torch.distributed group, a
@@ -209,15 +439,22 @@ class DistDataset(_StoredDataset):
     """
 
     def __init__(self, source, name, comm=None, store=None, ddstore_width=None, device=None, method=None,
-                 handshake_dir=None, chunk_size=None, capacity=None, backing=None):
+                 handshake_dir=None, chunk_size=None, capacity=None, backing=None, encode=None, decode=None,
+                 ragged=None):
         if chunk_size is not None and chunk_size < 1:
             raise ArgumentError(f"ddstore: bad argument: chunk_size {chunk_size}: want >= 1")
+        if encode is not None and not callable(encode):
+            raise ArgumentTypeError(f"ddstore: bad argument: dataset {name!r}: encode of type "
+                                    f"{type(encode).__name__}: want a function sample -> what to store")
         n = len(source)
         if n == 0:
             raise ArgumentError(f"ddstore: bad argument: dataset {name!r}: the source is empty")
+        self.encode = encode
         # Every rank derives the schema from the same sample, so all agree on
-        # each field's row geometry before any collective call.
-        schema = _Schema.of_sample(name, source[0])
+        # each field's row geometry before any collective call (which fields
+        # are ragged, the census settles).
+        schema = _Schema.of_sample(name, self._encoded(source[0], 0, name))
+        self._declared = _declared_ragged(name, schema, ragged)
         if capacity is None:
             capacity = n
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or not 0 <= capacity <= n:
@@ -241,7 +478,8 @@ class DistDataset(_StoredDataset):
             self.rank, self.size = store.rank, store.size
             held = self.capacity if self._backing is not None else n
             self.lo, self.hi = self.rank * held // self.size, (self.rank + 1) * held // self.size
-            self._setup(name, store, owns, schema, n, device)
+            self._setup(name, store, owns, schema, n, device, decode)
+            self._census = _census_name(store, name)
             if chunk_size is None:
                 self._load_whole(source)
             else:
@@ -251,56 +489,132 @@ class DistDataset(_StoredDataset):
                 store.close()
             raise
 
-    def _rows(self, source, lo, hi, bufs):
-        """Samples [lo, hi) of the source into per-field arrays."""
+    def _encoded(self, sample, index, name=None):
+        if self.encode is None:
+            return sample
+        try:
+            return self.encode(sample)
+        except Exception as e:
+            raise ArgumentError(f"ddstore: bad argument: dataset {name or self.name!r}: encode failed on the sample "
+                                f"at index {index} (a {type(sample).__name__}): {type(e).__name__}: {e}: want encode "
+                                f"to return tensors, arrays, numbers, str or bytes") from e
+
+    def _samples(self, source, lo, hi):
+        """(index, split fields) of samples [lo, hi) of the source."""
         getitems = getattr(source, "__getitems__", None)
         samples = getitems(list(range(lo, hi))) if getitems else (source[i] for i in range(lo, hi))
         for j, s in enumerate(samples):
-            for b, a in zip(bufs, self._schema.split(s, lo + j)):
-                b[j] = a
+            yield lo + j, self._schema.split(self._encoded(s, lo + j), lo + j)
+
+    def _columns(self, fields, n):
+        return [_Column(f, n) for f in fields]
 
     def _load_whole(self, source):
         fields = self._schema.fields
+        n = self.hi - self.lo
+        err = None
+        cols = []
         try:
-            bufs = [np.empty((self.hi - self.lo, *f.shape), f.npdtype) for f in fields]
-            self._rows(source, self.lo, self.hi, bufs)
+            cols = self._columns(fields, n)
+            getitems = getattr(source, "__getitems__", None)
+            lo, split, encode = self.lo, self._schema.split, self.encode
+            samples = getitems(list(range(lo, self.hi))) if getitems else (source[i] for i in range(lo, self.hi))
+            for j, sample in enumerate(samples):
+                if encode is not None:
+                    sample = self._encoded(sample, lo + j)
+                for c, a in zip(cols, split(sample, lo + j)):
+                    # Rows of the shape so far go straight to the column's array.
+                    if c.buf is not None and a.shape == c.row:
+                        c.buf[j] = a
+                    else:
+                        c.put(j, a)
+            for c in cols:
+                c.rows = n
+        except Exception as e:
+            err = e
         except BaseException:
-            # The other ranks are about to add the first field: fail that add
-            # for all of them rather than leave them waiting for this rank.
-            self._fail_collective(fields[0].var)
+            # The other ranks are about to exchange what they found: fail
+            # that for all of them rather than leave them waiting.
+            self._fail_collective(self._census)
             raise
+        self._settle(err, cols, [])
         done = []
         try:
-            for f, b in zip(fields, bufs):
-                self.store.add(f.var, f.dest(b), **self._backing_of(f))
+            for f, c in zip(self._schema.fields, cols):
+                if f.ragged:
+                    values, lengths = c.ragged(f)
+                    c.clear()
+                    self.store.add_ragged(f.var, f.dest(values), lengths)
+                else:
+                    self.store.add(f.var, f.dest(c.fixed(f)), **self._backing_of(f))
+                    c.clear()
                 done.append(f.var)
-            del bufs
+            del cols
             self._publish_meta()
         except BaseException:
             self._free_quietly(done)
             raise
 
     def _load_chunked(self, source, chunk):
-        fields = self._schema.fields
+        # Fields of one shape are stored chunk by chunk; ragged ones (they
+        # must be declared, or be str or bytes) are gathered whole and added
+        # once every sample is read.
+        fields = [_Field(f.key, f.var, f.shape, f.dtype, f.torch, "ragged", self._declared[f.key])
+                  if f.key in self._declared and not f.ragged else f for f in self._schema.fields]
+        self._schema = _Schema(self._schema.kind, fields)
+        fixed = [k for k, f in enumerate(fields) if not f.ragged]
+        ragged = [k for k, f in enumerate(fields) if f.ragged]
         done = []
         try:
-            for f in fields:
-                self.store.init(f.var, self.hi - self.lo, int(np.prod(f.shape, dtype=np.int64)), dtype=f.dtype,
-                                **self._backing_of(f))
+            for k in fixed:
+                f = fields[k]
+                self.store.init(f.var, self.hi - self.lo, max(1, int(np.prod(f.shape, dtype=np.int64))),
+                                dtype=f.dtype, **self._backing_of(f))
                 done.append(f.var)
+            err = None
+            cols = []
             try:
-                bufs = [np.empty((min(chunk, self.hi - self.lo), *f.shape), f.npdtype) for f in fields]
+                if fixed and any(np.prod(fields[k].shape, dtype=np.int64) == 0 for k in fixed):
+                    k = next(k for k in fixed if np.prod(fields[k].shape, dtype=np.int64) == 0)
+                    raise ArgumentError(f"ddstore: bad argument: dataset {self.name!r}: field {fields[k].key!r} of "
+                                        f"shape {fields[k].shape} holds no items (a field whose sizes vary needs "
+                                        f"ragged= with chunk_size)")
+                cols = self._columns([fields[k] for k in ragged], self.hi - self.lo)
+                bufs = {k: np.empty((min(chunk, self.hi - self.lo), *fields[k].shape), fields[k].npdtype)
+                        for k in fixed}
                 for lo in range(self.lo, self.hi, chunk):
                     hi = min(lo + chunk, self.hi)
-                    part = [b[:hi - lo] for b in bufs]
-                    self._rows(source, lo, hi, part)
-                    for f, b in zip(fields, part):
-                        self.store.update(f.var, f.dest(b), lo - self.lo)
+                    for i, arrays in self._samples(source, lo, hi):
+                        for k in fixed:
+                            a, f = arrays[k], fields[k]
+                            if a.shape != f.shape:
+                                raise ArgumentError(
+                                    f"ddstore: bad argument: sample at index {i}, field {f.key!r}: shape "
+                                    f"{_shape_words(a.shape)}, sample 0 has {_shape_words(f.shape)}: a field whose "
+                                    f"sizes vary is stored ragged: declare it, ragged=[{f.key!r}] (a chunked load "
+                                    f"stores fixed fields before it has seen every sample)")
+                            bufs[k][i - lo] = a
+                        for c, k in zip(cols, ragged):
+                            c.put(i - self.lo, arrays[k])
+                    for k in fixed:
+                        self.store.update(fields[k].var, fields[k].dest(bufs[k][:hi - lo]), lo - self.lo)
+                del bufs
+            except Exception as e:
+                err = e
             except BaseException:
-                # The metadata add that follows is the barrier the other ranks
-                # wait in: fail it for them.
-                self._fail_collective(f"{self.name}/{_META}")
+                self._fail_collective(self._census)
                 raise
+            all_cols = [None] * len(fields)
+            for c, k in zip(cols, ragged):
+                all_cols[k] = c
+            self._settle(err, all_cols, done)
+            for k, c in zip(ragged, cols):
+                f = self._schema.fields[k]
+                values, lengths = c.ragged(f)
+                c.clear()
+                self.store.add_ragged(f.var, f.dest(values), lengths)
+                done.append(f.var)
+            del cols, all_cols
             # Publishing the metadata is collective, so it returns only when
             # every rank has written its rows: a read after construction never
             # sees a zero row another rank has yet to fill.
@@ -308,6 +622,43 @@ class DistDataset(_StoredDataset):
         except BaseException:
             self._free_quietly(done)
             raise
+
+    def _settle(self, err, cols, done):
+        """The census: every rank tells the others the shapes its share's
+        fields had (None on the axes that varied) and the error it met, if
+        any, in one row of a ragged variable; each then reads every row.
+        On an error anywhere every rank raises (the rank that met it, its
+        own exception; the others, one naming that rank and its message),
+        having freed `done`. Otherwise every rank settles the same schema:
+        a field is ragged along the one axis its sizes vary in."""
+        row = {"error": None if err is None else str(err),
+               "shapes": [None if c is None else c.shape for c in cols]}
+        census = self._census
+        try:
+            b = np.frombuffer(json.dumps(row).encode(), np.uint8)
+            self.store.add_ragged(census, b, [b.shape[0]])
+            try:
+                values, lengths = self.store.get_ragged(census, np.arange(self.size))
+            finally:
+                self.store.free(census)
+            off = np.concatenate(([0], np.cumsum(lengths)))
+            rows = [json.loads(values[off[r]:off[r + 1]].tobytes()) for r in range(self.size)]
+            failed = [(r, x["error"]) for r, x in enumerate(rows) if x["error"] is not None]
+            if err is not None:
+                raise err
+            if failed:
+                r, msg = failed[0]
+                raise ArgumentError(f"ddstore: bad argument: dataset {self.name!r}: rank {r} could not load its "
+                                    f"share: {msg}")
+            fields = [_settle_field(self.name, f, [x["shapes"][k] for x in rows], self._declared.get(f.key))
+                      for k, f in enumerate(self._schema.fields)]
+            if self._backing is not None and any(f.ragged for f in fields):
+                raise ArgumentError(f"ddstore: bad argument: dataset {self.name!r}: backing files hold fixed rows: "
+                                    f"ragged fields {[f.key for f in fields if f.ragged]} cannot have them")
+        except BaseException:
+            self._free_quietly(done)
+            raise
+        self._schema = _Schema(self._schema.kind, fields)
 
     def _backing_of(self, f):
         if self._backing is None:
@@ -348,7 +699,9 @@ class DistDatasetReader(_StoredDataset):
     same namespace), read without holding any shard of it: DDStore's split
     mode. The structure comes from `{name}/__meta__` in one lookup; for data
     published otherwise, fields are found as `{name}/__fields__` (dict keys)
-    or `{name}/0`, `{name}/1`, ... and come back as a tuple of flat rows.
+    or `{name}/0`, `{name}/1`, ... and come back as a tuple of flat rows
+    (a ragged variable: as arrays of shape (length, *its trailing shape)).
+    decode(stored, index), as DistDataset's, rebuilds each sample read.
 
     store: an open ddstore.Store (stays the caller's); otherwise one is made
     from comm and closed by close(). n_core and handshake_dir are accepted for
@@ -357,7 +710,7 @@ class DistDatasetReader(_StoredDataset):
     reader attaches.
     """
 
-    def __init__(self, name, store=None, comm=None, n_core=None, handshake_dir=None, device=None):
+    def __init__(self, name, store=None, comm=None, n_core=None, handshake_dir=None, device=None, decode=None):
         owns = store is None
         if owns:
             store = Store(comm)
@@ -367,7 +720,7 @@ class DistDatasetReader(_StoredDataset):
             if owns:
                 store.close()
             raise
-        self._setup(name, store, owns, schema, n, device)
+        self._setup(name, store, owns, schema, n, device, decode)
 
     @staticmethod
     def _discover(store, name):
@@ -395,7 +748,10 @@ class DistDatasetReader(_StoredDataset):
             fields = []
             for k in keys:
                 d = store.describe(f"{name}/{k}")
-                if d["dtype"]:
+                if d.get("kind") == "ragged" and d["dtype"]:
+                    is_torch = d["dtype"] not in ("uint16", "uint32", "uint64")
+                    fields.append(_Field(k, f"{name}/{k}", (None, *d["shape"]), d["dtype"], is_torch, "ragged", 0))
+                elif d["dtype"]:
                     # torch has no wider unsigned types: those stay numpy.
                     is_torch = d["dtype"] not in ("uint16", "uint32", "uint64")
                     fields.append(_Field(k, f"{name}/{k}", (d["disp"],), d["dtype"], is_torch))
@@ -450,7 +806,10 @@ class WindowedDataset(_tud.Dataset):
             self._len = max(0, (n - span) // stride + 1)
         self._ddstore_fast = bool(getattr(ds, "_ddstore_fast", False))
         if self._ddstore_fast:
-            ds._schema.select(fields)  # an unknown field fails here, not at the first read
+            ragged = [f.key for f in ds._schema.select(fields).fields if f.ragged]  # an unknown field fails here
+            if ragged:
+                raise Unsupported(f"ddstore: bad argument: WindowedDataset over ragged fields {ragged}: windows "
+                                  f"stack rows of one shape; pick fixed fields with fields=")
 
     def __len__(self):
         return self._len
@@ -487,9 +846,9 @@ class WindowedDataset(_tud.Dataset):
         schema, arrays, n = self._ddstore_windows(indices, buffers)
         return schema.samples(arrays, n, self.ds.device)
 
-    def _ddstore_collated(self, indices, buffers=None):
+    def _ddstore_collated(self, indices, buffers=None, collate=None):
         schema, arrays, _ = self._ddstore_windows(indices, buffers)
-        return schema.collated(arrays, self.ds.device)
+        return schema.collated(arrays, self.ds.device, collate)
 
     def _fetch(self, rows):
         getitems = getattr(self.ds, "__getitems__", None)

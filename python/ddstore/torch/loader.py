@@ -40,7 +40,11 @@ class ThreadDataLoader:
     accepted and ignored.
 
     With the default collate_fn, a dataset of this module is read a batch at
-    a time into per-field arrays that become the batch tensors directly.
+    a time into per-field arrays that become the batch tensors directly;
+    with ragged fields (see DistDataset), the batch is ddstore.torch.collate's
+    Packed (values and offsets per ragged field). A collate of that module
+    (Packed, Padded, Graphs) given as collate_fn collates the batch as read,
+    without cutting it into samples first.
 
     reuse_buffers: batches are read into preallocated arrays that are reused
     (num_workers * prefetch_factor + 1 sets of them, kept from one
@@ -122,9 +126,12 @@ class ThreadDataLoader:
                 slot["buffers"], slot["rows"] = ds._ddstore_buffers(n), n
             return slot["buffers"]
 
-        if fast and self.collate_fn is None:
+        # A collate of ddstore.torch.collate gets the batch as read, not
+        # samples cut from it.
+        ours = self.collate_fn if hasattr(self.collate_fn, "_ddstore_batch") else None
+        if fast and (self.collate_fn is None or ours is not None):
             def fetch(indices, slot):
-                batch = ds._ddstore_collated(indices, buffers(slot, len(indices)))
+                batch = ds._ddstore_collated(indices, buffers(slot, len(indices)), ours)
                 return _copy(batch) if copies else batch
             return fetch
         collate = self.collate_fn or _default_collate

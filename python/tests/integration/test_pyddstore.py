@@ -309,9 +309,9 @@ def test_torch_module_has_ddstore_names_and_arguments():
     def params(f):
         return list(inspect.signature(f).parameters)
     # DDStore's positional order
-    assert params(pt.DistDataset)[:9] == ["source", "name", "comm", "ddstore_width", "device", "add_device",
-                                          "method", "handshake_dir", "chunk_size"]
-    assert params(pt.DistDatasetReader)[:4] == ["name", "handshake_dir", "n_core", "device"]
+    assert params(pt.DistDataset)[:12] == ["source", "name", "comm", "ddstore_width", "device", "add_device",
+                                           "method", "handshake_dir", "chunk_size", "encode", "decode", "fields"]
+    assert params(pt.DistDatasetReader)[:5] == ["name", "handshake_dir", "n_core", "device", "decode"]
     assert params(pyddstore.PyDDStore)[:8] == ["comm_or_none", "method", "handshake_dir", "n_core", "nic_map",
                                                "rank", "size", "exchange_ns"]
 
@@ -343,6 +343,33 @@ def test_torch_one_process(job):
     finally:
         ds.free()
         ds.close()
+    # DDStore's encode/decode (its example: labels stored as numbers) and fields=.
+    labels = ["cat", "dog", "owl"]
+    pets = [{"x": torch.full((i % 3 + 1,), float(i)), "label": labels[i % 3], "group": i // 4} for i in range(10)]
+    ds = pt.DistDataset(pets, "pets", encode=lambda s: {"x": s["x"], "label": labels.index(s["label"])},
+                        decode=lambda d, i: {**d, "label": labels[int(d["label"])], "i": i})
+    try:
+        for i in range(10):
+            got = ds[i]
+            assert got["label"] == pets[i]["label"] and got["i"] == i and torch.equal(got["x"], pets[i]["x"])
+        rd = pt.DistDatasetReader("pets", decode=lambda d, i: labels[int(d["label"])])
+        try:
+            assert [rd[i] for i in range(3)] == labels
+        finally:
+            rd.close()
+    finally:
+        ds.free()
+        ds.close()
+    ds = pt.DistDataset(pets, "pets2", fields=["group", "label"])
+    try:
+        got = ds[5]
+        assert ds.fields == ["group", "label"] and list(got) == ["group", "label"]
+        assert int(got["group"]) == 1 and got["label"] == "owl"
+    finally:
+        ds.free()
+        ds.close()
+    with pytest.raises(ValueError, match="fields= cannot be combined with encode="):
+        pt.DistDataset(pets, "pets3", fields=["x"], encode=lambda s: s)
 
 
 # -- two ranks on two simulated nodes ------------------------------------------------

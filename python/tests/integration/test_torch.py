@@ -179,14 +179,32 @@ def test_dataset_arguments(store):
         DistDataset(TensorDataset(torch.zeros(0, 3)), "e", store=store)
 
     class Ragged(Dataset):
+        def __init__(self, bad=None):
+            self.bad = bad
+
         def __len__(self):
             return 3
 
         def __getitem__(self, i):
+            if i == 2 and self.bad == "rank":
+                return torch.zeros(3, 1)
+            if i == 2 and self.bad == "dtype":
+                return torch.zeros(3, dtype=torch.float64)
             return torch.zeros(2 + (i == 2))
 
-    with pytest.raises(ValueError, match="index 2.*fixed shapes"):
-        DistDataset(Ragged(), "r", store=store)
+    # A field whose size varies is stored ragged (test_torch_ragged.py);
+    # one that changes rank or dtype is refused, naming the sample.
+    r = DistDataset(Ragged(), "r", store=store)
+    assert r.ragged_fields == [0] and r[2].shape == (3,) and r[0].shape == (2,)
+    with pytest.raises(ValueError, match=r"index 2, field 0: float32 of shape \(3, 1\) \(2 dimensions\), sample 0 "
+                                         r"has float32 of shape \(2,\) \(1 dimensions\)"):
+        DistDataset(Ragged("rank"), "r2", store=store)
+    with pytest.raises(ValueError, match=r"index 2, field 0: float64 .* sample 0 has float32"):
+        DistDataset(Ragged("dtype"), "r2", store=store)
+    with pytest.raises(ValueError, match=r"index 2, field 0: shape \(3,\), sample 0 has \(2,\).*ragged=\[0\]"):
+        DistDataset(Ragged(), "r2", store=store, chunk_size=2)
+    r2 = DistDataset(Ragged(), "r2", store=store, chunk_size=2, ragged=[0])  # the name still works
+    assert r2[2].shape == (3,) and r2.ragged_fields == [0]
 
 
 # -- windows and ConcatDataset rows ------------------------------------------------

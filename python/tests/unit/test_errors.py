@@ -71,7 +71,12 @@ def test_dataset_arguments():
     _raises(ddstore.ArgumentError, ValueError, DistDataset, t, "d", chunk_size=0)
     _raises(ddstore.ArgumentError, ValueError, DistDataset, t, "d", capacity=9)
     _raises(ddstore.ArgumentError, ValueError, DistDataset, t, "d", capacity=2)  # no backing files
-    _raises(ddstore.ArgumentTypeError, TypeError, DistDataset, ["text"], "d")
+    _raises(ddstore.ArgumentTypeError, TypeError, DistDataset, [{"text"}], "d")  # str is a field, a set is not
+    _raises(ddstore.ArgumentTypeError, TypeError, DistDataset, [{"a": None}], "d")
+    _raises(ddstore.ArgumentTypeError, TypeError, DistDataset, t, "d", encode="pickle")
+    _raises(ddstore.ArgumentError, ValueError, DistDataset, t, "d", encode=lambda s: 1 / 0)  # on sample 0
+    _raises(ddstore.ArgumentTypeError, TypeError, DistDataset, t, "d", ragged=0)
+    _raises(ddstore.ArgumentError, ValueError, DistDataset, t, "d", ragged={0: 1})
     _raises(ddstore.ArgumentTypeError, TypeError, DistDataset, [{1: torch.zeros(2)}], "d")
     _raises(ddstore.ArgumentError, ValueError, DistDataset, [{"__meta__": torch.zeros(2)}], "d")
     _raises(ddstore.ArgumentTypeError, TypeError, DistDataset, t, "d", capacity=2, backing=3)

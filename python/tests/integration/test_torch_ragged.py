@@ -1,0 +1,457 @@
+"""Samples whose fields vary in size, against real agents: graphs (x and pos
+[n_i, ...], edge_index [2, e_i], a label, a name, bytes), sequences, and
+pickled objects through encode/decode; every sample and batch compared
+with one built naively from the source; ThreadDataLoader, forked DataLoader
+workers, ScheduledSampler, BudgetSampler, a reader store, and ranks on two
+simulated nodes; bad samples failing the load on every rank."""
+
+import inspect
+import pickle
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+import ddstore  # noqa: E402
+from conftest import run_ranks  # noqa: E402
+from ddstore.torch import (BudgetSampler, DistDataset, DistDatasetReader, Graphs, Packed, Padded,  # noqa: E402
+                           ScheduledSampler, ThreadDataLoader, WindowedDataset)
+
+EDGES = {"edge_index": "x"}
+
+
+class Molecules(Dataset):
+    """Graphs of 0 to 11 nodes (a node-less one too), 0 to 29 edges; each
+    value tells its graph and place, so a misplaced one never passes."""
+
+    def __init__(self, n=53, seed=5):
+        rng = np.random.default_rng(seed)
+        self.nodes = rng.integers(1, 12, n)
+        self.nodes[3] = 0
+        self.edges = rng.integers(0, 30, n)
+        self.edges[3] = 0
+        self.edges[7] = 0
+        self.seed = seed
+
+    def __len__(self):
+        return len(self.nodes)
+
+    def __getitem__(self, i):
+        rng = np.random.default_rng(self.seed * 1000 + i)
+        n, e = int(self.nodes[i]), int(self.edges[i]) if self.nodes[i] else 0
+        x = torch.from_numpy(i * 100 + np.arange(n * 4, dtype=np.float32).reshape(n, 4) / 8)
+        pos = rng.standard_normal((n, 3))  # numpy float64: comes back numpy
+        edge_index = torch.from_numpy(rng.integers(0, max(n, 1), (2, e))) if n else torch.zeros(2, 0,
+                                                                                               dtype=torch.int64)
+        return {"x": x, "pos": pos, "edge_index": edge_index, "y": torch.tensor(float(i) / 3),
+                "name": f"mol-{i}-é" * (i % 3), "raw": bytes(range(i % 7))}
+
+
+class Sentences(Dataset):
+    def __init__(self, n=41):
+        self.lengths = np.random.default_rng(9).integers(0, 17, n)
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def __getitem__(self, i):
+        return torch.arange(int(self.lengths[i]), dtype=torch.int32) + 1000 * i, i % 5
+
+
+def same(a, b, where="value"):
+    """Same structure, types, dtypes, shapes and values."""
+    assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a.dtype}{tuple(a.shape)} != " \
+                                                          f"{b.dtype}{tuple(b.shape)}"
+        assert torch.equal(a, b), f"{where}: values differ"
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a.dtype}{a.shape} != {b.dtype}{b.shape}"
+        np.testing.assert_array_equal(a, b, err_msg=where)
+    elif isinstance(a, dict):
+        assert list(a) == list(b), f"{where}: keys {list(a)} != {list(b)}"
+        for k in a:
+            same(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"{where}: length {len(a)} != {len(b)}"
+        for k, (x, y) in enumerate(zip(a, b)):
+            same(x, y, f"{where}[{k}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def naive_graphs(samples):
+    """PyTorch Geometric's batch of dict graphs, written out the long way."""
+    out, shift = {}, 0
+    xs, pos, ei, ys, batch = [], [], [], [], []
+    for j, s in enumerate(samples):
+        n = s["x"].shape[0]
+        xs.append(s["x"])
+        pos.append(torch.as_tensor(s["pos"]))
+        ei.append(s["edge_index"] + shift)
+        ys.append(s["y"])
+        batch += [j] * n
+        shift += n
+    out = {"x": torch.cat(xs), "pos": torch.cat(pos), "edge_index": torch.cat(ei, 1), "y": torch.stack(ys),
+           "name": [s["name"] for s in samples], "raw": [s["raw"] for s in samples],
+           "batch": torch.tensor(batch, dtype=torch.int64)}
+    counts = [s["x"].shape[0] for s in samples]
+    out["ptr"] = torch.tensor(np.concatenate(([0], np.cumsum(counts))), dtype=torch.int64)
+    return out
+
+
+def naive_padded(samples, value=0):
+    toks = [s[0] for s in samples]
+    longest = max(len(t) for t in toks)
+    pad = torch.full((len(toks), longest), value, dtype=toks[0].dtype)
+    for j, t in enumerate(toks):
+        pad[j, :len(t)] = t
+    return [(pad, torch.tensor([len(t) for t in toks])), torch.tensor([s[1] for s in samples])]
+
+
+def naive_packed(samples):
+    toks = [s[0] for s in samples]
+    off = torch.tensor(np.concatenate(([0], np.cumsum([len(t) for t in toks]))), dtype=torch.int64)
+    return [(torch.cat(toks), off), torch.tensor([s[1] for s in samples])]
+
+
+@pytest.fixture
+def store(job):
+    s = ddstore.Store()
+    yield s
+    s.close()
+
+
+def check_samples(ds, src):
+    assert len(ds) == len(src)
+    for i in range(len(src)):
+        same(ds[i], src[i], f"sample {i}")
+    order = np.random.default_rng(1).permutation(len(src)).tolist() + [3, 3]
+    for lo in range(0, len(order), 9):
+        b = order[lo:lo + 9]
+        for i, got in zip(b, ds.__getitems__(b)):
+            same(got, src[i], f"__getitems__ sample {i}")
+
+
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_graph_dataset(store, chunk):
+    src = Molecules()
+    kw = {} if chunk is None else dict(chunk_size=chunk, ragged={"x": 0, "pos": 0, "edge_index": 1})
+    ds = DistDataset(src, "g", store=store, **kw)
+    assert ds.ragged_fields == ["x", "pos", "edge_index", "name", "raw"]
+    # How it is stored: the varying axis first, edges as [e_i, 2] units.
+    d = store.describe("g/edge_index")
+    assert d["kind"] == "ragged" and d["shape"] == [2] and d["total_items"] == int(src.edges.sum() - src.edges[3])
+    assert store.describe("g/x")["shape"] == [4] and store.describe("g/name")["dtype"] == "uint8"
+    assert store.describe("g/y")["kind"] != "ragged"
+    assert ds.sizes().tolist() == src.nodes.tolist()
+    assert ds.sizes("edge_index", [7, 0]).tolist() == [0, src.edges[0]]
+    check_samples(ds, src)
+    assert ds[1]["edge_index"].is_contiguous() and ds.__getitems__([2])[0]["edge_index"].is_contiguous()
+    check_samples(DistDatasetReader("g", store=store), src)
+    with pytest.raises(ddstore.Unsupported, match=r"ragged fields \['x'"):
+        WindowedDataset(ds, 2)
+    WindowedDataset(ds, 2, fields=["y"])  # fixed fields window as before
+
+
+def test_graph_batches(store):
+    src = Molecules()
+    ds = DistDataset(src, "g", store=store)
+    sampler = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(range(len(src))), 8, False)
+    batches = list(sampler)
+    for workers in (0, 2):
+        got = list(ThreadDataLoader(ds, batch_sampler=sampler, num_workers=workers, collate_fn=Graphs(edges=EDGES)))
+        assert len(got) == len(batches)
+        for b, g in zip(batches, got):
+            same(g, naive_graphs([src[i] for i in b]), f"batch {b}")
+    # The collate over samples (torch's DataLoader path) gives the same.
+    same(Graphs(edges=EDGES)(ds.__getitems__(batches[1])), naive_graphs([src[i] for i in batches[1]]))
+    # reuse_buffers: ragged buffers grow to the largest batch and are reused.
+    loader = ThreadDataLoader(ds, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(3),
+                              num_workers=2, reuse_buffers=True, collate_fn=Graphs(edges=EDGES))
+    order = list(torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(
+        range(len(src)), generator=torch.Generator().manual_seed(3)), 16, False))
+    torch.empty((), dtype=torch.int64).random_(generator=torch.Generator().manual_seed(3))
+    for epoch in range(2):
+        n = 0
+        for g in loader:
+            n += g["ptr"].shape[0] - 1
+            assert g["batch"].shape[0] == g["x"].shape[0]
+        assert n == len(src)
+    assert len(order) == len(loader)
+
+
+def test_forked_dataloader_workers(store):
+    src = Molecules(40)
+    ds = DistDataset(src, "g", store=store)
+    ds[0]  # the parent holds live connections the children must not use
+    kw = dict(batch_size=6, shuffle=True, collate_fn=Graphs(edges=EDGES, ds=ds))
+    ref = list(DataLoader(src, generator=torch.Generator().manual_seed(4), **kw))
+    got = list(DataLoader(ds, num_workers=2, multiprocessing_context="fork", timeout=30,
+                          generator=torch.Generator().manual_seed(4), **kw))
+    same(got, ref)
+    threads = list(ThreadDataLoader(ds, num_workers=2, generator=torch.Generator().manual_seed(4), **kw))
+    same(threads, ref)
+    check_samples(ds, src)  # the parent still reads
+
+
+def test_sequences_padded_packed(store):
+    src = Sentences()
+    ds = DistDataset(src, "s", store=store)
+    assert ds.ragged_fields == [0]
+    b = [4, 0, 17, 17, 40]
+    same(ThreadDataLoader(ds, batch_sampler=[b], collate_fn=Padded(value=-1)).__iter__().__next__(),
+         naive_padded([src[i] for i in b], -1))
+    same(Padded(value=-1)([src[i] for i in b]), naive_padded([src[i] for i in b], -1))
+    # ThreadDataLoader's default over ragged fields: Packed.
+    same(next(iter(ThreadDataLoader(ds, batch_sampler=[b]))), naive_packed([src[i] for i in b]))
+    same(next(iter(ThreadDataLoader(ds, batch_sampler=[b], collate_fn=Packed()))), naive_packed([src[i] for i in b]))
+    # A collate_fn of one's own gets the samples.
+    got = next(iter(ThreadDataLoader(ds, batch_sampler=[b], collate_fn=lambda s: [len(t) for t, _ in s])))
+    assert got == [len(src[i][0]) for i in b]
+    # bfloat16 and bool rows, ragged, with reused buffers.
+    half = [(torch.randn(k % 4 + 1, 2).to(torch.bfloat16), torch.arange(k % 3) > 0) for k in range(9)]
+    h = DistDataset(half, "h", store=store)
+    assert h.ragged_fields == [0, 1]
+    check_samples(h, half)
+    for (v, off), (m, moff) in ThreadDataLoader(h, batch_size=4, reuse_buffers=True, num_workers=1):
+        assert v.dtype == torch.bfloat16 and m.dtype == torch.bool and off.shape == moff.shape
+    # Edges padded along their own (last) axis.
+    g = DistDataset(Molecules(12), "g", store=store)
+    pad, lens = Padded(ds=g)(g.__getitems__([1, 2]))["edge_index"]
+    e = [g[1]["edge_index"], g[2]["edge_index"]]
+    assert pad.shape == (2, 2, max(t.shape[1] for t in e)) and lens.tolist() == [t.shape[1] for t in e]
+    assert torch.equal(pad[1, :, :lens[1]], e[1])
+
+
+class Objects(Dataset):
+    """Samples no tensor can hold: sets, a class instance, None."""
+
+    def __len__(self):
+        return 17
+
+    def __getitem__(self, i):
+        return {"tags": {f"t{i}", i}, "point": Point(i, -i), "none": None, "x": torch.full((i % 4,), float(i))}
+
+
+class Point:
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def __eq__(self, o):
+        return isinstance(o, Point) and (o.a, o.b) == (self.a, self.b)
+
+
+def test_encode_decode_and_bad_objects(store):
+    src = Objects()
+    enc = lambda s: {"blob": pickle.dumps({k: v for k, v in s.items() if k != "x"}), "x": s["x"]}  # noqa: E731
+    dec = lambda d, i: {**pickle.loads(d["blob"]), "x": d["x"], "index": i}  # noqa: E731
+    ds = DistDataset(src, "o", store=store, encode=enc, decode=dec)
+    assert ds.ragged_fields == ["blob", "x"]
+    for i in range(len(src)):
+        got, want = ds[i], src[i]
+        assert got["tags"] == want["tags"] and got["point"] == want["point"] and got["none"] is None
+        assert torch.equal(got["x"], want["x"]) and got["index"] == i
+    got = ds.__getitems__([5, 2])
+    assert [g["index"] for g in got] == [5, 2] and got[0]["point"] == Point(5, -5)
+    # A loader collates the decoded samples with the collate given.
+    batch = next(iter(ThreadDataLoader(ds, batch_sampler=[[1, 2, 3]], collate_fn=lambda s: [g["index"] for g in s])))
+    assert batch == [1, 2, 3]
+    rd = DistDatasetReader("o", store=store, decode=dec)
+    assert rd[9]["point"] == Point(9, -9)
+
+    # Without encode: the value and what is expected, named.
+    with pytest.raises(TypeError, match=r"field 'tags': a set \(\{.*\}\): want a tensor.*encode="):
+        DistDataset(src, "bad", store=store)
+
+    # encode that cannot serialise a sample: the sample, the error.
+    class Unpicklable(Objects):
+        def __getitem__(self, i):
+            s = super().__getitem__(i)
+            if i == 11:
+                s["tags"] = lambda: 0
+            return s
+
+    with pytest.raises(ValueError, match=r"encode failed on the sample at index 11 \(a dict\): .*(Pickl|pickle)"):
+        DistDataset(Unpicklable(), "bad", store=store, encode=enc)
+    # encode that returns what cannot be stored.
+    with pytest.raises(TypeError, match=r"sample at index 0, field 'p': a Point"):
+        DistDataset(src, "bad", store=store, encode=lambda s: {"p": s["point"]})
+    with pytest.raises(TypeError, match="encode of type int"):
+        DistDataset(src, "bad", store=store, encode=3)
+    # After all that, the name and the store work.
+    ok = DistDataset(src, "bad", store=store, encode=enc, decode=dec)
+    assert ok[16]["point"] == Point(16, -16)
+
+
+def test_shapes_that_cannot_be_ragged(store):
+    class Images(Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return torch.zeros(2 + i, 3 + i)
+
+    with pytest.raises(ValueError, match=r"field 0 varies in axes \[0, 1\].*want one varying axis"):
+        DistDataset(Images(), "im", store=store)
+    with pytest.raises(ValueError, match=r"field 0 .* varies in axes \[0, 1\], declared ragged along axis 0"):
+        DistDataset(Images(), "im", store=store, ragged=[0])
+    with pytest.raises(ValueError, match=r"ragged field 0 along axis 2"):
+        DistDataset(Images(), "im", store=store, ragged={0: 2})
+    with pytest.raises(ValueError, match=r"ragged field 'nope'"):
+        DistDataset(Images(), "im", store=store, ragged=["nope"])
+
+
+def test_budget_sampler_over_a_dataset(store):
+    src = Molecules(60)
+    ds = DistDataset(src, "g", store=store)
+    calls = store.get_profile("g/x")["calls"]
+    sampler = BudgetSampler(ds, budget=40, field="x", seed=3)
+    assert store.get_profile("g/x")["calls"] == calls  # the sizes alone: no row read
+    loader = ThreadDataLoader(ds, batch_sampler=sampler, num_workers=2, collate_fn=Graphs(edges=EDGES))
+    seen = []
+    for g in loader:
+        assert g["x"].shape[0] <= 40
+        seen += (g["ptr"][1:] - g["ptr"][:-1]).tolist()
+    assert sorted(seen) == sorted(src.nodes.tolist())  # one rank: every graph once, no padding
+    with pytest.raises(ValueError, match=r"sample \d+ has size 11, above the budget 10"):
+        BudgetSampler(ds, budget=10)
+    # Resumed mid-epoch behind a prefetching loader: the rest of the epoch
+    # is what the uninterrupted run got.
+    sampler.set_epoch(1)
+    full = [g["y"].tolist() for g in loader]
+    it = iter(loader)
+    for _ in range(4):
+        next(it)
+        sampler.consumed()
+    state = sampler.state_dict()
+    del it
+    again = BudgetSampler(ds, budget=40, field="x")
+    again.load_state_dict(state)
+    rest = [g["y"].tolist() for g in ThreadDataLoader(ds, batch_sampler=again, num_workers=2,
+                                                          collate_fn=Graphs(edges=EDGES))]
+    assert state["step"] == 4 and rest == full[4:]
+
+
+TWO_RANKS = r"""
+import sys, numpy as np, torch, ddstore
+from torch.utils.data import Dataset
+from ddstore.torch import (BudgetSampler, DistDataset, DistDatasetReader, Graphs, ScheduledSampler,
+                           ThreadDataLoader)
+EDGES = {"edge_index": "x"}
+""" + inspect.getsource(Molecules) + inspect.getsource(same) + inspect.getsource(naive_graphs) + r"""
+chunk = int(sys.argv[1]) or None
+src = Molecules(45)
+kw = {} if chunk is None else dict(chunk_size=chunk, ragged={"x": 0, "pos": 0, "edge_index": 1})
+ds = DistDataset(src, "g", **kw)
+s = ds.store
+r, P = s.rank, s.size
+for i in np.random.default_rng(r).permutation(len(src)).tolist():
+    same(ds[i], src[i], f"rank {r} sample {i}")
+sampler = ScheduledSampler(ds, batch_size=5, seed=2)
+n = 0
+for b, g in zip(list(sampler), ThreadDataLoader(ds, batch_sampler=sampler, num_workers=2,
+                                                 collate_fn=Graphs(edges=EDGES))):
+    same(g, naive_graphs([src[i] for i in b]), f"rank {r} batch {b}")
+    n += 1
+assert n == len(sampler)
+# The budget sampler: every rank the same number of steps, within budget,
+# each graph once across the ranks but for the padding of the last round.
+bs = BudgetSampler(ds, budget=30, seed=4)
+mine = [i for b in bs for i in b]
+steps = len(bs)
+print("rank", r, "remote", s.get_profile("g/x")["remote_rows"], "steps", steps, "samples",
+      ",".join(map(str, mine)))
+# A reader store of this job (split mode): it holds no shard.
+if r == 0:
+    rd = ddstore.Store(rank=0, size=1, spawn=False, reader=True)
+    rds = DistDatasetReader("g", store=rd)
+    for i in range(len(src)):
+        same(rds[i], src[i], f"reader sample {i}")
+    g = next(iter(ThreadDataLoader(rds, batch_size=9, collate_fn=Graphs(edges=EDGES))))
+    same(g, naive_graphs([src[i] for i in range(9)]), "reader batch")
+    rd.close()
+s.add("done", np.zeros((1, 1), np.uint8))  # rank 1 serves its rows until the reader is done
+s.close()
+"""
+
+
+@pytest.mark.parametrize("chunk", ["0", "4"])
+def test_two_ranks_on_two_nodes(job, chunk):
+    outs = run_ranks(TWO_RANKS, ["a", "b"], job, timeout=120, args=(chunk,))
+    words = [o.split() for o in outs]
+    assert all(int(w[3]) > 0 for w in words), outs  # every rank read graphs of the other node
+    assert words[0][5] == words[1][5], outs
+    every = [int(x) for w in words for x in w[7].split(",")]
+    assert set(every) == set(range(45)), outs
+
+
+FAILING = r"""
+import sys, pickle, numpy as np, torch, ddstore
+from ddstore.torch import DistDataset
+
+class Src(torch.utils.data.Dataset):
+    def __init__(self, bad):
+        self.bad = bad
+    def __len__(self):
+        return 20
+    def __getitem__(self, i):
+        x = torch.arange(i % 5, dtype=torch.float32)
+        if i == 15 and self.bad == "dtype":
+            x = x.double()
+        if i == 15 and self.bad == "object":
+            return {"x": x, "o": lambda: i}
+        return {"x": x, "o": [i]}
+
+s = ddstore.Store()
+enc = lambda d: {"x": d["x"], "o": pickle.dumps(d["o"])}
+for chunk in (None, 3):
+    try:
+        DistDataset(Src(sys.argv[1]), "f", store=s, encode=enc, chunk_size=chunk, ragged=["x"] if chunk else None)
+    except Exception as e:
+        print("ERR", type(e).__name__, str(e).replace("\n", " "))
+    else:
+        print("OK")
+ok = DistDataset(Src(None), "f", store=s, encode=enc)   # the store and the name still work
+assert pickle.loads(ok[15]["o"]) == [15] and ok[14]["x"].shape == (4,)
+print("DONE")
+s.close()
+"""
+
+
+@pytest.mark.parametrize("bad,what", [
+    ("dtype", r"sample at index 15, field 'x': float64 of shape \(0,\) \(1 dimensions\), sample 0 has float32"),
+    ("object", r"encode failed on the sample at index 15 \(a dict\): .*ickl"),
+])
+def test_a_bad_sample_on_one_rank_fails_every_rank(job, bad, what):
+    """Rank 1's share holds the bad sample: it raises its own error, rank 0
+    one naming rank 1 and the same message, whole and chunked; then both
+    load again."""
+    import re
+    outs = run_ranks(FAILING, ["a", "b"], job, timeout=90, args=(bad,))
+    for r, o in enumerate(outs):
+        lines = o.splitlines()
+        assert len(lines) == 3 and lines[2] == "DONE", outs
+        for line in lines[:2]:
+            assert line.startswith("ERR"), outs
+            assert re.search(what, line), (r, line)
+            if r == 0:
+                assert "rank 1 could not load its share" in line, line
+
+
+def test_reader_of_ragged_variables_without_metadata(store):
+    """A ragged variable published by add_ragged alone (DDStore's
+    convention of name/0, name/1, ...): a field of arrays (length,
+    *trailing)."""
+    vals = np.arange(21, dtype=np.float32).reshape(7, 3)
+    store.add_ragged("rr/0", vals, [4, 0, 3])
+    store.add("rr/1", np.arange(3, dtype=np.int64) * 5)
+    rd = DistDatasetReader("rr", store=store)
+    assert rd.ragged_fields == [0] and len(rd) == 3
+    same(rd[0], (torch.from_numpy(vals[:4]), torch.tensor([0])))
+    same(rd[1], (torch.zeros(0, 3), torch.tensor([5])))
+    (v, off), y = next(iter(ThreadDataLoader(rd, batch_sampler=[[2, 0]])))
+    assert torch.equal(v, torch.from_numpy(np.concatenate([vals[4:], vals[:4]]))) and off.tolist() == [0, 3, 7]
+    assert y.tolist() == [[10], [0]]

@@ -1,0 +1,142 @@
+"""The collates of samples that vary in size (Packed, Padded, Graphs) over
+plain lists of samples, and BudgetSampler over given sizes: no agent."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import ddstore  # noqa: E402
+from ddstore.torch import BudgetSampler, Graphs, Packed, Padded  # noqa: E402
+
+
+def graph(n, e, seed):
+    g = torch.Generator().manual_seed(seed)
+    return {"x": torch.randn(n, 3, generator=g), "edge_index": torch.randint(0, max(n, 1), (2, e), generator=g),
+            "y": torch.tensor(seed, dtype=torch.int64), "name": f"g{seed}"}
+
+
+def test_graphs_follow_pyg_convention():
+    gs = [graph(3, 4, 0), graph(0, 0, 1), graph(5, 2, 2), graph(2, 3, 3)]
+    b = Graphs(edges={"edge_index": "x"})(gs)
+    assert list(b) == ["x", "edge_index", "y", "name", "batch", "ptr"]
+    assert torch.equal(b["x"], torch.cat([g["x"] for g in gs]))
+    assert torch.equal(b["edge_index"], torch.cat([gs[0]["edge_index"], gs[1]["edge_index"],
+                                                   gs[2]["edge_index"] + 3, gs[3]["edge_index"] + 8], 1))
+    assert b["batch"].tolist() == [0, 0, 0, 2, 2, 2, 2, 2, 3, 3]
+    assert b["ptr"].tolist() == [0, 3, 3, 8, 10] and b["y"].tolist() == [0, 1, 2, 3]
+    assert b["name"] == ["g0", "g1", "g2", "g3"]
+    # Graphs of one size (nothing varies in the batch) batch the same way.
+    same = [graph(2, 2, k) for k in range(3)]
+    b = Graphs(edges={"edge_index": "x"}, ptr=None, batch="graph")(same)
+    assert "ptr" not in b and b["graph"].tolist() == [0, 0, 1, 1, 2, 2]
+    assert b["edge_index"].shape == (2, 6) and torch.equal(b["edge_index"][:, 4:], same[2]["edge_index"] + 4)
+
+
+def test_graphs_bad_input():
+    gs = [graph(3, 4, 0), graph(1, 1, 1)]
+    with pytest.raises(ddstore.ArgumentError, match=r"edge field 'edges' not in the samples' fields"):
+        Graphs(edges={"edges": "x"})(gs)
+    with pytest.raises(ddstore.ArgumentError, match=r"a field 'y', the name of the batch's batch vector"):
+        Graphs(edges={"edge_index": "x"}, batch="y")(gs)
+    with pytest.raises(TypeError, match="want dict samples"):
+        Graphs()([(torch.zeros(2),), (torch.zeros(3),)])
+    with pytest.raises(TypeError, match="want a dict edge field"):
+        Graphs(edges="edge_index")
+    bad = [graph(3, 4, 0), {**graph(1, 1, 1), "x": torch.zeros(1, 3, dtype=torch.float64)}]
+    with pytest.raises(ddstore.ArgumentError, match=r"field 'x' of sample 1 of the batch: torch.float64"):
+        Graphs(edges={"edge_index": "x"})(bad)
+    with pytest.raises(ddstore.ArgumentError, match="non-empty list"):
+        Graphs()([])
+
+
+def test_packed_and_padded():
+    seqs = [(torch.arange(3), 1), (torch.arange(0), 2), (torch.arange(5) + 10, 3)]
+    (vals, off), labels = Packed()(seqs)
+    assert vals.tolist() == [0, 1, 2, 10, 11, 12, 13, 14] and off.tolist() == [0, 3, 3, 8]
+    assert labels.tolist() == [1, 2, 3]
+    (pad, lens), _ = Padded(value=-1)(seqs)
+    assert lens.tolist() == [3, 0, 5]
+    assert pad.tolist() == [[0, 1, 2, -1, -1], [-1] * 5, [10, 11, 12, 13, 14]]
+    # Declared ragged: equal lengths in a batch still come packed.
+    even = [(torch.arange(2), 0), (torch.arange(2), 1)]
+    assert isinstance(Packed()(even)[0], torch.Tensor)
+    (v, off), _ = Packed(ragged=[0])(even)
+    assert off.tolist() == [0, 2, 4]
+    # Along another axis: [2, e] edges padded along their last axis.
+    e = [{"e": torch.ones(2, 3)}, {"e": torch.ones(2, 1)}]
+    pad, lens = Padded()(e)["e"]
+    assert pad.shape == (2, 2, 3) and lens.tolist() == [3, 1] and pad[1, :, 1:].abs().sum() == 0
+    v, off = Packed()(e)["e"]
+    assert v.shape == (2, 4) and off.tolist() == [0, 3, 4]
+    with pytest.raises(ddstore.ArgumentError, match=r"differ in axes \[0, 1\]"):
+        Packed()([torch.zeros(2, 2), torch.zeros(3, 3)])
+
+
+def test_budget_sampler_batches():
+    sizes = np.random.default_rng(0).integers(0, 50, 500)
+    s = BudgetSampler(None, budget=200, sizes=sizes, seed=7)
+    for epoch in range(3):
+        s.set_epoch(epoch)
+        batches = list(s)
+        assert len(batches) == len(s)
+        flat = [i for b in batches for i in b]
+        assert sorted(flat) == list(range(500))  # one rank: each sample once
+        assert all(sizes[b].sum() <= 200 for b in batches)
+        # greedy: the next sample would not have fitted
+        assert all(sizes[b].sum() + sizes[n[0]] > 200 for b, n in zip(batches, batches[1:]))
+    # Deterministic: a sampler made again deals the same; another epoch another.
+    t = BudgetSampler(None, budget=200, sizes=sizes, seed=7)
+    t.set_epoch(2)
+    assert list(t) == batches
+    t.set_epoch(1)
+    assert list(t) != batches
+    assert list(BudgetSampler(None, budget=200, sizes=sizes, seed=7, shuffle=False))[0][:3] == [0, 1, 2]
+
+
+def test_budget_sampler_ranks_padded_cost_and_resume():
+    sizes = np.random.default_rng(1).integers(1, 30, 301)
+    ranks = [BudgetSampler(None, budget=100, sizes=sizes, seed=3, rank=r, ranks=3) for r in range(3)]
+    steps = {len(r) for r in ranks}
+    assert len(steps) == 1  # every rank the same steps
+    every = [i for r in ranks for b in r for i in b]
+    assert set(every) == set(range(301)) and len(every) - 301 < 3 * max(len(b) for b in ranks[0].batches())
+    dropped = [BudgetSampler(None, budget=100, sizes=sizes, seed=3, rank=r, ranks=3, drop_last=True) for r in range(3)]
+    assert len(set(i for r in dropped for b in r for i in b)) == sum(len(b) for r in dropped for b in r)
+    p = BudgetSampler(None, budget=100, sizes=sizes, cost="padded", max_samples=6, seed=3)
+    for b in p:
+        assert len(b) * sizes[b].max() <= 100 and len(b) <= 6
+    # Resume mid-epoch: the rest is what an uninterrupted run yields.
+    a = BudgetSampler(None, budget=100, sizes=sizes, seed=3, rank=1, ranks=3)
+    a.set_epoch(4)
+    full = list(a)
+    it = iter(a)
+    for _ in range(5):
+        next(it)
+    a.consumed(3)
+    state = a.state_dict()
+    assert state["step"] == 3 and state["epoch"] == 4
+    b = BudgetSampler(None, budget=100, sizes=sizes, seed=0, rank=1, ranks=3)
+    b.load_state_dict(state)
+    assert list(b) == full[3:] and b.seed == 3
+    with pytest.raises(ddstore.ArgumentError, match=r"budget 100 in the state, 99 here"):
+        BudgetSampler(None, budget=99, sizes=sizes, rank=1, ranks=3).load_state_dict(state)
+    other = sizes.copy()
+    other[0] += 1
+    with pytest.raises(ddstore.ArgumentError, match="sizes_digest"):
+        BudgetSampler(None, budget=100, sizes=other, rank=1, ranks=3).load_state_dict(state)
+
+
+def test_budget_sampler_bad_input():
+    with pytest.raises(ddstore.ArgumentError, match=r"BudgetSampler: sample 2 has size 9, above the budget 8"):
+        BudgetSampler(None, budget=8, sizes=[1, 2, 9])
+    with pytest.raises(ddstore.ArgumentError, match=r"BudgetSampler: sizes\[1\] = -1"):
+        BudgetSampler(None, budget=8, sizes=[1, -1])
+    with pytest.raises(ddstore.ArgumentError, match=r"BudgetSampler: budget 0: want an integer >= 1"):
+        BudgetSampler(None, budget=0, sizes=[1])
+    with pytest.raises(ddstore.ArgumentError, match="BudgetSampler: cost 'max'"):
+        BudgetSampler(None, budget=8, sizes=[1], cost="max")
+    with pytest.raises(ddstore.ArgumentError, match="tells no sizes: pass sizes="):
+        BudgetSampler([1, 2], budget=8)
+    with pytest.raises(ddstore.ArgumentError, match="3 sizes for a dataset of 2 samples"):
+        BudgetSampler([1, 2], budget=8, sizes=[1, 1, 1])
