@@ -76,7 +76,20 @@ def _backing_specs(name, schema, backing):
     if missing or extra:
         raise ArgumentError(f"ddstore: bad argument: dataset {name!r}: backing files for {list(specs)}, fields are "
                             f"{keys}")
-    return {k: os.fspath(specs[k]) for k in keys}
+    out = {}
+    for k in keys:
+        v = specs[k]
+        if isinstance(v, (list, tuple)):
+            if len(v) != 2 or not all(isinstance(x, (str, os.PathLike)) for x in v):
+                raise ArgumentError(f"ddstore: bad argument: dataset {name!r}: backing of field {k!r} is {v!r}: want "
+                                    f"a file, or for a ragged field a pair (VALUES, OFFSETS)")
+            out[k] = (os.fspath(v[0]), os.fspath(v[1]))
+        elif isinstance(v, (str, os.PathLike)):
+            out[k] = os.fspath(v)
+        else:
+            raise ArgumentTypeError(f"ddstore: bad argument: dataset {name!r}: backing of field {k!r} of type "
+                                    f"{type(v).__name__}: want a file name, or a pair of them")
+    return out
 
 
 def _read_json(store, var):
@@ -430,7 +443,10 @@ class DistDataset(_StoredDataset):
     names, for every field, the file that holds it whole, in the source's
     order — a .npy file, or an HDF5 dataset as "FILE:DATASET" (a str for a
     single-field dataset, else a dict field key -> spec, or a list in field
-    order). ScheduledSampler(capacity=...) then deals samples so that each
+    order); for a ragged field, a pair (VALUES, OFFSETS) of such specs: its
+    rows concatenated along the varying axis, which comes first in the file
+    (an edge_index [2, e_i] is a file of shape (sum e, 2)), and the N + 1
+    offsets (Store.add_ragged's backing). ScheduledSampler(capacity=...) then deals samples so that each
     step's reads from the files are few, spread evenly and prefetched.
 
     Indices are 0..N-1; negative ones raise IndexError, as in DDStore.
@@ -544,7 +560,7 @@ class DistDataset(_StoredDataset):
                 if f.ragged:
                     values, lengths = c.ragged(f)
                     c.clear()
-                    self.store.add_ragged(f.var, f.dest(values), lengths)
+                    self.store.add_ragged(f.var, f.dest(values), lengths, **self._backing_of(f))
                 else:
                     self.store.add(f.var, f.dest(c.fixed(f)), **self._backing_of(f))
                     c.clear()
@@ -564,6 +580,7 @@ class DistDataset(_StoredDataset):
         self._schema = _Schema(self._schema.kind, fields)
         fixed = [k for k, f in enumerate(fields) if not f.ragged]
         ragged = [k for k, f in enumerate(fields) if f.ragged]
+        self._check_backing(fields)
         done = []
         try:
             for k in fixed:
@@ -612,7 +629,7 @@ class DistDataset(_StoredDataset):
                 f = self._schema.fields[k]
                 values, lengths = c.ragged(f)
                 c.clear()
-                self.store.add_ragged(f.var, f.dest(values), lengths)
+                self.store.add_ragged(f.var, f.dest(values), lengths, **self._backing_of(f))
                 done.append(f.var)
             del cols, all_cols
             # Publishing the metadata is collective, so it returns only when
@@ -652,13 +669,25 @@ class DistDataset(_StoredDataset):
                                     f"share: {msg}")
             fields = [_settle_field(self.name, f, [x["shapes"][k] for x in rows], self._declared.get(f.key))
                       for k, f in enumerate(self._schema.fields)]
-            if self._backing is not None and any(f.ragged for f in fields):
-                raise ArgumentError(f"ddstore: bad argument: dataset {self.name!r}: backing files hold fixed rows: "
-                                    f"ragged fields {[f.key for f in fields if f.ragged]} cannot have them")
+            self._check_backing(fields)
         except BaseException:
             self._free_quietly(done)
             raise
         self._schema = _Schema(self._schema.kind, fields)
+
+    def _check_backing(self, fields):
+        """A ragged field's backing is a pair, a fixed one's one file."""
+        if self._backing is None:
+            return
+        for f in fields:
+            spec = self._backing[f.key]
+            pair = isinstance(spec, tuple)
+            if f.ragged != pair:
+                want = ("a pair (VALUES, OFFSETS): its rows' units, the varying axis first, and the offsets"
+                        if f.ragged else "one file of its rows")
+                raise ArgumentError(f"ddstore: bad argument: dataset {self.name!r}: field {f.key!r} is "
+                                    f"{'ragged' if f.ragged else 'fixed'}, its backing {spec!r} is "
+                                    f"{'a pair' if pair else 'one file'}: want {want}")
 
     def _backing_of(self, f):
         if self._backing is None:

@@ -156,6 +156,73 @@ def test_graph_dataset(store, chunk):
     WindowedDataset(ds, 2, fields=["y"])  # fixed fields window as before
 
 
+class PlainGraphs(Dataset):
+    """Molecules without their str and bytes fields: what a backing file of
+    numeric datasets holds."""
+
+    def __init__(self, n=53):
+        self.src = Molecules(n)
+
+    def __len__(self):
+        return len(self.src)
+
+    def __getitem__(self, i):
+        s = self.src[i]
+        return {"x": s["x"], "pos": s["pos"], "edge_index": s["edge_index"], "y": s["y"]}
+
+
+def write_graph_file(path, src):
+    """The flat layout of ragged data in one HDF5 file: each field's rows
+    concatenated along the varying axis, first in the file (edges as
+    [sum e, 2]), and the offsets of nodes and of edges."""
+    import h5py
+    samples = [src[i] for i in range(len(src))]
+    nodes = np.concatenate(([0], np.cumsum([s["x"].shape[0] for s in samples])))
+    edges = np.concatenate(([0], np.cumsum([s["edge_index"].shape[1] for s in samples])))
+    with h5py.File(path, "w") as f:
+        f["x"] = np.concatenate([s["x"].numpy() for s in samples])
+        f["pos"] = np.concatenate([s["pos"] for s in samples])
+        f["edge_index"] = np.concatenate([s["edge_index"].numpy().T for s in samples])
+        f["y"] = np.array([s["y"].item() for s in samples], np.float32)
+        f["node_offsets"], f["edge_offsets"] = nodes, edges
+    return {"x": (f"{path}:/x", f"{path}:/node_offsets"), "pos": (f"{path}:/pos", f"{path}:/node_offsets"),
+            "edge_index": (f"{path}:/edge_index", f"{path}:/edge_offsets"), "y": f"{path}:/y"}
+
+
+@pytest.mark.parametrize("chunk", [None, 6])
+def test_graphs_larger_than_memory(store, tmp_path, chunk):
+    """capacity and backing with ragged fields: samples [0, C) in memory,
+    the others read from the file's values and offsets, every sample and
+    batch the source's; a pair for a fixed field, or one file for a ragged
+    one, is refused naming the field."""
+    pytest.importorskip("h5py")
+    src = PlainGraphs()
+    backing = write_graph_file(str(tmp_path / "g.h5"), src)
+    kw = {} if chunk is None else dict(chunk_size=chunk, ragged={"x": 0, "pos": 0, "edge_index": 1})
+    ds = DistDataset(src, "gb", store=store, capacity=20, backing=backing, **kw)
+    assert store.describe("gb/x")["backing"] and store.describe("gb/edge_index")["shape"] == [2]
+    check_samples(ds, src)
+    assert store.get_profile("gb/x")["storage_rows"] > 0
+    order = np.random.default_rng(2).permutation(len(src))
+    for lo in range(0, len(src), 8):
+        b = order[lo:lo + 8].tolist()
+        g = next(iter(ThreadDataLoader(ds, batch_sampler=[b], collate_fn=Graphs(edges=EDGES))))
+        same(g, {k: v for k, v in naive_graphs_plain([src[i] for i in b]).items()}, f"batch {b}")
+    ds.free()
+    for key, spec, what in (("y", ("a.h5:/y", "a.h5:/o"), "field 'y' is fixed, its backing"),
+                            ("x", str(tmp_path / "g.h5") + ":/x", "field 'x' is ragged, its backing")):
+        bad = dict(backing, **{key: spec})
+        with pytest.raises(ddstore.ArgumentError, match=what):
+            DistDataset(src, "gb", store=store, capacity=20, backing=bad, **kw)
+    DistDataset(src, "gb", store=store, capacity=20, backing=backing, **kw).free()  # the name works again
+
+
+def naive_graphs_plain(samples):
+    g = naive_graphs([dict(s, name="", raw=b"") for s in samples])
+    del g["name"], g["raw"]
+    return g
+
+
 def test_graph_batches(store):
     src = Molecules()
     ds = DistDataset(src, "g", store=store)
