@@ -20,18 +20,29 @@ before them, as graph libraries collate):
   structure pickled into bytes, every rank's bytes one uint8 variable, the
   offsets an allgather of sizes and a cumulative sum, each structure read
   by a byte-range get() of its own in a Dataset under PyTorch's DataLoader;
-* ddstore: every rank adds its share of the flat file (the structures
-  [r N / P, (r + 1) N / P)) as ragged variables, one per field (atomic
-  numbers, edges, edge lengths) and a fixed one for the energies; a batch
-  is one get_ragged per field, rows of other ranks included.
+* ddstore: a DistDataset of the structures (ddstore.torch: one ragged
+  variable per field whose size varies, atomic numbers, edges, edge
+  lengths, and a fixed one for the energies), every rank holding its share
+  [r N / P, (r + 1) N / P); ScheduledSampler("random") and ThreadDataLoader
+  with the Graphs collate: a batch is one get_ragged per field, rows of
+  other ranks included;
+* ddstore-locality: the same DistDataset holding only the prefix of the
+  structures that fills --capacity of the set's bytes (0.5), the agents
+  reading the others from the flat file's values and offsets, coalesced
+  and ahead of use; ScheduledSampler("locality") with each structure's
+  bytes and the byte budget (the schedule pins that prefix, deals each
+  step's storage reads by bytes and announces them two steps ahead).
 
-Both deal each epoch's permutation (ddstore.schedule.permutation of the
-seed and the epoch) as DistributedSampler does with drop_last, so each rank
-trains on the same batches in the same order with either loader, and the
-losses agree (a check of the data path). Per epoch the job records the
+All deal each epoch's permutation (ddstore.schedule.permutation of the seed
+and the epoch) over the same global batches; all but ddstore-locality as
+DistributedSampler does with drop_last, so each rank trains on the same
+batches in the same order and the losses agree (a check of the data path);
+ddstore-locality's ranks take other shares of each global batch (equal
+losses but for the order of the sums). Per epoch the job records the
 time the loop waited for batches (loading time, largest rank), the epoch
 time, the storage reads (files opened by the baseline; structures read
-from the file by the agents for ddstore, none once loaded) and the training
+from the file by the agents for ddstore, none once loaded; the hit rate and
+the planned byte hit rate against the schedule's bounds) and the training
 loss (the mean over the epoch's structures of the squared error of the
 energy per atom, eV^2).
 """
@@ -51,7 +62,7 @@ from . import data
 
 __all__ = ["LOADERS", "DEFAULTS", "add_arguments", "config", "run", "rank_main", "report", "graph_batch"]
 
-LOADERS = ("baseline", "pyddstore-bytes", "ddstore")
+LOADERS = ("baseline", "pyddstore-bytes", "ddstore", "ddstore-locality")
 DEFAULTS = {"samples": 512, "epochs": 4, "batch": 16, "ranks": 2}
 FIELDS = ("z", "edge_index", "dist")  # what the network reads; plus the energy
 
@@ -69,6 +80,8 @@ def add_arguments(p):
                    help=f"processes P started here (default {d['ranks']}; under a launcher, its own)")
     p.add_argument("--nodes", type=int, default=1, help="simulated nodes for the ranks started here (default 1)")
     p.add_argument("--workers", type=int, default=0, help="DataLoader processes of the baseline (default 0)")
+    p.add_argument("--capacity", type=float, default=0.5,
+                   help="memory of ddstore-locality, a fraction of the set's bytes (default 0.5)")
     p.add_argument("--data", default=None,
                    help="dataset directory (default: $TMPDIR/ddstore-gnn-N; generated when missing)")
     p.add_argument("--seed", type=int, default=0, help="seed of the epochs' order and the model (default 0)")
@@ -85,11 +98,14 @@ def config(a, ranks):
             raise ValueError(f"--{name} {getattr(a, name)}: want >= 1")
     if a.workers < 0:
         raise ValueError(f"--workers {a.workers}: want >= 0")
+    if not 0 < a.capacity <= 1:
+        raise ValueError(f"--capacity {a.capacity}: want a fraction of the set's bytes in (0, 1]")
     if a.batch * ranks > a.samples:
         raise ValueError(f"--batch {a.batch} x {ranks} ranks above --samples {a.samples}: not one global batch")
     d = os.path.abspath(a.data or os.path.join(tempfile.gettempdir(), f"ddstore-gnn-{a.samples}"))
     return {"loaders": _loaders(a.loaders), "samples": a.samples, "epochs": a.epochs, "batch": a.batch,
             "ranks": ranks, "data": d, "seed": a.seed, "workers": a.workers, "lr": a.lr, "data_seed": 0,
+            "capacity": a.capacity,
             "flat": os.path.join(d, data.FLAT_NAME),
             "files": [os.path.join(d, data.FILES_DIR, data.file_name(i)) for i in range(a.samples)]}
 
@@ -99,15 +115,35 @@ def ensure_data(cfg):
         data.generate(cfg["data"], cfg["samples"], seed=cfg["data_seed"])
 
 
+def check_binary(cfg):
+    """ddstore-locality has the agents read the flat HDF5 file: refuse early
+    when the binary cannot."""
+    if "ddstore-locality" not in cfg["loaders"]:
+        return
+    import subprocess
+    from ddstore import Error, _agent
+    try:
+        b = _agent.find_binary()
+        v = subprocess.run([b, "version"], capture_output=True, text=True, timeout=30).stdout
+    except (Error, OSError, subprocess.SubprocessError) as e:
+        raise ValueError(f"cannot run the ddstore binary: {e}") from None
+    if "with HDF5" not in v:
+        raise ValueError(f"the ddstore binary {b} is built without HDF5, and ddstore-locality reads the dataset's "
+                         f"HDF5 file through the agents: rebuild it with libhdf5-dev installed (make deps build), or "
+                         f"run --loaders baseline pyddstore-bytes ddstore")
+
+
 def run(a):
     """`python -m ddstore_bench.gnn train`: returns the exit status."""
     if under_launcher():
         cfg = config(a, int(os.environ["WORLD_SIZE"]))
+        check_binary(cfg)
         result = rank_main(cfg, generate=True)
         if result is not None:
             _print(result, a.json)
         return 0
     cfg = config(a, a.ranks)
+    check_binary(cfg)
     ensure_data(cfg)
     say(f"gnn train: starting {cfg['ranks']} ranks ({', '.join(cfg['loaders'])})")
     rc, result = launch_ranks(cfg, "ddstore_bench.gnn.train", a.nodes, "gnn")
@@ -186,6 +222,10 @@ class _Loader:
     def batches(self, e):
         return epoch_batches(self.cfg["seed"], e, self.cfg["samples"], self.ranks, self.rank, self.cfg["batch"])
 
+    def prepare(self, e):
+        """Before epoch e, outside its timing: plan it (the schedule is known
+        before the epoch)."""
+
     def take_storage(self):
         s, self.storage = self.storage, 0
         return s
@@ -224,36 +264,158 @@ class _ListSampler:
         return len(self.order)
 
 
-class InMemory(_Loader):
-    name = "ddstore"
+class FlatStructures:
+    """The flat file as a map-style dataset of structures ({z, edge_index
+    [2, e], dist, energy}, PyTorch Geometric's orientation), a contiguous
+    range read at a time: what DistDataset loads each rank's share from."""
+
+    def __init__(self, path):
+        import h5py
+        self.path = path
+        with h5py.File(path, "r") as f:
+            self.ao, self.eo = f["atom_offsets"][()], f["edge_offsets"][()]
+
+    def __len__(self):
+        return len(self.ao) - 1
+
+    def __getitem__(self, i):
+        return self.__getitems__([i])[0]
+
+    def __getitems__(self, indices):
+        import h5py
+        idx = [int(i) for i in indices]
+        if not idx:
+            return []
+        lo, hi = min(idx), max(idx) + 1
+        ao, eo = self.ao, self.eo
+        with h5py.File(self.path, "r") as f:
+            z, energy = f["z"][ao[lo]:ao[hi]], f["energy"][lo:hi]
+            ei, dist = f["edge_index"][eo[lo]:eo[hi]], f["dist"][eo[lo]:eo[hi]]
+        out = []
+        for i in idx:
+            a0, a1, e0, e1 = ao[i] - ao[lo], ao[i + 1] - ao[lo], eo[i] - eo[lo], eo[i + 1] - eo[lo]
+            out.append({"z": z[a0:a1], "edge_index": np.ascontiguousarray(ei[e0:e1].T), "dist": dist[e0:e1],
+                        "energy": energy[i - lo]})
+        return out
+
+
+def flat_sizes(path):
+    """Each structure's bytes in the store: z (1 B an atom), edge_index (8 B
+    an edge), dist (4 B an edge), energy (8 B)."""
+    import h5py
+    with h5py.File(path, "r") as f:
+        na, ne = np.diff(f["atom_offsets"][()]), np.diff(f["edge_offsets"][()])
+    return (na + 12 * ne + 8).astype(np.int64)
+
+
+class _Stored(_Loader):
+    """DistDataset (one ragged variable per varying field) + ScheduledSampler
+    + ThreadDataLoader with the Graphs collate: ddstore and
+    ddstore-locality."""
+
+    policy = "random"
+
+    def dataset_args(self):
+        return {}
+
+    def sampler_args(self):
+        return {}
 
     def setup(self):
-        import h5py
-        c, P, r = self.cfg, self.ranks, self.rank
-        n = c["samples"]
-        lo, hi = r * n // P, (r + 1) * n // P
-        self.vars = {k: f"gnn-{k}" for k in FIELDS + ("energy",)}
-        with h5py.File(c["flat"], "r") as f:
-            ao, eo = f["atom_offsets"][lo:hi + 1], f["edge_offsets"][lo:hi + 1]
-            self.store.add_ragged(self.vars["z"], f["z"][ao[0]:ao[-1]], np.diff(ao))
-            for k in ("edge_index", "dist"):
-                self.store.add_ragged(self.vars[k], f[k][eo[0]:eo[-1]], np.diff(eo))
-            self.store.add(self.vars["energy"], f["energy"][lo:hi])
-        self.storage += hi - lo
-        self.energy = np.empty(c["batch"], np.float64)
+        from ddstore.torch import DistDataset, Graphs, ScheduledSampler, ThreadDataLoader
+        c = self.cfg
+        self.var = f"gnn-{self.name}"
+        self.ds = DistDataset(FlatStructures(c["flat"]), self.var, store=self.store, **self.dataset_args())
+        self.storage += self.ds.hi - self.ds.lo
+        self.sampler = ScheduledSampler(self.ds, c["batch"], seed=c["seed"], policy=self.policy, drop_last=True,
+                                        epochs=c["epochs"], **self.sampler_args())
+        self.loader = ThreadDataLoader(self.ds, batch_sampler=self.sampler,
+                                       collate_fn=Graphs(edges={"edge_index": "z"}))
+        self._prof = self._profile()
+
+    def prepare(self, e):
+        self.sampler.set_epoch(e)
+        self.sampler.plan(e, hits=self.policy == "locality")  # cached for the iteration
+
+    def _profile(self):
+        p = self.store.get_profile(f"{self.var}/z")
+        return p["rows"], p["storage_rows"]
 
     def epoch(self, e):
-        st, v = self.store, self.vars
-        for idx in self.batches(e):
-            z, natoms = st.get_ragged(v["z"], idx)
-            ei, nedges = st.get_ragged(v["edge_index"], idx)
-            dist, _ = st.get_ragged(v["dist"], idx)
-            st.get_batch(v["energy"], self.energy, idx)
-            yield graph_batch(idx, z, natoms, ei, nedges, dist, self.energy.copy())
+        self.sampler.set_epoch(e)
+        for g in self.loader:
+            ptr = g["ptr"].numpy()
+            yield {"index": None, "z": g["z"], "edge_index": g["edge_index"].long(), "dist": g["dist"],
+                   "batch": g["batch"], "energy": g["energy"].double(),
+                   "natoms": torch_from(np.diff(ptr).astype(np.float64)), "n": len(ptr) - 1}
+        rows, storage = self._profile()
+        self.storage += storage - self._prof[1]
+        self._prof = (rows, storage)
 
     def close(self):
-        for name in self.vars.values():
-            self.store.free(name)
+        self.ds.free()
+
+
+def torch_from(a):
+    import torch
+    return torch.from_numpy(a)
+
+
+class InMemory(_Stored):
+    """The whole set in the ranks' memory; ScheduledSampler("random") deals
+    the permutation as DistributedSampler does: the baseline's batches."""
+
+    name = "ddstore"
+
+
+class Locality(_Stored):
+    """Half the set's bytes (--capacity) in memory, a prefix of the
+    structures; the agents read the others from the flat file's values and
+    offsets, coalesced and ahead of use; ScheduledSampler("locality") with
+    the structures' sizes and the byte budget."""
+
+    name = "ddstore-locality"
+    policy = "locality"
+
+    def setup(self):
+        self.sizes = flat_sizes(self.cfg["flat"])
+        self.budget = int(self.cfg["capacity"] * int(self.sizes.sum()))
+        rpn = self.store.local_size if self.ranks % max(1, self.store.local_size) == 0 else 1
+        self.summary = schedule_summary(self.sizes, self.budget, self.ranks, rpn, self.cfg)
+        self.held = int(self.summary["pinned_samples"])
+        super().setup()
+
+    def dataset_args(self):
+        h5 = self.cfg["flat"]
+        return {"capacity": self.held, "backing": {
+            "z": (f"{h5}:/z", f"{h5}:/atom_offsets"), "edge_index": (f"{h5}:/edge_index", f"{h5}:/edge_offsets"),
+            "dist": (f"{h5}:/dist", f"{h5}:/edge_offsets"), "energy": f"{h5}:/energy"}}
+
+    def sampler_args(self):
+        return {"sizes": self.sizes, "capacity_bytes": self.budget, "prefetch": 2}
+
+    def planned_bytes(self, e):
+        """(bytes, of them from storage) this rank reads in epoch e, as
+        planned."""
+        p = self.sampler.plan(e, hits=True)
+        return [int(p.bytes.sum()), int(p.storage_bytes.sum())]
+
+
+def schedule_summary(sizes, budget, ranks, rpn, cfg):
+    """The schedule's summary under a budget of bytes: among its figures,
+    pinned_samples, how many structures (a prefix) locality pins, which is
+    what the dataset holds in memory, and the hit rates' bounds."""
+    import subprocess
+    import tempfile
+    from ddstore import _agent
+    with tempfile.NamedTemporaryFile(suffix=".npy") as f:
+        np.save(f, sizes)
+        f.flush()
+        out = subprocess.run([_agent.find_binary(), "schedule", "--sizes", f.name, "--capacity-bytes", str(budget),
+                              "--ranks", str(ranks), "--ranks-per-node", str(rpn), "--batch", str(cfg["batch"]),
+                              "--epochs", "1", "--policy", "locality", "--json"],
+                             capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
 
 
 class PackedBytes(_Loader):
@@ -322,7 +484,8 @@ class _BytesDataset:
 
 
 def make_loader(name, cfg, store, ranks, rank):
-    return {"baseline": Baseline, "ddstore": InMemory, "pyddstore-bytes": PackedBytes}[name](cfg, store, ranks, rank)
+    return {"baseline": Baseline, "ddstore": InMemory, "pyddstore-bytes": PackedBytes,
+            "ddstore-locality": Locality}[name](cfg, store, ranks, rank)
 
 
 # -- one rank ---------------------------------------------------------------------------
@@ -370,6 +533,7 @@ def rank_main(cfg, generate=False):
     for e in range(E):
         for run_ in runs:
             loader, model, opt = run_["loader"], run_["model"], run_["opt"]
+            loader.prepare(e)
             a1 = agent.counters()
             dist.barrier()
             load_s, loss_sum, n, errors, seen = 0.0, 0.0, 0, 0, []
@@ -383,8 +547,9 @@ def rank_main(cfg, generate=False):
                     load_s += time.perf_counter() - tl
                     break
                 load_s += time.perf_counter() - tl
-                errors += data_index.check(b)
-                seen.extend(b["index"].tolist())
+                idx, bad = data_index.check(b)
+                errors += bad
+                seen.extend(idx.tolist())
                 pred = model(b["z"], b["edge_index"], b["dist"], b["batch"], b["n"])
                 losses = per_structure_loss(pred.double(), b["energy"], b["natoms"])
                 opt.zero_grad()
@@ -394,8 +559,10 @@ def rank_main(cfg, generate=False):
                 n += b["n"]
             epoch_s = time.perf_counter() - t0
             dist.barrier()
+            planned = loader.planned_bytes(e) if hasattr(loader, "planned_bytes") else None
             run_["epochs"].append({"load_s": load_s, "epoch_s": epoch_s, "samples": n, "loss_sum": loss_sum,
                                    "storage": loader.take_storage(), "errors": errors, "seen": seen,
+                                   "planned_bytes": planned,
                                    "agent": NodeAgent.delta(a1, agent.counters())})
             log(f"{run_['name']}: epoch {e + 1}/{E}: {epoch_s:.2f} s, waited {load_s:.3f} s for data, "
                 f"loss {loss_sum / max(n, 1):.6f} (rank 0)")
@@ -403,6 +570,7 @@ def rank_main(cfg, generate=False):
     for run_ in runs:
         run_["loader"].close()
         mine = {k: run_[k] for k in ("setup_s", "setup_storage", "setup_agent", "epochs")}
+        mine["schedule"] = getattr(run_["loader"], "summary", None)
         gathered = [None] * ranks
         dist.all_gather_object(gathered, mine)
         if rank == 0:
@@ -419,9 +587,10 @@ def rank_main(cfg, generate=False):
 
 
 class _EnergyIndex:
-    """Which structure each graph of a batch is and whether its rows are
-    that structure's: its energy and its atom and edge counts, from the
-    flat file."""
+    """Which structure each graph of a batch is, by its energy (EMT's, of
+    rattled atoms: no two alike), and whether its rows are that structure's:
+    its atom and edge counts, and the index the loader says where it says
+    one. check returns (indices, -1 for an unknown energy; errors)."""
 
     def __init__(self, path):
         import h5py
@@ -429,13 +598,21 @@ class _EnergyIndex:
             self.energy = f["energy"][()]
             self.natoms = np.diff(f["atom_offsets"][()])
             self.nedges = np.diff(f["edge_offsets"][()])
+        self.by_energy = {e.tobytes(): i for i, e in enumerate(self.energy)}
+        if len(self.by_energy) != len(self.energy):
+            raise ValueError(f"{path}: two structures of the same energy: graphs cannot be told apart by it")
 
     def check(self, b):
-        idx = b["index"].numpy()
+        energy = b["energy"].numpy()
+        idx = np.array([self.by_energy.get(e.tobytes(), -1) for e in energy], np.int64)
         nat = b["natoms"].numpy().astype(np.int64)
         ned = np.bincount(b["batch"].numpy()[b["edge_index"].numpy()[0]], minlength=len(idx))
-        bad = (self.energy[idx] != b["energy"].numpy()) | (self.natoms[idx] != nat) | (self.nedges[idx] != ned)
-        return int(bad.sum())
+        known = idx >= 0
+        bad = ~known
+        bad[known] |= (self.natoms[idx[known]] != nat[known]) | (self.nedges[idx[known]] != ned[known])
+        if b["index"] is not None:
+            bad |= b["index"].numpy() != idx
+        return idx, int(bad.sum())
 
 
 def summarize(per_rank, cfg):
@@ -460,15 +637,25 @@ def summarize(per_rank, cfg):
         "repeated_per_epoch": [len(s) - len(set(s)) for s in seen],
         "setup_seconds": max(r["setup_s"] for r in per_rank),
         "setup_storage_reads": sum(r["setup_storage"] for r in per_rank),
+        "hit_rate_per_epoch": [1 - sum(x["storage"] for x in ep) / max(n, 1) for ep, n in zip(eps, samples)],
+        "planned_byte_hit_rate_per_epoch": [_byte_hit_rate(ep) for ep in eps],
+        "schedule": per_rank[0]["schedule"],
     }
+
+
+def _byte_hit_rate(ep):
+    p = [x["planned_bytes"] for x in ep if x["planned_bytes"] is not None]
+    if not p:
+        return None
+    return 1 - sum(b[1] for b in p) / max(sum(b[0] for b in p), 1)
 
 
 def report(r):
     out = [f"gnn train: {r['ranks']} ranks, {r['samples']} structures, batch {r['batch']} per rank, "
            f"{r['epochs']} epochs, seed {r['seed']}, baseline workers {r['workers']}", f"data: {r['data']}", ""]
     base = r["loaders"].get("baseline")
-    rows = [("loader", "loading s", "x shorter", "epoch s", "storage reads/epoch", "set-up s", "loss (last)",
-             "max dloss", "errors")]
+    rows = [("loader", "loading s", "x shorter", "epoch s", "storage reads/epoch", "hit rate", "set-up s",
+             "loss (last)", "max dloss", "errors")]
     for name, s in r["loaders"].items():
         out.append(f"{'*' * 12} {name} {'*' * 12}")
         out.append(f"DataLoading time: {s['loading_seconds']:.3f} s; per epoch "
@@ -478,6 +665,13 @@ def report(r):
         out.append(f"Storage reads per epoch: {fmt_list(s['storage_reads_per_epoch'], 'd')} of "
                    f"{fmt_list(s['samples_per_epoch'], 'd')} structures; set-up {s['setup_seconds']:.2f} s, "
                    f"{s['setup_storage_reads']} structures loaded into memory")
+        out.append(f"Hit rate per epoch: {fmt_list(s['hit_rate_per_epoch'], '.3f')}")
+        if s["schedule"] is not None:
+            sc = s["schedule"]
+            out.append(f"Memory: {sc['capacity_bytes']} of {sc['total_bytes']} bytes, {sc['pinned_samples']} "
+                       f"structures pinned; bounds: sample hit rate {sc['sample_bound']:.3f}, byte hit rate "
+                       f"{sc['byte_bound']:.3f}; planned byte hit rate "
+                       f"{fmt_list(s['planned_byte_hit_rate_per_epoch'], '.3f')}")
         out.append(BAR)
         out.append("")
         shorter = dl = "-"
@@ -488,7 +682,8 @@ def report(r):
             dl = f"{max(d):.1e}" if d else "-"
         rows.append((name, f"{s['loading_seconds']:.3f}", shorter,
                      f"{float(np.median(s['epoch_seconds_per_epoch'])):.3f}",
-                     f"{float(np.mean(s['storage_reads_per_epoch'])):.0f}", f"{s['setup_seconds']:.2f}",
+                     f"{float(np.mean(s['storage_reads_per_epoch'])):.0f}",
+                     f"{float(np.mean(s['hit_rate_per_epoch'])):.3f}", f"{s['setup_seconds']:.2f}",
                      f"{s['train_loss_per_epoch'][-1]:.6f}", dl, str(s["content_errors"])))
     out.append("Comparison (loading: time the loops waited for batches, summed over epochs, largest rank; epoch s: "
                "median; x shorter: baseline loading / loading; max dloss: largest relative difference of an epoch's "
