@@ -358,11 +358,36 @@ func (a *Agent) createShard(m wire.Shard) (string, error) {
 			return path, nil
 		}
 		a.shardBytes.Add(-n)
+		err = fmt.Errorf("variable %q: rank %d's shard: %w", m.Name, m.Rank, err)
 	}
 	if len(v.segs) == 0 {
 		delete(a.mu.vars, m.Name)
 	}
+	if len(a.mu.createErrs) >= maxCreateErrs {
+		clear(a.mu.createErrs) // clients that never sent their failed Publish
+	}
+	a.mu.createErrs[createKey{m.Name, m.Rank, m.Attempt}] = err.Error()
 	return "", err
+}
+
+// createKey names one rank's Create of a variable: its client's failed
+// Publish of the same attempt takes the reason the Create failed.
+type createKey struct {
+	name          string
+	rank, attempt int64
+}
+
+// maxCreateErrs bounds the reasons kept for failed Publishes to come.
+const maxCreateErrs = 1024
+
+// createErr takes the reason rank's Create of m failed here, "" if none.
+func (a *Agent) createErr(m wire.Shard) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	k := createKey{m.Name, m.Rank, m.Attempt}
+	why := a.mu.createErrs[k]
+	delete(a.mu.createErrs, k)
+	return why
 }
 
 // heldBytes is the data of the shards v holds on this node.
@@ -432,6 +457,9 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) 
 					a.takeBack(v, int(m.Rank), seg)
 				}
 			}
+			if m.Why == "" {
+				m.Why = a.createErr(m)
+			}
 			m.Failed, m.Node = true, a.cfg.Node
 			pctx, cancel := context.WithTimeout(ctx, a.cfg.JoinTimeout)
 			_, cerr := a.coordPublish(pctx, m)
@@ -483,7 +511,7 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) 
 		if seg != nil {
 			a.takeBack(v, int(m.Rank), seg)
 		}
-		m.Failed = true
+		m.Failed, m.Why = true, bad.Error()
 		a.publish(ctx, m) // fails the round for every rank
 		return nil, bad
 	}

@@ -384,9 +384,10 @@ func (s *Segment) CheckOffsets(first int64) error {
 	return nil
 }
 
-// Create makes a new, zero-filled segment (tmpfs gives zero pages lazily, so
-// an Init of any size costs nothing until rows are written). It fails with
-// ErrExists if the file is there.
+// Create makes a new, zero-filled segment, its pages reserved (Reserve), so
+// that nothing mapping it faults for want of room. It fails with ErrExists
+// if the file is there, and with ErrArgument naming the bytes wanted and
+// free when the filesystem has no room for it; either way no file is left.
 func Create(path string, h Header) (*Segment, error) {
 	if err := checkHeader(h); err != nil {
 		return nil, err
@@ -411,6 +412,10 @@ func Create(path string, h Header) (*Segment, error) {
 		unix.Unlink(path)
 		return nil, fmt.Errorf("ddstore: size segment %s to %d bytes: %w", path, size, err)
 	}
+	if err := Reserve(fd, size); err != nil {
+		unix.Unlink(path)
+		return nil, fmt.Errorf("segment %s: %w", path, err)
+	}
 	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		unix.Unlink(path)
@@ -420,6 +425,53 @@ func Create(path string, h Header) (*Segment, error) {
 	seg := &Segment{Path: path, Header: h, mem: mem}
 	seg.slices()
 	return seg, nil
+}
+
+// Reserve allocates the first size bytes of the file behind fd: on tmpfs
+// (/dev/shm) a file's pages are otherwise taken only when first written,
+// and a write through a mapping that finds the filesystem full is a SIGBUS
+// that kills the writer, whether the agent writing a header or a client
+// copying its rows in. With the pages reserved, writes into the file
+// cannot fault for want of room; without room, Reserve fails with
+// ErrArgument naming the bytes wanted and those free. A filesystem without
+// fallocate (not tmpfs, which has it since Linux 3.5) gets a check of its
+// free space instead, which another writer may overtake.
+func Reserve(fd int, size int64) error {
+	var err error
+	for {
+		if err = unix.Fallocate(fd, 0, 0, size); err != unix.EINTR {
+			break
+		}
+	}
+	switch err {
+	case nil:
+		return nil
+	case unix.EOPNOTSUPP, unix.ENOSYS:
+		if free, total, ok := freeBytes(fd); ok && size > free {
+			return noRoom(size, free, total, err)
+		}
+		return nil
+	case unix.ENOSPC, unix.ENOMEM, unix.EFBIG:
+		free, total, _ := freeBytes(fd)
+		return noRoom(size, free, total, err)
+	}
+	return fmt.Errorf("ddstore: reserve %d bytes of shared memory: %w", size, err)
+}
+
+// freeBytes is what the filesystem of fd has free for this user, and its
+// size.
+func freeBytes(fd int) (free, total int64, ok bool) {
+	var st unix.Statfs_t
+	if unix.Fstatfs(fd, &st) != nil {
+		return 0, 0, false
+	}
+	return int64(st.Bavail) * st.Bsize, int64(st.Blocks) * st.Bsize, true
+}
+
+func noRoom(want, free, total int64, err error) error {
+	mib := func(n int64) float64 { return float64(n) / (1 << 20) }
+	return base.Errorf(base.ErrArgument, "%d bytes (%.1f MiB) wanted in %s, which has %d bytes (%.1f MiB) free of %.1f MiB (%v): no room for the segment; free shared memory there, or enlarge it",
+		want, mib(want), Dir, free, mib(free), mib(total), err)
 }
 
 // Open maps an existing segment, read-only unless writable, after checking
