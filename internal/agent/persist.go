@@ -174,14 +174,16 @@ func (a *Agent) adoptVar(mv manifestVar) (*variable, int64, error) {
 	err := v.setTable(a, t)
 	if err == nil && t.Ragged() && mv.Index != "" {
 		// The index is the agent's own file; one that does not match the
-		// table is left out and built again on first use.
-		// Writable, as a made one is, so that its drop can mark it.
+		// table is removed (marked dropped first, for a client that may
+		// still map it) and built again, under a name of its own, on first
+		// use. Writable, as a made one is, so that its drop can mark it.
 		if idx, ierr := shm.Open(mv.Index, true); ierr == nil {
 			if h := idx.Header; h.Kind == shm.KindIndex && h.Rows == v.lay.Held() && h.Items == v.rag.first[len(v.rag.first)-1] && idx.CheckOffsets(0) == nil && !idx.Dropped() {
 				v.index = idx
 				n += idx.Bytes()
 			} else {
 				idx.Close()
+				shm.Discard(mv.Index)
 			}
 		}
 	}

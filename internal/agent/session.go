@@ -351,7 +351,7 @@ func (a *Agent) createShard(m wire.Shard) (string, error) {
 	})
 	if err == nil {
 		done()
-		path := shm.SegmentPath(a.cfg.Namespace, a.cfg.Node, m.Name, int(m.Rank))
+		path := shm.SegmentPath(a.cfg.Namespace, a.cfg.Node, m.Name, int(m.Rank), shm.NewNonce())
 		var seg *shm.Segment
 		if seg, err = shm.Create(path, h); err == nil {
 			v.segs[int(m.Rank)] = seg

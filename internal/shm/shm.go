@@ -6,6 +6,7 @@
 package shm
 
 import (
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -143,30 +144,52 @@ func Escape(s string) string {
 	return b.String()
 }
 
-// SegmentPath is the file of rank's shard of a variable on a node. File
-// names are limited to 255 bytes: a long variable name is replaced by a hash
-// of it, and when the namespace and node are long too, the whole name is.
-func SegmentPath(namespace, node, variable string, rank int) string {
-	name := fmt.Sprintf("ddstore.%s.%s.%s.r%d", Escape(namespace), Escape(node), Escape(variable), rank)
+// SegmentPath is the file of rank's shard of a variable on a node, with
+// nonce (NewNonce) between the variable and the rank: the agent draws one
+// for each segment it creates, so another local user, who may create files
+// in /dev/shm but cannot guess the nonce, cannot take a future segment's
+// name beforehand; "" gives the name without one (what agents before the
+// nonce made, still recognized). File names are limited to 255 bytes: a
+// long variable name is replaced by a hash of it, and when the namespace
+// and node are long too, the whole name is.
+func SegmentPath(namespace, node, variable string, rank int, nonce string) string {
+	n := ""
+	if nonce != "" {
+		n = "." + nonce
+	}
+	name := fmt.Sprintf("ddstore.%s.%s.%s%s.r%d", Escape(namespace), Escape(node), Escape(variable), n, rank)
 	if len(name) > 250 {
 		sum := sha256.Sum256([]byte(variable))
-		name = fmt.Sprintf("ddstore.%s.%s.%s.r%d", Escape(namespace), Escape(node), "h"+hex.EncodeToString(sum[:16]), rank)
+		name = fmt.Sprintf("ddstore.%s.%s.%s%s.r%d", Escape(namespace), Escape(node), "h"+hex.EncodeToString(sum[:16]), n, rank)
 		if len(name) > 250 {
 			sum := sha256.Sum256([]byte(namespace + "\x00" + node + "\x00" + variable))
-			name = fmt.Sprintf("ddstore.h%s.r%d", hex.EncodeToString(sum[:20]), rank)
+			name = fmt.Sprintf("ddstore.h%s%s.r%d", hex.EncodeToString(sum[:20]), n, rank)
 		}
 	}
 	return Dir + "/" + name
 }
+
+// nonceBytes is the randomness of a segment's nonce: 16 hex digits.
+const nonceBytes = 8
+
+// NewNonce draws a segment's nonce (SegmentPath), from crypto/rand.
+func NewNonce() string {
+	var b [nonceBytes]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func isNonce(s string) bool { return len(s) == 2*nonceBytes && isHex(s) }
 
 // indexSuffix ends the file name of a node's index of a ragged variable,
 // where a shard's has r<rank>.
 const indexSuffix = "index"
 
 // IndexPath is the file of a node's index of a ragged variable: the name of
-// its shards' segments with "index" in place of the rank.
-func IndexPath(namespace, node, variable string) string {
-	p := SegmentPath(namespace, node, variable, 0)
+// its shards' segments, with its own nonce, and "index" in place of the
+// rank.
+func IndexPath(namespace, node, variable, nonce string) string {
+	p := SegmentPath(namespace, node, variable, 0, nonce)
 	return strings.TrimSuffix(p, "r0") + indexSuffix
 }
 
@@ -199,14 +222,17 @@ func Unescape(s string) (string, error) {
 }
 
 // ParseSegmentName reads back the namespace and node from the file name (no
-// directory) of a segment made by SegmentPath. ok is false for a name that
-// is not a segment's. hashed is true (and ok too) for a segment whose whole
-// name was hashed (ddstore.h<hex>.r<rank>): its namespace and node cannot be
-// known.
+// directory) of a segment made by SegmentPath, with a nonce or without.
+// ok is false for a name that is not a segment's. hashed is true (and ok
+// too) for a segment whose whole name was hashed (ddstore.h<hex>.r<rank>):
+// its namespace and node cannot be known.
 func ParseSegmentName(name string) (namespace, node string, hashed, ok bool) {
 	parts := strings.Split(name, ".")
 	if len(parts) < 3 || parts[0] != "ddstore" || !isRank(parts[len(parts)-1]) {
 		return "", "", false, false
+	}
+	if n := len(parts); (n == 4 || n == 6) && isNonce(parts[n-2]) {
+		parts = append(parts[:n-2], parts[n-1]) // the nonce (SegmentPath)
 	}
 	switch len(parts) {
 	case 3:

@@ -137,7 +137,7 @@ func TestEscapeInjective(t *testing.T) {
 
 func TestSegmentPath(t *testing.T) {
 	dir := useTempDir(t)
-	p := SegmentPath("ns.1", "node/a", "x.y z", 3)
+	p := SegmentPath("ns.1", "node/a", "x.y z", 3, "")
 	want := dir + "/ddstore.ns%2E1.node%2Fa.x%2Ey%20z.r3"
 	if p != want {
 		t.Fatalf("SegmentPath = %q, want %q", p, want)
@@ -149,11 +149,24 @@ func TestSegmentPath(t *testing.T) {
 		t.Fatalf("SegmentPath %q is not directly in %q", p, dir)
 	}
 	// A namespace that would look like another's prefix does not match it.
-	if strings.HasPrefix(SegmentPath("ns", "n.x", "v", 0), SegmentPrefix("ns.n", "x")) {
+	if strings.HasPrefix(SegmentPath("ns", "n.x", "v", 0, ""), SegmentPrefix("ns.n", "x")) {
 		t.Fatal("segments of node \"n.x\" look like those of namespace \"ns.n\", node \"x\"")
 	}
-	if SegmentPath("a", "b", "c", 1) == SegmentPath("a", "b", "c", 11) {
+	if SegmentPath("a", "b", "c", 1, "") == SegmentPath("a", "b", "c", 11, "") {
 		t.Fatal("ranks 1 and 11 share a path")
+	}
+	// With a nonce, between the variable and the rank: one of its own for
+	// every call of NewNonce.
+	n1, n2 := NewNonce(), NewNonce()
+	if n1 == n2 || !isNonce(n1) {
+		t.Fatalf("NewNonce gave %q, then %q", n1, n2)
+	}
+	p = SegmentPath("ns.1", "node/a", "x.y z", 3, n1)
+	if want := dir + "/ddstore.ns%2E1.node%2Fa.x%2Ey%20z." + n1 + ".r3"; p != want {
+		t.Fatalf("SegmentPath with a nonce = %q, want %q", p, want)
+	}
+	if pre := SegmentPrefix("ns.1", "node/a"); !strings.HasPrefix(p, pre) {
+		t.Fatalf("SegmentPath %q does not start with SegmentPrefix %q", p, pre)
 	}
 }
 
@@ -650,7 +663,7 @@ func TestSegmentPathLongNames(t *testing.T) {
 	long := strings.Repeat("é/", 300)
 	seen := map[string]bool{}
 	for _, c := range [][3]string{{"ns", "node", long}, {"ns", "node", long + "x"}, {strings.Repeat("n", 255), strings.Repeat("m", 255), "v"}, {"ns", "node", "short"}} {
-		p := SegmentPath(c[0], c[1], c[2], 3)
+		p := SegmentPath(c[0], c[1], c[2], 3, "")
 		base := p[strings.LastIndexByte(p, '/')+1:]
 		if len(base) > 255 {
 			t.Errorf("%d-byte file name for %q", len(base), c)
