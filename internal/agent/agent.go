@@ -130,6 +130,10 @@ type Agent struct {
 		vars     map[string]*variable
 		sessions map[*session]struct{}
 		idleFrom time.Time
+		// createErrs are why a rank's Create failed here, until its
+		// client's failed Publish carries the reason to the round
+		// (Shard.Why); bounded by maxCreateErrs.
+		createErrs map[createKey]string
 	}
 	regions regions
 	stats   stats
@@ -212,6 +216,7 @@ func Start(cfg Config) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: cfg.Logger.With("ns", cfg.Namespace, "node", cfg.Node), lock: -1, done: make(chan struct{})}
 	a.mu.vars = make(map[string]*variable)
 	a.mu.sessions = make(map[*session]struct{})
+	a.mu.createErrs = make(map[createKey]string)
 	a.mu.idleFrom = time.Now()
 	a.regions.m = make(map[uint32]*region)
 	a.metrics = newMetrics(a)
@@ -510,6 +515,8 @@ func (a *Agent) info() Info {
 	in.Auth = a.authSource()
 	in.Transport = a.transportName()
 	in.Counters["refused_connections"] = int(a.auth.refusedClients.Load() + a.peer.Refused.Load())
+	in.Counters["peer_shed_connections"] = int(a.peer.Shed.Load())
+	in.Counters["peer_throttled"] = int(a.peer.Throttled.Load())
 	return in
 }
 

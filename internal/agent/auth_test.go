@@ -306,30 +306,50 @@ func TestAgentKeyFileRemoved(t *testing.T) {
 	}
 }
 
-// TestAgentRefusesSegmentOfOtherUser: a file of another user where a shard's
-// segment goes (anyone can make one in /dev/shm) is never adopted: the
-// Create fails, naming its owner.
-func TestAgentRefusesSegmentOfOtherUser(t *testing.T) {
+// TestAgentSegmentNamesUnguessable: another local user (anyone may create
+// files in /dev/shm) who makes a file at the name a shard's segment would
+// have without its nonce does not stop the Create, nor gets the file
+// touched; each segment's name has a random nonce of its own, so a Create
+// of the same variable and rank again gets another name. (Shard segments
+// are never another user's file: shm.Create and shm.Open refuse them,
+// TestCreateExisting, TestNoSegmentOfOthers.)
+func TestAgentSegmentNamesUnguessable(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to chown")
 	}
 	a := startAgent(t, Config{})
-	path := shm.SegmentPath(a.cfg.Namespace, a.cfg.Node, "x", 0)
-	if err := os.WriteFile(path, make([]byte, 4096+64), 0o600); err != nil {
+	guess := shm.SegmentPath(a.cfg.Namespace, a.cfg.Node, "x", 0, "")
+	if err := os.WriteFile(guess, make([]byte, 4096+64), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	defer os.Remove(path)
-	if err := os.Chown(path, 65534, 65534); err != nil {
+	defer os.Remove(guess)
+	if err := os.Chown(guess, 65534, 65534); err != nil {
 		t.Fatal(err)
 	}
 	r := dialRaw(t, a)
 	r.hello(a, 0, 1)
-	m := wire.Shard{Name: "x", Rank: 0, Size: 1, Rows: 8, Disp: 1, ItemSize: 8}
-	_, err := r.call(wire.OpCreate, m.Encode)
-	if !errors.Is(err, base.ErrExists) || !strings.Contains(err.Error(), "belongs to uid 65534") || !strings.Contains(err.Error(), path) {
-		t.Fatalf("Create where another user's file lies: %v, want ErrExists naming its owner and path", err)
+	m := wire.Shard{Name: "x", Rank: 0, Size: 1, Rows: 8, Disp: 1, ItemSize: 8, Attempt: 1}
+	seen := map[string]bool{}
+	for range 2 {
+		p, err := wire.DecodePath(r.must(wire.OpCreate, m.Encode))
+		if err != nil {
+			t.Fatalf("Create with another user's file at the name without a nonce: %v", err)
+		}
+		if p.Path == guess || seen[p.Path] || !strings.HasPrefix(p.Path, strings.TrimSuffix(guess, "r0")) {
+			t.Fatalf("segment %s: want a name of its own after %s", p.Path, strings.TrimSuffix(guess, "r0"))
+		}
+		seen[p.Path] = true
+		// Take it back (a failed Publish), so that the next Create of the
+		// rank makes a new segment.
+		f := m
+		f.Failed = true
+		r.call(wire.OpPublish, f.Encode)
+		if _, err := os.Stat(p.Path); !os.IsNotExist(err) {
+			t.Fatalf("segment %s after its round failed: %v", p.Path, err)
+		}
+		m.Attempt++
 	}
-	st, err := os.Stat(path)
+	st, err := os.Stat(guess)
 	if err != nil || st.Sys().(*syscall.Stat_t).Uid != 65534 {
 		t.Fatalf("the other user's file was touched: %v", err)
 	}

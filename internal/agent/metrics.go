@@ -90,6 +90,18 @@ func newMetrics(a *Agent) *metrics {
 			}
 			return a.peer.BadFrames.Load()
 		}),
+		counter(opts("peer_shed_connections_total", "Peer connections closed on arrival: too many others had not authenticated yet."), func() int64 {
+			if a.peer == nil {
+				return 0
+			}
+			return a.peer.Shed.Load()
+		}),
+		counter(opts("peer_throttled_total", "Times a peer connection's read loop waited for one of its requests in flight to be answered before reading more."), func() int64 {
+			if a.peer == nil {
+				return 0
+			}
+			return a.peer.Throttled.Load()
+		}),
 		gauge(opts("clients", "Client connections open."), func() int64 {
 			a.mu.Lock()
 			defer a.mu.Unlock()

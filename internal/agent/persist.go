@@ -177,8 +177,9 @@ func (a *Agent) adoptVar(mv manifestVar) (*variable, int64, error) {
 	err := v.setTable(a, t)
 	if err == nil && t.Ragged() && mv.Index != "" {
 		// The index is the agent's own file; one that does not match the
-		// table is left out and built again on first use.
-		// Writable, as a made one is, so that its drop can mark it.
+		// table is removed (marked dropped first, for a client that may
+		// still map it) and built again, under a name of its own, on first
+		// use. Writable, as a made one is, so that its drop can mark it.
 		if idx, ierr := shm.Open(mv.Index, true); ierr == nil {
 			// With a backing file it holds every row, the file's too.
 			held := v.rag.first[len(v.rag.first)-1]
@@ -188,6 +189,7 @@ func (a *Agent) adoptVar(mv manifestVar) (*variable, int64, error) {
 				n += idx.Bytes()
 			} else {
 				idx.Close()
+				shm.Discard(mv.Index)
 			}
 		}
 	}

@@ -153,11 +153,7 @@ func (a *Agent) ensureIndex(ctx context.Context, v *variable) error {
 		return err
 	}
 	release()
-	path := shm.IndexPath(a.cfg.Namespace, a.cfg.Node, v.name)
-	// Only an earlier agent of this namespace and node (the lock file
-	// keeps it one) made a file of this name: a stale index of a variable
-	// gone since, which a client may still map.
-	shm.Discard(path)
+	path := shm.IndexPath(a.cfg.Namespace, a.cfg.Node, v.name, shm.NewNonce())
 	seg, err := shm.Create(path, h)
 	if err == nil && offsets != nil {
 		err = fillBackedIndex(t, lay, byRank, g, offsets, seg.Offsets)

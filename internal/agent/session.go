@@ -316,53 +316,134 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 }
 
 // createShard makes the segment of one rank's shard, for its client to fill.
+// The segment is created, its pages reserved (a time that grows with its
+// size), with no lock held: checked and charged to the budget first, then
+// made under a name nobody else has (its nonce), then installed after the
+// checks again.
 func (a *Agent) createShard(m wire.Shard) (string, error) {
 	if err := checkShard(m); err != nil {
+		return "", err
+	}
+	h := shardHeader(m)
+	n := shm.DataBytes(h)
+	err := a.mayCreate(m)
+	if err == nil {
+		// Charge the budget before the segment exists: a shard beyond it
+		// is refused with nothing allocated (the client then fails the
+		// round for every rank).
+		var done func()
+		done, err = a.admit(n, true, func(size string) string {
+			return fmt.Sprintf("variable %q: rank %d's shard of %s", m.Name, m.Rank, size)
+		})
+		if err == nil {
+			done()
+			var seg *shm.Segment
+			path := shm.SegmentPath(a.cfg.Namespace, a.cfg.Node, m.Name, int(m.Rank), shm.NewNonce())
+			if seg, err = shm.Create(path, h); err == nil {
+				if err = a.installShard(m, seg); err == nil {
+					return path, nil
+				}
+				seg.Close()
+				shm.Remove(path)
+			} else {
+				err = fmt.Errorf("variable %q: rank %d's shard: %w", m.Name, m.Rank, err)
+			}
+			a.shardBytes.Add(-n)
+		}
+	}
+	if errors.Is(err, base.ErrClosed) {
 		return "", err
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.mu.vars == nil {
-		return "", base.Errorf(base.ErrClosed, "agent stopping")
+		return "", err
+	}
+	if len(a.mu.createErrs) >= maxCreateErrs {
+		clear(a.mu.createErrs) // clients that never sent their failed Publish
+	}
+	a.mu.createErrs[createKey{m.Name, m.Rank, m.Attempt}] = err.Error()
+	return "", err
+}
+
+// mayCreate says whether rank's shard of m may be created now: the agent
+// is not stopping, the variable is not published, the rank has none.
+func (a *Agent) mayCreate(m wire.Shard) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.mu.vars == nil {
+		return base.Errorf(base.ErrClosed, "agent stopping")
 	}
 	v := a.mu.vars[m.Name]
 	if v == nil {
-		v = newVariable(m.Name)
+		return nil
+	}
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return v.canTake(m)
+}
+
+// canTake is mayCreate's check of the variable; the caller holds v.mu.
+func (v *variable) canTake(m wire.Shard) error {
+	if v.published.Load() || v.table != nil {
+		return base.Errorf(base.ErrExists, "variable %q already exists", m.Name)
+	}
+	if _, ok := v.segs[int(m.Rank)]; ok {
+		return base.Errorf(base.ErrExists, "variable %q: rank %d has already created its shard", m.Name, m.Rank)
+	}
+	return nil
+}
+
+// installShard adds the segment made for rank's shard of m to its
+// variable (made if it has none), after the checks of mayCreate again:
+// meanwhile the agent may have begun to stop, or another client claimed
+// the rank. Its bytes are charged already.
+func (a *Agent) installShard(m wire.Shard, seg *shm.Segment) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.mu.vars == nil {
+		return base.Errorf(base.ErrClosed, "agent stopping")
+	}
+	v, made := a.mu.vars[m.Name], false
+	if v == nil {
+		v, made = newVariable(m.Name), true
 		a.mu.vars[m.Name] = v
 	}
+	// Written only while unpublished (rule 2 of internal/LOCKS.md): a
+	// published variable fails canTake without waiting for v.mu.
 	if v.published.Load() {
-		return "", base.Errorf(base.ErrExists, "variable %q already exists", m.Name)
+		return base.Errorf(base.ErrExists, "variable %q already exists", m.Name)
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.table != nil {
-		return "", base.Errorf(base.ErrExists, "variable %q already exists", m.Name)
-	}
-	if _, ok := v.segs[int(m.Rank)]; ok {
-		return "", base.Errorf(base.ErrExists, "variable %q: rank %d has already created its shard", m.Name, m.Rank)
-	}
-	// Charge the budget before the segment exists: a shard beyond it is
-	// refused with nothing allocated (the client then fails the round for
-	// every rank).
-	h := shardHeader(m)
-	n := shm.DataBytes(h)
-	done, err := a.admit(n, true, func(size string) string {
-		return fmt.Sprintf("variable %q: rank %d's shard of %s", m.Name, m.Rank, size)
-	})
-	if err == nil {
-		done()
-		path := shm.SegmentPath(a.cfg.Namespace, a.cfg.Node, m.Name, int(m.Rank))
-		var seg *shm.Segment
-		if seg, err = shm.Create(path, h); err == nil {
-			v.segs[int(m.Rank)] = seg
-			return path, nil
+	if err := v.canTake(m); err != nil {
+		if made {
+			delete(a.mu.vars, m.Name)
 		}
-		a.shardBytes.Add(-n)
+		return err
 	}
-	if len(v.segs) == 0 {
-		delete(a.mu.vars, m.Name)
-	}
-	return "", err
+	v.segs[int(m.Rank)] = seg
+	return nil
+}
+
+// createKey names one rank's Create of a variable: its client's failed
+// Publish of the same attempt takes the reason the Create failed.
+type createKey struct {
+	name          string
+	rank, attempt int64
+}
+
+// maxCreateErrs bounds the reasons kept for failed Publishes to come.
+const maxCreateErrs = 1024
+
+// createErr takes the reason rank's Create of m failed here, "" if none.
+func (a *Agent) createErr(m wire.Shard) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	k := createKey{m.Name, m.Rank, m.Attempt}
+	why := a.mu.createErrs[k]
+	delete(a.mu.createErrs, k)
+	return why
 }
 
 // heldBytes is the data of the shards v holds on this node.
@@ -434,6 +515,9 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) 
 					a.takeBack(v, int(m.Rank), seg)
 				}
 			}
+			if m.Why == "" {
+				m.Why = a.createErr(m)
+			}
 			m.Failed, m.Node = true, a.cfg.Node
 			pctx, cancel := context.WithTimeout(ctx, a.cfg.JoinTimeout)
 			_, cerr := a.coordPublish(pctx, m)
@@ -495,7 +579,7 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) 
 		if seg != nil {
 			a.takeBack(v, int(m.Rank), seg)
 		}
-		m.Failed = true
+		m.Failed, m.Why = true, bad.Error()
 		a.publish(ctx, m) // fails the round for every rank
 		return nil, bad
 	}

@@ -69,10 +69,22 @@ func Initiate(c io.ReadWriter, k Key, p Proto) error {
 	return nil
 }
 
+// MaxBody bounds the body of a handshake frame the responder reads, before
+// the other side has proved anything: a hello or a proof is 32 bytes, and
+// a header claiming more is refused before its body is read.
+const MaxBody = wire.NonceSize + wire.MACSize
+
+// maxReplyBody bounds a reply the initiator reads: a reply of the
+// handshake, or an error's message.
+const maxReplyBody = 64 << 10
+
 // readReply reads the reply to request id of op, as the error it carries
 // when it has one.
 func readReply(c io.Reader, op wire.Op, id uint64) ([]byte, error) {
-	h, body, err := wire.ReadFrame(c, nil)
+	h, body, err := wire.ReadHeader(c, nil)
+	if err == nil {
+		h, body, err = wire.ReadBody(c, h, body, maxReplyBody)
+	}
 	if err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
@@ -96,17 +108,19 @@ func readReply(c io.Reader, op wire.Op, id uint64) ([]byte, error) {
 // (another op first, a proof that does not match, no key), after telling
 // the other side; other errors (malformed frames, I/O) as they are. The
 // caller closes c on any error.
+//
+// Nothing the other side claims costs memory here: each frame's op is
+// checked from its header, and its body is read into a buffer of MaxBody
+// bytes on the stack (a longer one is refused unread).
 func Respond(c io.ReadWriter, p Proto, key func() (Key, error)) error {
 	helloOp, proofOp := p.ops()
-	h, body, err := wire.ReadFrame(c, nil)
+	var frame [wire.HeaderSize + MaxBody]byte
+	h, body, err := readRequest(c, frame[:0], helloOp)
 	if errors.Is(err, io.EOF) {
 		return ErrHungUp
 	}
 	if err != nil {
 		return err
-	}
-	if h.Status != 0 || h.Payload != 0 {
-		return base.Errorf(base.ErrProtocol, "%s request with status %d, payload %d", h.Op, h.Status, h.Payload)
 	}
 	if h.Op != helloOp {
 		return refuse(c, h, base.Errorf(base.ErrAuth, "%s before the authentication handshake (%s): a client or agent of an older ddstore?", h.Op, helloOp))
@@ -124,15 +138,12 @@ func Respond(c io.ReadWriter, p Proto, key func() (Key, error)) error {
 	if _, err := c.Write(wire.AppendFrame(nil, helloOp, 0, h.ID, 0, r.Encode)); err != nil {
 		return err
 	}
-	h, body, err = wire.ReadFrame(c, body[:0])
+	h, body, err = readRequest(c, frame[:0], proofOp)
 	if errors.Is(err, io.EOF) {
 		return base.Errorf(base.ErrAuth, "the other side hung up after this side's proof (it holds another key?)")
 	}
 	if err != nil {
 		return err
-	}
-	if h.Status != 0 || h.Payload != 0 {
-		return base.Errorf(base.ErrProtocol, "%s request with status %d, payload %d", h.Op, h.Status, h.Payload)
 	}
 	if h.Op != proofOp {
 		return refuse(c, h, base.Errorf(base.ErrAuth, "%s where %s was due", h.Op, proofOp))
@@ -146,6 +157,23 @@ func Respond(c io.ReadWriter, p Proto, key func() (Key, error)) error {
 	}
 	_, err = c.Write(wire.AppendFrame(nil, proofOp, 0, h.ID, 0, nil))
 	return err
+}
+
+// readRequest reads a handshake request into buf (of MaxBody past the
+// header): its header, then, when it is the op due, its body, which must
+// fit. Of another op only the header is read: the caller refuses it.
+func readRequest(c io.Reader, buf []byte, due wire.Op) (wire.Header, []byte, error) {
+	h, buf, err := wire.ReadHeader(c, buf)
+	if err != nil {
+		return h, nil, err
+	}
+	if h.Status != 0 || h.Payload != 0 {
+		return h, nil, base.Errorf(base.ErrProtocol, "%s request with status %d, payload %d", h.Op, h.Status, h.Payload)
+	}
+	if h.Op != due {
+		return h, nil, nil
+	}
+	return wire.ReadBody(c, h, buf[:0], MaxBody)
 }
 
 // refuse tells the other side why, then returns why.

@@ -36,7 +36,7 @@ func gcDirs(t *testing.T) (shmDir, runDir string) {
 // fakeSegment writes a segment file with some data in it.
 func fakeSegment(t *testing.T, ns, node, variable string, rank int) string {
 	t.Helper()
-	p := shm.SegmentPath(ns, node, variable, rank)
+	p := shm.SegmentPath(ns, node, variable, rank, "")
 	if err := os.WriteFile(p, make([]byte, 8192), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestGC(t *testing.T) {
 	keep := []string{fakeSegment(t, "live", "n1", "x", 0), fakeSegment(t, "live", "n1", "y", 3), live.Socket(), live.Socket() + ".lock"}
 
 	// A dead agent's segment still mapped by a process (this one): kept.
-	mappedSeg, err := shm.Create(shm.SegmentPath("mapped", "n1", "x", 0), shm.Header{Rows: 4, Disp: 8, ItemSize: 4})
+	mappedSeg, err := shm.Create(shm.SegmentPath("mapped", "n1", "x", 0, ""), shm.Header{Rows: 4, Disp: 8, ItemSize: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +271,7 @@ func gcAgent(a gcAgentArgs) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if _, err := shm.Create(shm.SegmentPath("killed", "n1", "x", 0), shm.Header{Rows: 16, Disp: 1, ItemSize: 8}); err != nil {
+	if _, err := shm.Create(shm.SegmentPath("killed", "n1", "x", 0, ""), shm.Header{Rows: 16, Disp: 1, ItemSize: 8}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -310,7 +310,7 @@ func TestGCKilledAgent(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("helper agent did not start")
 	}
-	seg := shm.SegmentPath("killed", "n1", "x", 0)
+	seg := shm.SegmentPath("killed", "n1", "x", 0, "")
 	sock := naming.SocketPath(runDir, "killed", "n1")
 	rep := gcJSON(t, "--run-dir", runDir)
 	if len(rep.Removed) != 0 || !exists(seg) || !exists(sock) {

@@ -372,9 +372,9 @@ func (r *round) check(sh wire.Shard) error {
 	f := r.first
 	switch {
 	case sh.Failed:
-		return base.Errorf(base.ErrGeometry, "variable %q: rank %d could not create its shard (%d rows of disp %d, itemsize %d)", sh.Name, sh.Rank, sh.Rows, sh.Disp, sh.ItemSize)
+		return failedShard(sh)
 	case f.Failed:
-		return base.Errorf(base.ErrGeometry, "variable %q: rank %d could not create its shard (%d rows of disp %d, itemsize %d)", f.Name, f.Rank, f.Rows, f.Disp, f.ItemSize)
+		return failedShard(f)
 	case sh.Rank < 0 || sh.Rank >= r.size:
 		return base.Errorf(base.ErrArgument, "variable %q: rank %d not in [0, %d)", sh.Name, sh.Rank, r.size)
 	case sh.Size != f.Size:
@@ -570,4 +570,14 @@ func (c *Coordinator) refreshAddrs() {
 			c.tables[name] = nt
 		}
 	}
+}
+
+// failedShard is the round's error for a rank that could not create its
+// shard, with its agent's reason when it sent one.
+func failedShard(sh wire.Shard) error {
+	if sh.Why != "" {
+		return base.Errorf(base.ErrGeometry, "variable %q: rank %d could not create its shard (%d rows of disp %d, itemsize %d) on node %q: %s",
+			sh.Name, sh.Rank, sh.Rows, sh.Disp, sh.ItemSize, sh.Node, sh.Why)
+	}
+	return base.Errorf(base.ErrGeometry, "variable %q: rank %d could not create its shard (%d rows of disp %d, itemsize %d)", sh.Name, sh.Rank, sh.Rows, sh.Disp, sh.ItemSize)
 }

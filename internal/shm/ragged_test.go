@@ -132,7 +132,7 @@ func TestRaggedHeaderCorrupt(t *testing.T) {
 }
 
 func TestIndexPath(t *testing.T) {
-	p := IndexPath("ns", "n1", "pos")
+	p := IndexPath("ns", "n1", "pos", "")
 	if filepath.Base(p) != "ddstore.ns.n1.pos.index" {
 		t.Fatalf("IndexPath = %s", p)
 	}
@@ -140,7 +140,7 @@ func TestIndexPath(t *testing.T) {
 	if !ok || hashed || ns != "ns" || node != "n1" {
 		t.Fatalf("ParseSegmentName(%s) = %q %q %v %v", p, ns, node, hashed, ok)
 	}
-	long := IndexPath("ns", "n1", string(make([]byte, 300)))
+	long := IndexPath("ns", "n1", string(make([]byte, 300)), "")
 	if len(filepath.Base(long)) > 255 {
 		t.Fatalf("IndexPath of a long name: %d bytes", len(filepath.Base(long)))
 	}

@@ -6,6 +6,7 @@
 package shm
 
 import (
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -143,30 +144,52 @@ func Escape(s string) string {
 	return b.String()
 }
 
-// SegmentPath is the file of rank's shard of a variable on a node. File
-// names are limited to 255 bytes: a long variable name is replaced by a hash
-// of it, and when the namespace and node are long too, the whole name is.
-func SegmentPath(namespace, node, variable string, rank int) string {
-	name := fmt.Sprintf("ddstore.%s.%s.%s.r%d", Escape(namespace), Escape(node), Escape(variable), rank)
+// SegmentPath is the file of rank's shard of a variable on a node, with
+// nonce (NewNonce) between the variable and the rank: the agent draws one
+// for each segment it creates, so another local user, who may create files
+// in /dev/shm but cannot guess the nonce, cannot take a future segment's
+// name beforehand; "" gives the name without one (what agents before the
+// nonce made, still recognized). File names are limited to 255 bytes: a
+// long variable name is replaced by a hash of it, and when the namespace
+// and node are long too, the whole name is.
+func SegmentPath(namespace, node, variable string, rank int, nonce string) string {
+	n := ""
+	if nonce != "" {
+		n = "." + nonce
+	}
+	name := fmt.Sprintf("ddstore.%s.%s.%s%s.r%d", Escape(namespace), Escape(node), Escape(variable), n, rank)
 	if len(name) > 250 {
 		sum := sha256.Sum256([]byte(variable))
-		name = fmt.Sprintf("ddstore.%s.%s.%s.r%d", Escape(namespace), Escape(node), "h"+hex.EncodeToString(sum[:16]), rank)
+		name = fmt.Sprintf("ddstore.%s.%s.%s%s.r%d", Escape(namespace), Escape(node), "h"+hex.EncodeToString(sum[:16]), n, rank)
 		if len(name) > 250 {
 			sum := sha256.Sum256([]byte(namespace + "\x00" + node + "\x00" + variable))
-			name = fmt.Sprintf("ddstore.h%s.r%d", hex.EncodeToString(sum[:20]), rank)
+			name = fmt.Sprintf("ddstore.h%s%s.r%d", hex.EncodeToString(sum[:20]), n, rank)
 		}
 	}
 	return Dir + "/" + name
 }
+
+// nonceBytes is the randomness of a segment's nonce: 16 hex digits.
+const nonceBytes = 8
+
+// NewNonce draws a segment's nonce (SegmentPath), from crypto/rand.
+func NewNonce() string {
+	var b [nonceBytes]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func isNonce(s string) bool { return len(s) == 2*nonceBytes && isHex(s) }
 
 // indexSuffix ends the file name of a node's index of a ragged variable,
 // where a shard's has r<rank>.
 const indexSuffix = "index"
 
 // IndexPath is the file of a node's index of a ragged variable: the name of
-// its shards' segments with "index" in place of the rank.
-func IndexPath(namespace, node, variable string) string {
-	p := SegmentPath(namespace, node, variable, 0)
+// its shards' segments, with its own nonce, and "index" in place of the
+// rank.
+func IndexPath(namespace, node, variable, nonce string) string {
+	p := SegmentPath(namespace, node, variable, 0, nonce)
 	return strings.TrimSuffix(p, "r0") + indexSuffix
 }
 
@@ -199,14 +222,17 @@ func Unescape(s string) (string, error) {
 }
 
 // ParseSegmentName reads back the namespace and node from the file name (no
-// directory) of a segment made by SegmentPath. ok is false for a name that
-// is not a segment's. hashed is true (and ok too) for a segment whose whole
-// name was hashed (ddstore.h<hex>.r<rank>): its namespace and node cannot be
-// known.
+// directory) of a segment made by SegmentPath, with a nonce or without.
+// ok is false for a name that is not a segment's. hashed is true (and ok
+// too) for a segment whose whole name was hashed (ddstore.h<hex>.r<rank>):
+// its namespace and node cannot be known.
 func ParseSegmentName(name string) (namespace, node string, hashed, ok bool) {
 	parts := strings.Split(name, ".")
 	if len(parts) < 3 || parts[0] != "ddstore" || !isRank(parts[len(parts)-1]) {
 		return "", "", false, false
+	}
+	if n := len(parts); (n == 4 || n == 6) && isNonce(parts[n-2]) {
+		parts = append(parts[:n-2], parts[n-1]) // the nonce (SegmentPath)
 	}
 	switch len(parts) {
 	case 3:
@@ -384,9 +410,10 @@ func (s *Segment) CheckOffsets(first int64) error {
 	return nil
 }
 
-// Create makes a new, zero-filled segment (tmpfs gives zero pages lazily, so
-// an Init of any size costs nothing until rows are written). It fails with
-// ErrExists if the file is there.
+// Create makes a new, zero-filled segment, its pages reserved (Reserve), so
+// that nothing mapping it faults for want of room. It fails with ErrExists
+// if the file is there, and with ErrArgument naming the bytes wanted and
+// free when the filesystem has no room for it; either way no file is left.
 func Create(path string, h Header) (*Segment, error) {
 	if err := checkHeader(h); err != nil {
 		return nil, err
@@ -411,6 +438,10 @@ func Create(path string, h Header) (*Segment, error) {
 		unix.Unlink(path)
 		return nil, fmt.Errorf("ddstore: size segment %s to %d bytes: %w", path, size, err)
 	}
+	if err := Reserve(fd, size); err != nil {
+		unix.Unlink(path)
+		return nil, fmt.Errorf("segment %s: %w", path, err)
+	}
 	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		unix.Unlink(path)
@@ -420,6 +451,53 @@ func Create(path string, h Header) (*Segment, error) {
 	seg := &Segment{Path: path, Header: h, mem: mem}
 	seg.slices()
 	return seg, nil
+}
+
+// Reserve allocates the first size bytes of the file behind fd: on tmpfs
+// (/dev/shm) a file's pages are otherwise taken only when first written,
+// and a write through a mapping that finds the filesystem full is a SIGBUS
+// that kills the writer, whether the agent writing a header or a client
+// copying its rows in. With the pages reserved, writes into the file
+// cannot fault for want of room; without room, Reserve fails with
+// ErrArgument naming the bytes wanted and those free. A filesystem without
+// fallocate (not tmpfs, which has it since Linux 3.5) gets a check of its
+// free space instead, which another writer may overtake.
+func Reserve(fd int, size int64) error {
+	var err error
+	for {
+		if err = unix.Fallocate(fd, 0, 0, size); err != unix.EINTR {
+			break
+		}
+	}
+	switch err {
+	case nil:
+		return nil
+	case unix.EOPNOTSUPP, unix.ENOSYS:
+		if free, total, ok := freeBytes(fd); ok && size > free {
+			return noRoom(size, free, total, err)
+		}
+		return nil
+	case unix.ENOSPC, unix.ENOMEM, unix.EFBIG:
+		free, total, _ := freeBytes(fd)
+		return noRoom(size, free, total, err)
+	}
+	return fmt.Errorf("ddstore: reserve %d bytes of shared memory: %w", size, err)
+}
+
+// freeBytes is what the filesystem of fd has free for this user, and its
+// size.
+func freeBytes(fd int) (free, total int64, ok bool) {
+	var st unix.Statfs_t
+	if unix.Fstatfs(fd, &st) != nil {
+		return 0, 0, false
+	}
+	return int64(st.Bavail) * st.Bsize, int64(st.Blocks) * st.Bsize, true
+}
+
+func noRoom(want, free, total int64, err error) error {
+	mib := func(n int64) float64 { return float64(n) / (1 << 20) }
+	return base.Errorf(base.ErrArgument, "%d bytes (%.1f MiB) wanted in %s, which has %d bytes (%.1f MiB) free of %.1f MiB (%v): no room for the segment; free shared memory there, or enlarge it",
+		want, mib(want), Dir, free, mib(free), mib(total), err)
 }
 
 // Open maps an existing segment, read-only unless writable, after checking

@@ -137,7 +137,7 @@ func TestEscapeInjective(t *testing.T) {
 
 func TestSegmentPath(t *testing.T) {
 	dir := useTempDir(t)
-	p := SegmentPath("ns.1", "node/a", "x.y z", 3)
+	p := SegmentPath("ns.1", "node/a", "x.y z", 3, "")
 	want := dir + "/ddstore.ns%2E1.node%2Fa.x%2Ey%20z.r3"
 	if p != want {
 		t.Fatalf("SegmentPath = %q, want %q", p, want)
@@ -149,11 +149,24 @@ func TestSegmentPath(t *testing.T) {
 		t.Fatalf("SegmentPath %q is not directly in %q", p, dir)
 	}
 	// A namespace that would look like another's prefix does not match it.
-	if strings.HasPrefix(SegmentPath("ns", "n.x", "v", 0), SegmentPrefix("ns.n", "x")) {
+	if strings.HasPrefix(SegmentPath("ns", "n.x", "v", 0, ""), SegmentPrefix("ns.n", "x")) {
 		t.Fatal("segments of node \"n.x\" look like those of namespace \"ns.n\", node \"x\"")
 	}
-	if SegmentPath("a", "b", "c", 1) == SegmentPath("a", "b", "c", 11) {
+	if SegmentPath("a", "b", "c", 1, "") == SegmentPath("a", "b", "c", 11, "") {
 		t.Fatal("ranks 1 and 11 share a path")
+	}
+	// With a nonce, between the variable and the rank: one of its own for
+	// every call of NewNonce.
+	n1, n2 := NewNonce(), NewNonce()
+	if n1 == n2 || !isNonce(n1) {
+		t.Fatalf("NewNonce gave %q, then %q", n1, n2)
+	}
+	p = SegmentPath("ns.1", "node/a", "x.y z", 3, n1)
+	if want := dir + "/ddstore.ns%2E1.node%2Fa.x%2Ey%20z." + n1 + ".r3"; p != want {
+		t.Fatalf("SegmentPath with a nonce = %q, want %q", p, want)
+	}
+	if pre := SegmentPrefix("ns.1", "node/a"); !strings.HasPrefix(p, pre) {
+		t.Fatalf("SegmentPath %q does not start with SegmentPrefix %q", p, pre)
 	}
 }
 
@@ -416,17 +429,16 @@ func TestZeroRowSegment(t *testing.T) {
 	}
 }
 
-// TestCreateLargeSparse: on tmpfs a large segment costs nothing until its
-// rows are written.
-func TestCreateLargeSparse(t *testing.T) {
+// TestCreateReserves: a segment's pages are allocated when it is created,
+// so a write into it cannot find the filesystem full.
+func TestCreateReserves(t *testing.T) {
 	path := shmPath(t)
-	const rows, disp = 1 << 17, 1024 // 128 MiB
+	const rows, disp = 1 << 11, 1024 // 2 MiB
 	seg, err := Create(path, Header{Rows: rows, Disp: disp, ItemSize: 1})
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}
 	defer seg.Close()
-	seg.Data[0], seg.Data[len(seg.Data)-1] = 1, 2
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err != nil {
 		t.Fatal(err)
@@ -434,16 +446,61 @@ func TestCreateLargeSparse(t *testing.T) {
 	if st.Size != HeaderBytes+rows*disp {
 		t.Fatalf("size %d", st.Size)
 	}
-	if used := st.Blocks * 512; used > 1<<20 {
-		t.Errorf("a segment with two rows written uses %d bytes of tmpfs", used)
+	if used := st.Blocks * 512; used < st.Size {
+		t.Errorf("a segment of %d bytes has %d bytes of tmpfs allocated: want them all", st.Size, used)
 	}
-	s, err := Open(path, false)
+}
+
+// smallTmpfs mounts a tmpfs of size bytes as Dir for the test (root only).
+func smallTmpfs(t *testing.T, size int) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a small tmpfs needs root")
+	}
+	dir := t.TempDir()
+	if err := unix.Mount("ddstore-test", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, fmt.Sprintf("size=%d,mode=0700", size)); err != nil {
+		t.Skipf("mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	old := Dir
+	Dir = dir
+	t.Cleanup(func() { Dir = old })
+	return dir
+}
+
+// TestCreateNoRoom: on a full tmpfs Create fails, naming the bytes wanted
+// and free, and leaves no file; a segment that fits is then made as ever.
+// (Sized without reserving, the segment's first write through a mapping
+// would be a SIGBUS.)
+func TestCreateNoRoom(t *testing.T) {
+	dir := smallTmpfs(t, 1<<20)
+	if err := os.WriteFile(filepath.Join(dir, "filler"), make([]byte, 768<<10), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "seg")
+	h := Header{Rows: 512, Disp: 1024, ItemSize: 1}
+	_, err := Create(path, h)
+	want := strconv.Itoa(HeaderBytes + 512<<10)
+	if !errors.Is(err, base.ErrArgument) || !strings.Contains(err.Error(), want+" bytes") || !strings.Contains(err.Error(), "free") {
+		t.Fatalf("Create on a full tmpfs: %v; want ErrArgument naming the %s bytes wanted and those free", err, want)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	if free := strconv.FormatInt(int64(st.Bavail)*st.Bsize, 10); !strings.Contains(err.Error(), "has "+free+" bytes") {
+		t.Errorf("error %q does not name the %s bytes free", err, free)
+	}
+	if _, serr := os.Stat(path); !os.IsNotExist(serr) {
+		t.Fatalf("a failed Create left %s (%v)", path, serr)
+	}
+	seg, err := Create(path, Header{Rows: 64, Disp: 1024, ItemSize: 1})
 	if err != nil {
-		t.Fatalf("Open: %v", err)
+		t.Fatalf("Create of a segment that fits: %v", err)
 	}
-	defer s.Close()
-	if s.Data[0] != 1 || s.Data[len(s.Data)-1] != 2 {
-		t.Fatal("Open does not see the rows written")
+	defer seg.Close()
+	for i := range seg.Data {
+		seg.Data[i] = byte(i)
 	}
 }
 
@@ -606,7 +663,7 @@ func TestSegmentPathLongNames(t *testing.T) {
 	long := strings.Repeat("é/", 300)
 	seen := map[string]bool{}
 	for _, c := range [][3]string{{"ns", "node", long}, {"ns", "node", long + "x"}, {strings.Repeat("n", 255), strings.Repeat("m", 255), "v"}, {"ns", "node", "short"}} {
-		p := SegmentPath(c[0], c[1], c[2], 3)
+		p := SegmentPath(c[0], c[1], c[2], 3, "")
 		base := p[strings.LastIndexByte(p, '/')+1:]
 		if len(base) > 255 {
 			t.Errorf("%d-byte file name for %q", len(base), c)

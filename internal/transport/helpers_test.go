@@ -62,6 +62,8 @@ type fakeHandler struct {
 	rowsCalls atomic.Int64 // Rows calls
 	released  atomic.Int64 // release calls: replies fully written
 	ctlDone   atomic.Int64 // blocking Control calls that returned
+	ctlIn     atomic.Int64 // blocking Control calls under way
+	ctlMax    atomic.Int64 // the most of them under way at once
 }
 
 func newFakeHandler() *fakeHandler {
@@ -140,6 +142,10 @@ func (h *fakeHandler) Control(ctx context.Context, op wire.Op, body []byte) (fun
 		default:
 		}
 		defer h.ctlDone.Add(1)
+		n := h.ctlIn.Add(1)
+		defer h.ctlIn.Add(-1)
+		for m := h.ctlMax.Load(); n > m && !h.ctlMax.CompareAndSwap(m, n); m = h.ctlMax.Load() {
+		}
 		select {
 		case <-h.ctlGate.wait():
 			r := wire.Text{Text: "unblocked"}

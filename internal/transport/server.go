@@ -33,8 +33,28 @@ type Server struct {
 	// Refused counts connections dropped because they did not prove the
 	// job's key (see key in NewServer).
 	Refused atomic.Int64
-	key     func() (auth.Key, error)
+	// Shed counts connections closed on arrival because MaxUnauthenticated
+	// others had not authenticated yet.
+	Shed atomic.Int64
+	// Throttled counts the times a connection's read loop waited for one
+	// of its MaxInFlight requests to be answered before reading more.
+	Throttled atomic.Int64
+	// unauth counts the connections accepted that have not finished their
+	// handshake (incremented by the accept loop only).
+	unauth atomic.Int64
+	key    func() (auth.Key, error)
 }
+
+// MaxUnauthenticated bounds the connections a server holds that have not
+// proved the key yet; one more arriving is closed at once (Shed). Each is
+// dropped after authTimeout, and reads at most two handshake frames of
+// auth.MaxBody bytes, so until a peer proves the key it costs the server
+// a goroutine and a few hundred bytes.
+const MaxUnauthenticated = 64
+
+// Unauthenticated is the number of connections accepted that have not
+// finished their handshake.
+func (s *Server) Unauthenticated() int { return int(s.unauth.Load()) }
 
 // NewServer serves ln with h until Close. writeTimeout bounds sending one
 // reply to a peer that stopped reading. key gives the job's key, which
@@ -93,6 +113,12 @@ func (s *Server) acceptLoop() {
 			continue
 		}
 		backoff = 0
+		if s.key != nil && s.unauth.Load() >= MaxUnauthenticated {
+			s.Shed.Add(1)
+			s.log.Debug("peer connection closed: too many connections authenticating", "remote", nc.RemoteAddr().String(), "max", MaxUnauthenticated)
+			nc.Close()
+			continue
+		}
 		if tc, ok := nc.(*net.TCPConn); ok {
 			tc.SetNoDelay(true)
 			tc.SetWriteBuffer(4 << 20)
@@ -106,6 +132,9 @@ func (s *Server) acceptLoop() {
 		s.mu.conns[nc] = struct{}{}
 		s.wg.Add(1)
 		s.mu.Unlock()
+		if s.key != nil {
+			s.unauth.Add(1)
+		}
 		go func() {
 			defer s.wg.Done()
 			s.serveConn(nc)
@@ -161,6 +190,7 @@ func (s *Server) authenticate(nc net.Conn) bool {
 	nc.SetDeadline(time.Now().Add(authTimeout))
 	err := auth.Respond(nc, auth.Peer, s.key)
 	nc.SetDeadline(time.Time{})
+	s.unauth.Add(-1)
 	if err == nil {
 		return true
 	}
@@ -173,11 +203,75 @@ func (s *Server) authenticate(nc net.Conn) bool {
 	return false
 }
 
+// MaxInFlight bounds the control requests of one connection being answered
+// at once, and MaxInFlightBytes their bodies (each kept until its reply):
+// past either, the connection's read loop stops reading until a reply is
+// written, so a peer that sends requests without reading the replies
+// fills its own socket buffers, not this agent's memory. (Fetches are
+// answered one at a time in the read loop itself.) A legitimate agent has
+// at most one request in flight per client of its node at a time, spread
+// over its pool's connections, so collectives waiting for other ranks
+// never fill the bound in a real job.
+const (
+	MaxInFlight      = 256
+	MaxInFlightBytes = 64 << 20
+)
+
+// inFlight counts one connection's control requests being answered.
+type inFlight struct {
+	mu    sync.Mutex // guards n and bytes; a leaf (lock order: internal/LOCKS.md)
+	n     int
+	bytes int64
+	freed chan struct{} // one slot: a request was answered since the last look
+}
+
+func (f *inFlight) try(size int64) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n >= MaxInFlight || (f.n > 0 && f.bytes+size > MaxInFlightBytes) {
+		return false
+	}
+	f.n++
+	f.bytes += size
+	return true
+}
+
+func (f *inFlight) release(size int64) {
+	f.mu.Lock()
+	f.n--
+	f.bytes -= size
+	f.mu.Unlock()
+	select {
+	case f.freed <- struct{}{}:
+	default:
+	}
+}
+
+// acquire waits for room for a request of size bytes (counted in
+// Throttled when it has to); false: the server is closing.
+func (s *Server) acquire(f *inFlight, size int64) bool {
+	if f.try(size) {
+		return true
+	}
+	s.Throttled.Add(1)
+	for {
+		select {
+		case <-f.freed:
+		case <-s.ctx.Done():
+			return false
+		}
+		if f.try(size) {
+			return true
+		}
+	}
+}
+
 func (s *Server) serveConn(nc net.Conn) {
 	if !s.authenticate(nc) {
 		return
 	}
 	w := &serverConn{nc: nc, timeout: s.timeout}
+	busy := &inFlight{freed: make(chan struct{}, 1)}
 	var ctl sync.WaitGroup
 	defer ctl.Wait()
 	var buf []byte
@@ -219,11 +313,18 @@ func (s *Server) serveConn(nc net.Conn) {
 			}
 			continue
 		}
-		// Control ops may wait (a collective): answer them off the read loop.
+		// Control ops may wait (a collective): answer them off the read
+		// loop, up to MaxInFlight at once.
+		size := int64(len(body))
+		if !s.acquire(busy, size) {
+			nc.Close()
+			return
+		}
 		req := append([]byte(nil), body...)
 		ctl.Add(1)
 		go func(h wire.Header) {
 			defer ctl.Done()
+			defer busy.release(size)
 			fill, err := s.h.Control(s.ctx, h.Op, req)
 			w.reply(h.Op, h.ID, err, fill, nil)
 		}(h)

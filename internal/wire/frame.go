@@ -164,6 +164,16 @@ func ParseHeader(b []byte) (Header, error) {
 // connection's reads reuse one buffer). The payload, if any, is left on r
 // for the caller to read where it belongs.
 func ReadFrame(r io.Reader, buf []byte) (Header, []byte, error) {
+	h, buf, err := ReadHeader(r, buf)
+	if err != nil {
+		return h, buf, err
+	}
+	return ReadBody(r, h, buf, MaxBody)
+}
+
+// ReadHeader reads and checks a frame's header into buf[:HeaderSize]
+// (made if smaller), leaving its body on r (ReadBody).
+func ReadHeader(r io.Reader, buf []byte) (Header, []byte, error) {
 	if cap(buf) < HeaderSize {
 		buf = make([]byte, 0, 4096)
 	}
@@ -172,8 +182,17 @@ func ReadFrame(r io.Reader, buf []byte) (Header, []byte, error) {
 		return Header{}, buf, err
 	}
 	h, err := ParseHeader(buf)
-	if err != nil {
-		return h, buf, err
+	return h, buf, err
+}
+
+// ReadBody reads the body of the frame of header h into buf (grown if
+// needed), refusing with ErrProtocol, before reading or allocating
+// anything, a body longer than max: where only small frames may come (a
+// handshake, before the other side has proved anything), max keeps what
+// a header claims from costing memory.
+func ReadBody(r io.Reader, h Header, buf []byte, max uint32) (Header, []byte, error) {
+	if h.BodyLen > max {
+		return h, buf[:0], base.Errorf(base.ErrProtocol, "%s frame body of %d bytes exceeds %d", h.Op, h.BodyLen, max)
 	}
 	if int(h.BodyLen) > cap(buf) {
 		buf = make([]byte, h.BodyLen)

@@ -85,7 +85,16 @@ type Shard struct {
 	Kind  Kind
 	Items int64
 	Shape []int64
+	// Why says why a Failed rank could not create its shard (the error
+	// its agent met: no room in /dev/shm, above the memory budget), for
+	// the other ranks' error; "" for none. An optional last field, sent
+	// only when set (by an agent, on PeerPublish), so every other Shard
+	// encodes as before.
+	Why string
 }
+
+// MaxWhy bounds Shard.Why.
+const MaxWhy = 4096
 
 // Kind is what a variable's rows are like.
 type Kind uint8
@@ -132,6 +141,13 @@ func (m *Shard) Encode(e *Encoder) {
 	e.U8(uint8(m.Kind))
 	e.I64(m.Items)
 	e.I64s(m.Shape)
+	if m.Failed && m.Why != "" {
+		why := m.Why
+		if len(why) > MaxWhy {
+			why = why[:MaxWhy]
+		}
+		e.String32(why)
+	}
 }
 
 func DecodeShard(b []byte) (m Shard, err error) {
@@ -152,6 +168,12 @@ func DecodeShard(b []byte) (m Shard, err error) {
 	m.Shape = d.I64s(nil)
 	if d.err == nil && (m.Kind > KindRagged || len(m.Shape) > MaxShape) {
 		return m, protoErr("shard of %q: kind %d with %d trailing dimensions", m.Name, m.Kind, len(m.Shape))
+	}
+	if d.err == nil && m.Failed && len(d.b) > 0 {
+		m.Why = d.String32()
+		if d.err == nil && (m.Why == "" || len(m.Why) > MaxWhy) {
+			return m, protoErr("shard of %q: a reason of %d bytes: want 1 to %d", m.Name, len(m.Why), MaxWhy)
+		}
 	}
 	return m, d.Done()
 }

@@ -560,3 +560,32 @@ func TestDecodeHugeCounts(t *testing.T) {
 		t.Fatalf("huge names count: %v", err)
 	}
 }
+
+// TestShardWhy: a failed shard carries its agent's reason as an optional
+// last field; a shard that did not fail encodes as it did without one.
+func TestShardWhy(t *testing.T) {
+	sh := Shard{Name: "big", Rank: 1, Size: 2, Rows: 10, Disp: 4, ItemSize: 4}
+	plain := encodeMsg[Shard, *Shard](sh)
+	ok := sh
+	ok.Why = "ignored: not failed"
+	if got := encodeMsg[Shard, *Shard](ok); !bytes.Equal(got, plain) {
+		t.Fatalf("a shard that did not fail encodes its reason: %d bytes, want %d", len(got), len(plain))
+	}
+	failed := sh
+	failed.Failed, failed.Why = true, "no room in /dev/shm"
+	got, err := DecodeShard(encodeMsg[Shard, *Shard](failed))
+	if err != nil || got.Why != failed.Why || !got.Failed {
+		t.Fatalf("DecodeShard = %+v, %v; want the reason %q back", got, err, failed.Why)
+	}
+	failed.Why = strings.Repeat("x", MaxWhy+100)
+	if got, err := DecodeShard(encodeMsg[Shard, *Shard](failed)); err != nil || len(got.Why) != MaxWhy {
+		t.Fatalf("a long reason decodes as %d bytes, %v: want it cut to %d", len(got.Why), err, MaxWhy)
+	}
+	e := Encoder{}
+	failed.Why = ""
+	failed.Encode(&e)
+	e.String32(strings.Repeat("y", MaxWhy+1))
+	if _, err := DecodeShard(e.b); !errors.Is(err, base.ErrProtocol) {
+		t.Fatalf("a reason over %d bytes: err = %v, want ErrProtocol", MaxWhy, err)
+	}
+}
