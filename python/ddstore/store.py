@@ -11,13 +11,14 @@ rank sees it, row copies)."""
 
 import functools
 import os
+import secrets
 from bisect import bisect_right
 import stat
 import time
 
 import numpy as np
 
-from . import _agent, _fence, _lanes, _onesided, _prefetch, _ragged, _wire
+from . import _agent, _bootstrap, _fence, _lanes, _onesided, _prefetch, _ragged, _wire
 from ._errors import (ArgumentError, BadBuffer, ClosedError, Error, FreedVariable, GeometryError, IndexOutOfRange,
                       UnknownVariable, VariableExists)
 from ._recv import RecvBuffers, close_regions
@@ -58,7 +59,7 @@ class Store:
     def __init__(self, comm=None, namespace=None, *, rank=None, size=None, local_rank=None, local_size=None,
                  node=None, socket_path=None, run_dir=None, spawn=True, agent_args=(), binary=None,
                  timeout=120.0, publish_timeout=300.0, agent_wait=60.0, max_lanes=16, reader=False, width=None,
-                 wait_published=None, method=None):
+                 wait_published=None, method=None, own_namespace=False, scope=None):
         from .comm import identity, world_of
         ident = identity(comm, rank, size, local_rank, local_size, node)
         self.rank, self.size, self.local_rank, self.local_size, self.node = (
@@ -106,7 +107,14 @@ class Store:
         handshake = getattr(comm, "dir", None)
         if handshake:
             agent_args = ("--handshake-dir", handshake, *agent_args)
-        self._agent_args = tuple(agent_args)
+        agent_env = None
+        if comm is not None and not self.reader:
+            # Ranks on several nodes with nowhere for their agents to meet:
+            # the communicator carries a rendezvous and a secret (_bootstrap).
+            agent_args, agent_env = _bootstrap.agree(comm, self.node, agent_args)
+        self._agent_args, self._agent_env = tuple(agent_args), agent_env
+        self.scope = _scope(comm, scope, self.reader)
+        self._scope_suffix = "" if self.scope == NAMESPACE else "@s" + self.scope
         self._timeout, self._publish_timeout = timeout, publish_timeout
         self._vars, self._freed, self._attempts = {}, set(), {}
         self._closed = False
@@ -115,10 +123,18 @@ class Store:
         # The hello is made from values, not from the store: nothing the pool
         # holds refers back to the store, which so goes (and closes) when
         # its last reference does.
-        hello = functools.partial(_hello, self.namespace, self.node, -1 if self.reader else self._world_rank,
-                                  self._world_size, self.local_rank, self.local_size)
+        # The rank the hello says is the namespace's: the world's, unless the
+        # communicator is the whole job of a namespace of its own (a
+        # sub-communicator given one): rank 0 of the namespace's job is the
+        # one whose agent coordinates through a handshake directory.
+        if own_namespace:
+            self._hello_rank, self._hello_size = ident.rank, ident.size
+        else:
+            self._hello_rank, self._hello_size = self._world_rank, self._world_size
+        hello = functools.partial(_hello, self.namespace, self.node, -1 if self.reader else self._hello_rank,
+                                  self._hello_size, self.local_rank, self.local_size)
         agent = _lanes.Agent(self.namespace, self.node, self.socket_path, hello, timeout, agent_wait, spawn,
-                             self.local_rank, self._agent_args, binary)
+                             self.local_rank, self._agent_args, binary, agent_env)
         self._pool = _lanes.LanePool(agent, max_lanes, self.rank)
         self._recv = RecvBuffers(self._pool, timeout)
         _lanes.track(self)
@@ -132,10 +148,14 @@ class Store:
     # -- connections --------------------------------------------------------
 
     def _hello(self):
-        return _hello(self.namespace, self.node, -1 if self.reader else self._world_rank, self._world_size,
+        return _hello(self.namespace, self.node, -1 if self.reader else self._hello_rank, self._hello_size,
                       self.local_rank, self.local_size)
 
     def _wire_name(self, name):
+        """The agents' name of a variable: the name, the store's scope
+        ("@s<token>", none in the namespace's scope), the replica group
+        ("@r<first world rank>", none for the whole job)."""
+        name += self._scope_suffix
         return name if self.group is None else f"{name}@r{self.group}"
 
     def _check_fork(self):
@@ -773,10 +793,59 @@ class Store:
         self.close()
 
     def __del__(self):
+        # A store's own variables go with it (DDStore's free() at garbage
+        # collection): this rank's share of each is given back; variables
+        # of the namespace's scope stay, and so does a window (its free is
+        # collective).
+        try:
+            if self._scope_suffix and not self.reader and not self._closed and self._pid == os.getpid():
+                for n, v in list(self._vars.items()):
+                    if v.win is None:
+                        self._request(_wire.OP_FREE, _wire.Encoder().string(self._wire_name(n)).string("").i64(self.rank),
+                                      timeout=self._timeout)
+        except Exception:
+            pass
         try:
             self._close(collective=False)
         except Exception:
             pass
+
+
+NAMESPACE = "namespace"
+_SCOPE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+
+def _scope(comm, scope, reader):
+    """The store's scope: NAMESPACE, or the token its variables' names
+    carry. "store" (the default with an mpi4py communicator or a
+    torch.distributed group): rank 0 draws a token and the communicator
+    carries it (collective), so that each store's variables are its own.
+    "namespace" (the default for a reader and without such a communicator):
+    variables are the namespace's, as readers of another job and restarted
+    jobs see them. Any other string is a token every rank passes the same
+    (a forked reader of a store passes the store's)."""
+    if scope is None:
+        scope = NAMESPACE if reader or _bootstrap._collectives(comm) is None else "store"
+    if not isinstance(scope, str) or not scope:
+        raise ArgumentError(f"ddstore: bad argument: scope {scope!r}: want \"store\", \"namespace\" or a token of "
+                            f"[A-Za-z0-9_-]")
+    if scope == NAMESPACE:
+        return NAMESPACE
+    if scope == "store":
+        if reader:
+            raise ArgumentError("ddstore: bad argument: scope \"store\" for a reader: a reader reads variables of the "
+                                "namespace (scope=\"namespace\") or of a store whose token it is given")
+        coll = _bootstrap._collectives(comm)
+        if coll is None:
+            raise ArgumentError(f"ddstore: bad argument: scope \"store\" needs an mpi4py communicator or a "
+                                f"torch.distributed group to agree on the store's token (comm is "
+                                f"{type(comm).__name__}): use scope=\"namespace\" or pass a token")
+        mine = secrets.token_hex(6) if _bootstrap.comm_rank(comm) == 0 else None
+        return coll[1](mine)
+    if len(scope) > 64 or not set(scope) <= _SCOPE_CHARS:
+        raise ArgumentError(f"ddstore: bad argument: scope {scope!r}: want \"store\", \"namespace\" or a token of "
+                            f"1 to 64 characters of [A-Za-z0-9_-]")
+    return scope
 
 
 def _hello(namespace, node, rank, size, local_rank, local_size):

@@ -281,6 +281,14 @@ class PyDDStore:
                 pass
         self._recv = {}
         self._py = {"py_gets": 0, "py_get": 0.0}
+        # A namespace of the store's own (a sub-group's): its ranks are that
+        # namespace's whole job, and its rank 0's agent coordinates there.
+        if suffix and not reader:
+            store_kw.setdefault("own_namespace", True)
+        # Method 2 is DDStore's split mode: what the core job adds, readers
+        # of another job join by name, so its variables are the namespace's.
+        if method == 2 and not reader:
+            store_kw.setdefault("scope", "namespace")
         self.store = _dd.Store(comm, namespace=namespace, agent_args=tuple(agent_args), reader=reader,
                                **ident, **store_kw)
         self.comm = comm
@@ -320,7 +328,8 @@ class PyDDStore:
         s = self.store
         args = s._agent_args
         rd = _dd.Store(namespace=s.namespace, rank=s.rank, size=s.size, local_rank=s.local_rank,
-                       local_size=s.local_size, node=s.node, socket_path=s.socket_path, agent_args=args, reader=True)
+                       local_size=s.local_size, node=s.node, socket_path=s.socket_path, agent_args=args, reader=True,
+                       scope=s.scope)
         return PyDDStore._wrap(rd, self.method, self.handshake_dir, self.n_core, self.exchange_ns)
 
     # -- creating --------------------------------------------------------------

@@ -93,7 +93,7 @@ def test_store_hello(name, monkeypatch):
     f = v["fields"]
     monkeypatch.setattr(store.os, "getpid", lambda: f["pid"])
     s = types.SimpleNamespace(reader=False, namespace=f["namespace"], node=f["node"], rank=f["rank"], size=f["size"],
-                              _world_rank=f["rank"], _world_size=f["size"], local_rank=f["local_rank"],
+                              _hello_rank=f["rank"], _hello_size=f["size"], local_rank=f["local_rank"],
                               local_size=f["local_size"])
     assert bytes(store.Store._hello(s).frame(v["op"], v["id"])).hex() == v["hex"]
 
