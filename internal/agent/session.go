@@ -613,6 +613,9 @@ func (a *Agent) free(ctx context.Context, name string, rank int) error {
 	if v == nil {
 		return base.Errorf(base.ErrUnknown, "no variable %q on node %q", name, a.cfg.Node)
 	}
+	v.creators.mu.Lock()
+	delete(v.creators.owners, rank) // freed: nothing left for freeOwned
+	v.creators.mu.Unlock()
 	v.mu.RLock()
 	published := v.table != nil
 	v.mu.RUnlock()

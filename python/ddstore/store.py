@@ -11,6 +11,7 @@ rank sees it, row copies)."""
 
 import functools
 import os
+import re
 import secrets
 from bisect import bisect_right
 import stat
@@ -908,6 +909,12 @@ def _not_ragged(v, op):
                             f"size; read it with get_ragged")
 
 
+_SCOPED = re.compile(r"@s[0-9a-f]{12}(@r[0-9]+)?$")
+
+
 def _check_name(name):
     if not isinstance(name, str) or not 1 <= len(name.encode()) <= 1024:
         raise ArgumentError(f"ddstore: bad argument: variable name {name!r}: want a str of 1 to 1024 bytes")
+    if _SCOPED.search(name):
+        raise ArgumentError(f"ddstore: bad argument: variable name {name!r}: a name may not end in @s and 12 hex "
+                            f"digits, the mark of a store's scope (naming.StoreScoped)")

@@ -2,15 +2,17 @@
 communicator (HydraGNN's train, validation and test sets) or on different
 ones each add a variable of the same name, a store's variables go when it
 is collected, and a job run again after a crash never meets its
-predecessor's. Launched by Open MPI's mpirun with nothing in the
+predecessor's: the agent frees what its dead processes held. Launched by Open MPI's mpirun with nothing in the
 environment about where agents meet (see test_bootstrap.py for what the
 ranks see)."""
 
 import os
 import shutil
+import time
 
 import pytest
 
+import ddstore
 from test_bootstrap import mpirun_plain
 
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI (mpirun) is not installed")
@@ -65,6 +67,8 @@ out = np.empty((4, 3), np.float32)
 dds.get("x", out, 4 * (size - 1 - rank))
 assert (out == size - 1 - rank).all()
 w.Barrier()
+if rank == 0:
+    sys.stdout.write(f"token {dds.store.scope}\n")
 sys.stdout.write(f"ok {rank}\n"); sys.stdout.flush()
 if sys.argv[1] == "crash":
     MPI.Finalize()
@@ -79,7 +83,20 @@ def test_rerun_after_crash(job, tmp_path, np_):
     its variable, then the same job at once, on the same agent."""
     env = {k: v for k, v in job.items() if k != "DDSTORE_NAMESPACE"}
     os.environ.pop("DDSTORE_NAMESPACE", None)
-    mpirun_plain(env, tmp_path, CRASH, np_, "crash")
+    _, out = mpirun_plain(env, tmp_path, CRASH, np_, "crash")
+    token = [line.split()[1] for line in out.splitlines() if line.startswith("token ")][0]
+    # The dead job's variable goes by itself: its processes are gone.
+    deadline = time.monotonic() + 60
+    while True:
+        look = ddstore.Store(reader=True, rank=0, size=1, namespace="default", scope=token, spawn=False)
+        try:
+            look.info("x")
+        except ddstore.UnknownVariable:
+            break
+        finally:
+            look.close()
+        assert time.monotonic() < deadline, "the variable of a dead job is still there"
+        time.sleep(0.05)
     mpirun_plain(env, tmp_path, CRASH, np_, "clean")
 
 
