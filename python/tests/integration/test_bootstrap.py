@@ -87,9 +87,10 @@ from mpi4py import MPI
 w = MPI.COMM_WORLD
 rank, size = w.Get_rank(), w.Get_size()
 how, hs = sys.argv[1], sys.argv[2]
-# Alternating nodes: every group of two spans both nodes, and the group of
-# world ranks 1 and 3 has no world rank 0.
-os.environ["DDSTORE_NODE_ID"] = "n%d" % (rank % 2)
+# Every group of two spans both nodes, and one group has no world rank 0:
+# split groups {0, 2} and {1, 3} over nodes {0, 1} and {2, 3}; width groups
+# {0, 1} and {2, 3} over alternating nodes.
+os.environ["DDSTORE_NODE_ID"] = "n%d" % (rank * 2 // size if how == "split" else rank % 2)
 import pyddstore
 from pyddstore.torch import _group_store
 kw = {"handshake_dir": hs} if hs != "-" else {}
