@@ -80,6 +80,16 @@ DDSTORE_N_CORE                 the default n_core of a reader (method 2,
 DDSTORE_MPI=0                  never use mpi4py (HAVE_MPI is False).
 =============================  ================================================
 
+On several nodes with no handshake directory and no DDSTORE_RENDEZVOUS, a
+store made from a communicator (mpi4py, torch.distributed) has rank 0 make a
+rendezvous address and a secret, and the communicator carries them to every
+rank's agent (ddstore/_bootstrap.py). A store's variables are its own, as in
+DDStore: a store made from a communicator names them with a token rank 0
+draws (scope="store"), so stores side by side may use the same names; they
+go when the store is freed or collected, or its processes are gone.
+scope="namespace" (the default for method 2, readers, and stores without a
+communicator) makes them the namespace's, for split mode and restarts.
+
 Differences a DDStore user may notice, all on the safe side: reading into a
 buffer of another dtype of the same size raises ValueError (DDStore silently
 reinterprets the bytes; a variable made by init() without dtype= has no dtype
