@@ -23,7 +23,7 @@ import numpy as np
 from mpi4py import MPI
 w = MPI.COMM_WORLD
 rank, size = w.Get_rank(), w.Get_size()
-os.environ["DDSTORE_NODE_ID"] = "n%d" % (rank * 2 // size)
+os.environ["DDSTORE_NODE_ID"] = "n%d" % (rank * int(sys.argv[1]) // size)
 import pyddstore
 sets = {}
 for k, label in enumerate(("trainset", "valset", "testset")):   # HydraGNN's three stores, one name
@@ -48,9 +48,10 @@ sys.stdout.write(f"ok {rank}\n"); sys.stdout.flush()
 """
 
 
+@pytest.mark.parametrize("nodes", [1, 2])
 @pytest.mark.parametrize("np_", [2, 4])
-def test_stores_of_one_name(job, tmp_path, np_):
-    mpirun_plain(job, tmp_path, STORES, np_)
+def test_stores_of_one_name(job, tmp_path, np_, nodes):
+    mpirun_plain(job, tmp_path, STORES, np_, str(nodes))
 
 
 CRASH = r"""
