@@ -809,7 +809,11 @@ class Store:
 
     def close(self):
         """Release everything this store holds (collective with
-        method="mpi": the windows are freed)."""
+        method="mpi": the windows are freed). The variables of a store's own
+        scope go with it (this rank's share of each is freed, as by free());
+        those of the namespace's scope stay with the agents."""
+        if self._scope_suffix and not self.reader and not self._closed and self._pid == os.getpid():
+            self.free()
         self._close(collective=True)
 
     def _close(self, collective):

@@ -116,9 +116,14 @@ look = ddstore.Store(reader=True, rank=rank, size=size, scope=token)   # sees th
 assert look.info("y") == (2 * size, 2, 4)
 look.close()
 w.Barrier()
+# Another store of this process stays connected: the store's going frees,
+# not the process's (the agent frees what a gone process published).
+keep = ddstore.Store(reader=True, rank=rank, size=size, scope=token)
+if sys.argv[1] == "close":
+    dds.store.close()                # ddstore.Store.close, not PyDDStore's (which frees first anyway)
 del dds
 gc.collect()
-w.Barrier()                          # every rank's store collected: the variable is gone on every node
+w.Barrier()                          # every rank's store closed or collected: the variable is gone on every node
 look = ddstore.Store(reader=True, rank=rank, size=size, scope=token)
 try:
     look.info("y")
@@ -130,6 +135,7 @@ sys.stdout.write(f"ok {rank}\n"); sys.stdout.flush()
 """
 
 
+@pytest.mark.parametrize("how", ["collect", "close"])
 @pytest.mark.parametrize("np_", [2, 4])
-def test_collected_store_frees(job, tmp_path, np_):
-    mpirun_plain(job, tmp_path, COLLECTED, np_)
+def test_collected_store_frees(job, tmp_path, np_, how):
+    mpirun_plain(job, tmp_path, COLLECTED, np_, how)
