@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"net"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"github.com/ddstore-go/ddstore/internal/auth"
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/shm"
+	"github.com/ddstore-go/ddstore/internal/transport"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
@@ -149,5 +151,43 @@ func TestAgentReadRange(t *testing.T) {
 	}
 	if err := readRange(0, 1, 0); err != nil {
 		t.Fatalf("ReadRange after errors: %v", err)
+	}
+}
+
+// rowEngine is an engine without range reads (as mpi and fabric): it
+// serves each Fetch from data, row by row.
+type rowEngine struct {
+	transport.Engine
+	data    []byte
+	rb      int64
+	fetches int
+}
+
+func (e *rowEngine) Fetch(_ context.Context, _, _ string, _ int64, globals []int64, dst [][]byte) error {
+	e.fetches++
+	for i, g := range globals {
+		copy(dst[i], e.data[g*e.rb:(g+1)*e.rb])
+	}
+	return nil
+}
+
+// TestFetchRangeRowByRow: with an engine that has no range read, a run is
+// fetched as a Fetch of its rows, each into its place.
+func TestFetchRangeRowByRow(t *testing.T) {
+	data := make([]byte, 300)
+	for i := range data {
+		data[i] = byte(i * 3)
+	}
+	e := &rowEngine{data: data, rb: 3}
+	a := &Agent{rows: e}
+	dst := make([]byte, 3*40)
+	if err := a.fetchRange(context.Background(), "peer", "v", 1, 50, 40, dst); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dst, data[150:270]) || e.fetches != 1 {
+		t.Errorf("rows [50, 90) fetched row by row: %d fetches, bytes equal: %v", e.fetches, bytes.Equal(dst, data[150:270]))
+	}
+	if err := a.fetchRange(context.Background(), "peer", "v", 1, 0, 0, nil); err != nil || e.fetches != 1 {
+		t.Errorf("an empty run: %v, %d fetches", err, e.fetches)
 	}
 }
