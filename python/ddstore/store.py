@@ -330,6 +330,7 @@ class Store:
 
     def _install(self, t, name):
         v = Var(t, -1 if self.reader else self.rank)
+        v.label = name
         with self._lock:
             if self._closed:
                 v.unmap()
@@ -452,15 +453,15 @@ class Store:
         size and layout."""
         a, dt = as_array(arr)
         if v.dtype and dt != v.dtype:
-            raise BadBuffer(f"ddstore: bad buffer: variable {v.name!r} holds {v.dtype}, destination is {dt}")
+            raise BadBuffer(f"ddstore: bad buffer: variable {v.label!r} holds {v.dtype}, destination is {dt}")
         if a.dtype.itemsize != v.itemsize:
-            raise BadBuffer(f"ddstore: bad buffer: variable {v.name!r} has items of {v.itemsize} bytes, "
+            raise BadBuffer(f"ddstore: bad buffer: variable {v.label!r} has items of {v.itemsize} bytes, "
                             f"destination {dt} of {a.dtype.itemsize}")
         if a.size != nrows * v.disp:
-            raise BadBuffer(f"ddstore: bad buffer: variable {v.name!r}: destination of {a.size} items for {nrows} "
+            raise BadBuffer(f"ddstore: bad buffer: variable {v.label!r}: destination of {a.size} items for {nrows} "
                             f"rows of {v.disp}: want {nrows * v.disp}")
         if not a.flags.c_contiguous or not a.flags.writeable:
-            raise BadBuffer(f"ddstore: bad buffer: variable {v.name!r}: destination must be C-contiguous and writable")
+            raise BadBuffer(f"ddstore: bad buffer: variable {v.label!r}: destination must be C-contiguous and writable")
         return a.reshape(-1).view(np.uint8).reshape(nrows, v.rb)
 
     def get(self, name, arr, start=0):
@@ -958,7 +959,7 @@ def _is_hdf5(file):
 
 def _not_ragged(v, op):
     if v.ragged:
-        raise ArgumentError(f"ddstore: bad argument: variable {v.name!r} has ragged rows: {op} takes rows of one "
+        raise ArgumentError(f"ddstore: bad argument: variable {v.label!r} has ragged rows: {op} takes rows of one "
                             f"size; read it with get_ragged")
 
 

@@ -42,6 +42,11 @@ for k, label in enumerate(("trainset", "valset", "testset")):
 out = np.empty((2 * sub.Get_size(), 2), np.int64)
 other.get("record_array", out, 0)
 assert (out[:, 0] == -1 - np.repeat(np.arange(rank % 2, size, 2), 2)).all(), out[:, 0]
+try:                                                           # errors name the variable as its user does
+    other.get("record_array", np.zeros((1, 2), np.float64), 0)
+    raise AssertionError("read into a float64 buffer")
+except ValueError as e:
+    assert "'record_array' holds int64" in str(e) and "@s" not in str(e), e
 for dds in (*sets.values(), other):
     dds.free()
 sys.stdout.write(f"ok {rank}\n"); sys.stdout.flush()
