@@ -144,3 +144,38 @@ sys.stdout.write(f"ok {rank}\n"); sys.stdout.flush()
 @pytest.mark.parametrize("np_", [2, 4])
 def test_collected_store_frees(job, tmp_path, np_, how):
     mpirun_plain(job, tmp_path, COLLECTED, np_, how)
+
+
+TORCH_DATASET = r"""
+import os, sys
+import numpy as np
+import torch
+from mpi4py import MPI
+w = MPI.COMM_WORLD
+rank, size = w.Get_rank(), w.Get_size()
+os.environ["DDSTORE_NODE_ID"] = "n%d" % (rank * 2 // size)
+from ddstore.torch import DistDataset, DistDatasetReader
+if sys.argv[1] == "publish":
+    data = torch.arange(40 * 3, dtype=torch.float32).reshape(40, 3)
+    ds = DistDataset(torch.utils.data.TensorDataset(data), "pub", comm=w)
+    rd = DistDatasetReader("pub", comm=w)                      # of this job, with a store of its own
+    assert torch.equal(rd[39][0], data[39])
+    rd.close()
+    w.Barrier()
+    sys.stdout.write(f"ok {rank}\n"); sys.stdout.flush()
+    MPI.Finalize()
+    os._exit(0)                                                # left published, for the next job
+else:
+    rd = DistDatasetReader("pub", comm=w)                      # of another job
+    assert torch.equal(rd[7][0], torch.arange(21, 24, dtype=torch.float32))
+    rd.close()
+    sys.stdout.write(f"ok {rank}\n"); sys.stdout.flush()
+"""
+
+
+def test_torch_dataset_is_the_namespaces(job, tmp_path):
+    """ddstore.torch's DistDataset publishes by name: a DistDatasetReader of
+    the same job or of a later one, each with a communicator, finds it."""
+    pytest.importorskip("torch")
+    mpirun_plain(job, tmp_path, TORCH_DATASET, 2, "publish")
+    mpirun_plain(job, tmp_path, TORCH_DATASET, 2, "read")
