@@ -55,6 +55,21 @@ class Store:
     forked child (a DataLoader worker), still go through the agent. Needs an
     MPI whose windows reach other processes' memory by themselves: Open MPI
     over shared memory with single-copy (CMA) or RDMA between nodes.
+
+    scope: whose variables this store's are. "store" (the default with an
+    mpi4py communicator or a torch.distributed group): the store's own, as
+    a DDStore object's; rank 0 draws a token the communicator carries, so
+    stores side by side may use the same names, and they go when the store
+    is freed, closed or collected, or when its processes are gone.
+    "namespace" (the default otherwise, and for readers): the namespace's,
+    found by name by readers of other jobs and restarted jobs, until freed.
+    Another string is a store's token (a reader of that store's variables).
+
+    With ranks on several nodes and neither a handshake directory nor a
+    rendezvous address, a communicator carries a rendezvous and a secret
+    rank 0 makes (_bootstrap). own_namespace=True says the communicator is
+    the whole job of the store's namespace (a sub-communicator given a
+    namespace of its own): its rank 0's agent coordinates there.
     """
 
     def __init__(self, comm=None, namespace=None, *, rank=None, size=None, local_rank=None, local_size=None,
