@@ -180,6 +180,8 @@ func vectorFrames(t *testing.T) obj {
 	failed.Attempt, failed.Failed = 2, true
 	read := wire.Read{Name: "x", Region: 1, ID: 5, Globals: []int64{5, 0}, Offsets: []int64{0, 32}}
 	fetch := wire.Fetch{Name: "x", ID: 5, Globals: []int64{3}}
+	readRange := wire.ReadRange{Name: "recs", Region: 2, ID: 5, Start: 10240, Count: 4096, Offset: 64}
+	fetchRange := wire.FetchRange{Name: "recs", ID: 5, Start: 10240, Count: 4096}
 	peerOffsets := wire.PeerOffsets{Name: "pos", ID: 6, Rank: 1, First: 0, Count: 2}
 	offsets := wire.Offsets{Offsets: []int64{0, 4, 4}}
 	frames := []vectorFrame{
@@ -203,6 +205,14 @@ func vectorFrames(t *testing.T) obj {
 				err := wire.DecodeRead(b, &m)
 				return m, err
 			}, value: read},
+		// Rows [10240, 14336) of a uint8 variable (a 4 KiB record) into
+		// region 2 from byte 64 on, and the empty reply.
+		{name: "read_range", op: wire.OpReadRange, id: 14, message: "ReadRange", fields: obj{"name": readRange.Name,
+			"region": readRange.Region, "id": readRange.ID, "start": readRange.Start, "count": readRange.Count,
+			"offset": readRange.Offset}, encode: readRange.Encode,
+			decode: func(b []byte) (any, error) { return wire.DecodeReadRange(b) }, value: readRange},
+		{name: "read_range_reply", op: wire.OpReadRange, id: 14, reply: true, fields: obj{},
+			decode: func(b []byte) (any, error) { return nil, wire.NewDecoder(b).Done() }},
 		barrierFrame("barrier", wire.OpBarrier, 12, wire.Barrier{Key: "", Rank: 1, Size: 2, Seq: 3, TimeoutMs: 300000}),
 		// A rank of the replica group of world ranks 4.. at its 1st fence.
 		barrierFrame("barrier_group", wire.OpBarrier, 13, wire.Barrier{Key: "@r4", Rank: 0, Size: 4, Seq: 1, TimeoutMs: 0}),
@@ -222,6 +232,13 @@ func vectorFrames(t *testing.T) obj {
 				return m, err
 			}, value: fetch},
 		{name: "peer_fetch_reply", op: wire.OpFetch, id: 1, reply: true, payload: 32, fields: obj{},
+			decode: func(b []byte) (any, error) { return nil, wire.NewDecoder(b).Done() }},
+		// Peer protocol: the same rows asked of their owner node; the
+		// reply's payload is their 4096 bytes.
+		{name: "peer_fetch_range", op: wire.OpFetchRange, id: 3, message: "FetchRange", fields: obj{"name": fetchRange.Name,
+			"id": fetchRange.ID, "start": fetchRange.Start, "count": fetchRange.Count}, encode: fetchRange.Encode,
+			decode: func(b []byte) (any, error) { return wire.DecodeFetchRange(b) }, value: fetchRange},
+		{name: "peer_fetch_range_reply", op: wire.OpFetchRange, id: 3, reply: true, payload: 4096, fields: obj{},
 			decode: func(b []byte) (any, error) { return nil, wire.NewDecoder(b).Done() }},
 		// A node asks another for rank 1's offsets of rows [0, 2] of a
 		// ragged variable, to build its index; the reply is 3 offsets.

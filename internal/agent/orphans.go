@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ddstore-go/ddstore/internal/naming"
 	"github.com/ddstore-go/ddstore/internal/shm"
 )
 
@@ -27,8 +28,12 @@ import (
 // creators are the client processes of a variable's unpublished local
 // shards, by rank. The zero value is ready to use.
 type creators struct {
-	mu sync.Mutex // guards m and each creator's publishing; a leaf (lock order: internal/LOCKS.md)
+	mu sync.Mutex // guards m, owners and each creator's publishing; a leaf (lock order: internal/LOCKS.md)
 	m  map[int]*creator
+	// owners are the processes of a store-scoped variable's published
+	// local shards, by rank (naming.StoreScoped): each rank's share is
+	// freed when its process is gone.
+	owners map[int]int32
 }
 
 type creator struct {
@@ -102,6 +107,12 @@ func (a *Agent) publishing(name string, rank int64) (done func()) {
 		c.publishing--
 		if c.publishing == 0 && v.creators.m[int(rank)] == c {
 			delete(v.creators.m, int(rank))
+			if v.published.Load() && naming.StoreScoped(v.name) {
+				if v.creators.owners == nil {
+					v.creators.owners = make(map[int]int32)
+				}
+				v.creators.owners[int(rank)] = c.pid
+			}
 		}
 	}
 }
@@ -121,13 +132,16 @@ func (a *Agent) reclaimOrphans(s *session) {
 			return
 		}
 	}
-	var vars []*variable
+	var vars, owned []*variable
 	for _, v := range a.mu.vars {
 		if !v.published.Load() {
 			vars = append(vars, v)
+		} else {
+			owned = append(owned, v)
 		}
 	}
 	a.mu.Unlock()
+	a.freeOwned(owned, s.pid)
 	for _, v := range vars {
 		type orphan struct {
 			rank int
@@ -145,6 +159,35 @@ func (a *Agent) reclaimOrphans(s *session) {
 		for _, o := range gone {
 			a.log.Info("client gone before publishing its shard; removing it", "variable", v.name, "rank", o.rank, "pid", s.pid)
 			a.takeBack(v, o.rank, o.seg)
+		}
+	}
+}
+
+// freeOwned frees, for each store-scoped variable of vars, the shares of
+// the ranks whose process pid is gone: as if each had called Free, so the
+// variable goes once every rank's process has (on every node, by the
+// coordinator). A job that died without freeing so leaves nothing behind;
+// variables of the namespace's scope (split mode, restarts) stay. The
+// frees run on goroutines the agent owns: they wait on the coordinator.
+func (a *Agent) freeOwned(vars []*variable, pid int32) {
+	for _, v := range vars {
+		var ranks []int
+		v.creators.mu.Lock()
+		for r, p := range v.creators.owners {
+			if p == pid {
+				delete(v.creators.owners, r)
+				ranks = append(ranks, r)
+			}
+		}
+		v.creators.mu.Unlock()
+		for _, r := range ranks {
+			name := v.name
+			a.log.Info("client gone without freeing its share of a store's variable; freeing it", "variable", name, "rank", r, "pid", pid)
+			a.go_(func() {
+				if err := a.free(a.ctx, name, r); err != nil && a.ctx.Err() == nil {
+					a.log.Warn("could not free the share of a gone client", "variable", name, "rank", r, "err", err)
+				}
+			})
 		}
 	}
 }

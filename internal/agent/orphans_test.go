@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddstore-go/ddstore/internal/shm"
 	"github.com/ddstore-go/ddstore/internal/testutil"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
@@ -74,4 +75,39 @@ func TestAgentKeepsShardBeingPublished(t *testing.T) {
 		t.Fatalf("segments while the round waits: %v", segs)
 	}
 	waitGone(t, a, fmt.Sprintf("after the round's timeout (%d ms)", sh.TimeoutMs))
+}
+
+// TestAgentFreesGoneOwnersScopedVariables: a store-scoped variable
+// (NAME@s<12 hex>) goes once the process that published its shards has no
+// connection left; a variable of the namespace's scope stays.
+func TestAgentFreesGoneOwnersScopedVariables(t *testing.T) {
+	a := startAgent(t, Config{})
+	r := dialRaw(t, a)
+	r.hello(a, 0, 1)
+	for _, name := range []string{"x@s0123456789ab", "y", "z@s0123456789ab@r0"} {
+		sh := wire.Shard{Name: name, Rank: 0, Size: 1, Rows: 4, Disp: 2, ItemSize: 4, TimeoutMs: 5000, Attempt: 1, Dtype: "int32"}
+		p, err := wire.DecodePath(r.must(wire.OpCreate, sh.Encode))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { shm.Remove(p.Path) })
+		r.must(wire.OpPublish, sh.Encode)
+	}
+	names := func() []string {
+		var out []string
+		for _, v := range a.info().Variables {
+			out = append(out, v.Name)
+		}
+		return out
+	}
+	if got := names(); len(got) != 3 {
+		t.Fatalf("variables before the client goes: %v", got)
+	}
+	r.c.Close()
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if got := names(); len(got) != 1 || got[0] != "y" {
+			return fmt.Errorf("variables after the client went: %v, want [y]", got)
+		}
+		return nil
+	})
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/layout"
+	"github.com/ddstore-go/ddstore/internal/shm"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
@@ -54,6 +55,40 @@ func (h *peerHandler) Rows(name string, id int64, globals []int64, rows [][]byte
 	}
 	a.stats.servedRows.Add(int64(len(globals)))
 	a.stats.servedBytes.Add(int64(len(globals)) * rb)
+	return rows, v.mu.RUnlock, nil
+}
+
+// RowsRange serves a FetchRange: the rows [start, start+count) of this
+// node's shards, a slice per shard, read-locked until they are sent.
+func (h *peerHandler) RowsRange(name string, id, start, count int64, rows [][]byte) ([][]byte, func(), error) {
+	a := (*Agent)(h)
+	v, err := a.served(name, id)
+	if err != nil {
+		return rows, nil, err
+	}
+	if v.rag != nil {
+		v.mu.RUnlock()
+		return rows, nil, base.Errorf(base.ErrArgument, "variable %q has ragged rows: a range of them is fetched row by row", name)
+	}
+	spans, err := v.lay.Spans(start, count)
+	if err != nil {
+		v.mu.RUnlock()
+		return rows, nil, err
+	}
+	rb := v.lay.Bytes()
+	for _, sp := range spans {
+		var seg *shm.Segment
+		if sp.Rank != layout.Backed {
+			seg = v.byRank[sp.Rank]
+		}
+		if seg == nil {
+			v.mu.RUnlock()
+			return rows[:0], nil, base.Errorf(base.ErrArgument, "rows [%d, %d) of %q are not all on node %q", start, start+count, name, a.cfg.Node)
+		}
+		rows = append(rows, seg.Data[sp.Local*rb:(sp.Local+sp.Count)*rb])
+	}
+	a.stats.servedRows.Add(count)
+	a.stats.servedBytes.Add(count * rb)
 	return rows, v.mu.RUnlock, nil
 }
 

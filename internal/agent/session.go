@@ -31,6 +31,8 @@ type session struct {
 	out   []byte
 	read  wire.Read
 	fan   fanout
+	// ranges is a ReadRange's pieces, reused.
+	ranges []rangePiece
 	// prefetch is the last Prefetch request, its slice reused.
 	prefetch wire.Fetch
 	// decodeFailed says the current request itself was malformed.
@@ -257,6 +259,14 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 		}
 		defer a.observeRead(time.Now())
 		return nil, a.read(ctx, s, &s.read)
+	case wire.OpReadRange:
+		m, err := wire.DecodeReadRange(body)
+		if err != nil {
+			s.decodeFailed = true
+			return nil, err
+		}
+		defer a.observeRead(time.Now())
+		return nil, a.readRange(ctx, s, m)
 	case wire.OpPrefetch:
 		if err := wire.DecodeFetch(body, &s.prefetch); err != nil {
 			s.decodeFailed = true
@@ -718,6 +728,9 @@ func (a *Agent) free(ctx context.Context, name string, rank int) error {
 	if v == nil {
 		return base.Errorf(base.ErrUnknown, "no variable %q on node %q", name, a.cfg.Node)
 	}
+	v.creators.mu.Lock()
+	delete(v.creators.owners, rank) // freed: nothing left for freeOwned
+	v.creators.mu.Unlock()
 	v.mu.RLock()
 	published := v.table != nil
 	v.mu.RUnlock()

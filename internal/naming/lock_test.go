@@ -65,3 +65,23 @@ func TestErrAgentRuns(t *testing.T) {
 		t.Fatalf("ErrAgentRuns (code %d) does not cross the wire as ErrExists", base.Code(ErrAgentRuns))
 	}
 }
+
+func TestStoreScoped(t *testing.T) {
+	for name, want := range map[string]bool{
+		"x@s0123456789ab":      true,
+		"x@s0123456789ab@r4":   true,
+		"a/b@sffffffffffff@r0": true,
+		"@s0123456789ab":       false, // no name before the scope
+		"x@s0123456789a":       false, // 11 digits
+		"x@s0123456789abc":     false, // 13
+		"x@s0123456789AB":      false, // upper case: not the client's
+		"x@s0123456789ab@r":    false,
+		"x":                    false,
+		"x@r2":                 false,
+		"x@s0123456789ab@rx":   false,
+	} {
+		if got := StoreScoped(name); got != want {
+			t.Errorf("StoreScoped(%q) = %v, want %v", name, got, want)
+		}
+	}
+}

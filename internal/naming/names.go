@@ -33,3 +33,41 @@ func CheckVariable(name string) error {
 	}
 	return nil
 }
+
+// A store's scope: the Python client names the variables of a store
+// (pyddstore's PyDDStore, ddstore.Store with a communicator) NAME@s<12 hex
+// digits>, before a replica group's @r<first rank>, so that each store's
+// variables are its own. Such a variable belongs to the processes that
+// created its shards: the agent frees a rank's share when that process is
+// gone (internal/agent/orphans.go). Variables of the namespace's scope
+// (any other name) stay until freed.
+const (
+	ScopeMark   = "@s"
+	ScopeDigits = 12
+)
+
+// StoreScoped reports whether name carries a store's scope.
+func StoreScoped(name string) bool {
+	if i := strings.LastIndex(name, "@r"); i >= 0 && i+2 < len(name) && allDigits(name[i+2:]) {
+		name = name[:i]
+	}
+	n := len(name) - ScopeDigits - len(ScopeMark)
+	if n < 1 || name[n:n+len(ScopeMark)] != ScopeMark {
+		return false
+	}
+	for _, c := range name[n+len(ScopeMark):] {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+func allDigits(s string) bool {
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return s != ""
+}

@@ -219,6 +219,15 @@ func (o *confOwner) served(ctx context.Context, name string, id int64) (*ownedVa
 	return v, nil
 }
 
+// RowsRange serves a tcp FetchRange row by row, as Rows.
+func (o *confOwner) RowsRange(name string, id, start, count int64, rows [][]byte) ([][]byte, func(), error) {
+	globals := make([]int64, count)
+	for i := range globals {
+		globals[i] = start + int64(i)
+	}
+	return o.Rows(name, id, globals, rows)
+}
+
 // Rows serves a tcp Fetch from the shards not withdrawn.
 func (o *confOwner) Rows(name string, id int64, globals []int64, rows [][]byte) ([][]byte, func(), error) {
 	v, err := o.served(context.Background(), name, id)

@@ -92,6 +92,14 @@ func (t *tcpEngine) Fetch(ctx context.Context, addr, name string, id int64, glob
 	return t.p.Fetch(ctx, addr, name, id, globals, dst)
 }
 
+// FetchRange implements RangeFetcher.
+func (t *tcpEngine) FetchRange(ctx context.Context, addr, name string, id, start, count int64, dst []byte) error {
+	if t.closed.Load() {
+		return base.Errorf(base.ErrClosed, "transport closed")
+	}
+	return t.p.FetchRange(ctx, addr, name, id, start, count, dst)
+}
+
 // Close ends the engine's fetches and leaves the pool to its owner.
 func (t *tcpEngine) Close() error {
 	t.closed.Store(true)

@@ -101,6 +101,21 @@ func (h *fakeHandler) release() {
 	h.ctlGate.open()
 }
 
+// RowsRange serves a FetchRange as the one slice of the variable's bytes.
+func (h *fakeHandler) RowsRange(name string, id, start, count int64, rows [][]byte) ([][]byte, func(), error) {
+	h.rowsCalls.Add(1)
+	v := h.vars[name]
+	if v == nil {
+		return rows, nil, base.Errorf(base.ErrUnknown, "variable %q is not here", name)
+	}
+	nrows := int64(len(v.data) / v.rowSize)
+	if start < 0 || count < 0 || start+count > nrows {
+		return rows, func() { h.released.Add(1) }, base.Errorf(base.ErrIndex, "rows [%d, %d) of %q not in [0, %d)", start, start+count, name, nrows)
+	}
+	rows = append(rows, v.data[int(start)*v.rowSize:int(start+count)*v.rowSize])
+	return rows, func() { h.released.Add(1) }, nil
+}
+
 func (h *fakeHandler) Rows(name string, id int64, globals []int64, rows [][]byte) ([][]byte, func(), error) {
 	h.rowsCalls.Add(1)
 	if name == "plain-error" {

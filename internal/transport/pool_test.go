@@ -519,3 +519,46 @@ func TestPoolCloseFailsCallsInFlight(t *testing.T) {
 		return runtime.NumGoroutine() <= baseline
 	})
 }
+
+// TestFetchRange reads contiguous rows of one variable in one request,
+// byte rows included, and an error reply leaves the connection usable.
+func TestFetchRange(t *testing.T) {
+	h := newFakeHandler()
+	bytes1 := h.addVar("b", 20000, 1, false)
+	rows16 := h.addVar("v", 50, 16, false)
+	s, ln := startServer(t, h)
+	p := newPool(t, Options{ConnsPerPeer: 1})
+	ctx := context.Background()
+	for _, c := range []struct {
+		name         string
+		v            *fakeVar
+		start, count int64
+	}{{"b", bytes1, 0, 1}, {"b", bytes1, 1234, 10240}, {"b", bytes1, 19999, 1}, {"v", rows16, 3, 47}, {"v", rows16, 0, 0}} {
+		dst := make([]byte, c.count*int64(c.v.rowSize)+1)
+		dst[len(dst)-1] = guardByte
+		calls := h.rowsCalls.Load()
+		if err := p.FetchRange(ctx, s.Addr(), c.name, 0, c.start, c.count, dst[:len(dst)-1]); err != nil {
+			t.Fatalf("FetchRange %s [%d, +%d): %v", c.name, c.start, c.count, err)
+		}
+		want := c.v.data[c.start*int64(c.v.rowSize) : (c.start+c.count)*int64(c.v.rowSize)]
+		if string(dst[:len(dst)-1]) != string(want) {
+			t.Errorf("FetchRange %s [%d, +%d): wrong bytes", c.name, c.start, c.count)
+		}
+		if dst[len(dst)-1] != guardByte {
+			t.Errorf("FetchRange %s [%d, +%d) wrote past its destination", c.name, c.start, c.count)
+		}
+		if got := h.rowsCalls.Load() - calls; got != 1 {
+			t.Errorf("FetchRange %s [%d, +%d): %d requests served, want 1", c.name, c.start, c.count, got)
+		}
+	}
+	err := p.FetchRange(ctx, s.Addr(), "b", 0, 19990, 11, make([]byte, 11))
+	wantSentinel(t, err, base.ErrIndex)
+	wantText(t, err, `rows [19990, 20001) of "b" not in [0, 20000)`)
+	dst := make([]byte, 16)
+	if err := p.FetchRange(ctx, s.Addr(), "v", 0, 49, 1, dst); err != nil || string(dst) != string(rows16.row(49)) {
+		t.Errorf("FetchRange after an error reply: %v", err)
+	}
+	if got := ln.accepted.Load(); got != 1 {
+		t.Errorf("server accepted %d connections, want 1", got)
+	}
+}

@@ -313,6 +313,26 @@ func (s *Server) serveConn(nc net.Conn) {
 			}
 			continue
 		}
+		if h.Op == wire.OpFetchRange {
+			m, err := wire.DecodeFetchRange(body)
+			if err != nil {
+				s.BadFrames.Add(1)
+				s.log.Warn("bad fetch-range frame; dropping connection", "remote", nc.RemoteAddr().String(), "err", err)
+				nc.Close()
+				return
+			}
+			var release func()
+			rows, release, err = s.h.RowsRange(m.Name, m.ID, m.Start, m.Count, rows[:0])
+			werr := w.reply(h.Op, h.ID, err, nil, rows)
+			if release != nil {
+				release()
+			}
+			clear(rows)
+			if werr != nil {
+				return
+			}
+			continue
+		}
 		// Control ops may wait (a collective): answer them off the read
 		// loop, up to MaxInFlight at once.
 		size := int64(len(body))

@@ -186,6 +186,15 @@ func (p *Pool) Fetch(ctx context.Context, addr, name string, id int64, globals [
 	return err
 }
 
+// FetchRange asks addr for its rows [start, start+count) of a variable,
+// into dst (their bytes, in order): one request (FetchRange) whatever the
+// rows' size.
+func (p *Pool) FetchRange(ctx context.Context, addr, name string, id, start, count int64, dst []byte) error {
+	m := wire.FetchRange{Name: name, ID: id, Start: start, Count: count}
+	_, err := p.call(ctx, addr, wire.OpFetchRange, m.Encode, [][]byte{dst}, uint64(len(dst)))
+	return err
+}
+
 // Call sends a control request and returns the reply's body.
 func (p *Pool) Call(ctx context.Context, addr string, op wire.Op, fill func(*wire.Encoder)) ([]byte, error) {
 	return p.call(ctx, addr, op, fill, nil, 0)

@@ -57,12 +57,22 @@ type ExposedShard struct {
 	Exposure
 }
 
+// RangeFetcher is an Engine that reads contiguous rows of one node in one
+// request (tcp: FetchRange); the others read them row by row (Fetch).
+type RangeFetcher interface {
+	FetchRange(ctx context.Context, addr, name string, id, start, count int64, dst []byte) error
+}
+
 // Handler is the agent side of the peer protocol.
 type Handler interface {
 	// Rows returns the rows asked for of variable name (whose table has
 	// that id), as slices of the node's shared memory, appended to rows;
 	// release is called once they are sent.
 	Rows(name string, id int64, globals []int64, rows [][]byte) (out [][]byte, release func(), err error)
+	// RowsRange returns the rows [start, start+count) of variable name,
+	// all of this node, as slices of its shared memory (one per shard),
+	// appended to rows; release is called once they are sent.
+	RowsRange(name string, id, start, count int64, rows [][]byte) (out [][]byte, release func(), err error)
 	// Control answers every op but Fetch. It may block (a collective waits
 	// for other ranks) and runs on its own goroutine; ctx ends when the
 	// server closes.

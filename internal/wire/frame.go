@@ -55,6 +55,9 @@ const (
 	// OpBarrier (client protocol 1.2) is a rank's part in a fence: it
 	// returns once every rank of its group has sent its own.
 	OpBarrier Op = 13
+	// OpReadRange (client protocol 1.3) reads contiguous rows in one
+	// request, whatever their size.
+	OpReadRange Op = 14
 )
 
 // Peer protocol ops.
@@ -75,6 +78,9 @@ const (
 	OpPeerOffsets Op = 43
 	// OpPeerBarrier hands a rank's Barrier to the coordinator.
 	OpPeerBarrier Op = 44
+	// OpFetchRange (peer protocol 1.3) asks an owner node for contiguous
+	// rows of its own.
+	OpFetchRange Op = 45
 )
 
 var opNames = map[Op]string{
@@ -83,7 +89,7 @@ var opNames = map[Op]string{
 	OpInfo: "info", OpPrefetch: "prefetch", OpJoin: "join", OpPeerPublish: "peer-publish", OpPeerLookup: "peer-lookup",
 	OpFetch: "fetch", OpPeerFree: "peer-free", OpPeerNodes: "peer-nodes", OpPeerInfo: "peer-info",
 	OpPeerDrop: "peer-drop", OpPeerWindow: "peer-window", OpPeerOffsets: "peer-offsets",
-	OpBarrier: "barrier", OpPeerBarrier: "peer-barrier",
+	OpBarrier: "barrier", OpPeerBarrier: "peer-barrier", OpReadRange: "read-range", OpFetchRange: "fetch-range",
 }
 
 func (o Op) String() string {

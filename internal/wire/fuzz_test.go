@@ -150,6 +150,8 @@ func FuzzDecodeWindow(f *testing.F)     { fuzzCodec(f, windowSamples, DecodeWind
 func FuzzDecodePeerWindow(f *testing.F) { fuzzCodec(f, peerWindowSamples, DecodePeerWindow) }
 func FuzzDecodePeerNodes(f *testing.F)  { fuzzCodec(f, peerNodesSamples, DecodePeerNodes) }
 func FuzzDecodeBarrier(f *testing.F)    { fuzzCodec(f, barrierSamples, DecodeBarrier) }
+func FuzzDecodeReadRange(f *testing.F)  { fuzzCodec(f, readRangeSamples, DecodeReadRange) }
+func FuzzDecodeFetchRange(f *testing.F) { fuzzCodec(f, fetchRangeSamples, DecodeFetchRange) }
 func FuzzDecodePeerOffsets(f *testing.F) {
 	fuzzCodec(f, peerOffsetsSamples, DecodePeerOffsets)
 }

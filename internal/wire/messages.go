@@ -429,6 +429,58 @@ func DecodeFetch(b []byte, m *Fetch) error {
 	return d.Done()
 }
 
+// ReadRange asks the client's agent for the contiguous rows [Start,
+// Start+Count) of a variable of fixed-size rows, written one after another
+// into the receive region from byte Offset on: one request whatever the
+// rows' size (a record of bytes of a uint8 variable is as many rows).
+type ReadRange struct {
+	Name   string
+	Region uint32
+	ID     int64 // the table id the client read its geometry from
+	Start  int64
+	Count  int64
+	Offset int64
+}
+
+func (m *ReadRange) Encode(e *Encoder) {
+	e.String(m.Name)
+	e.U32(m.Region)
+	e.I64(m.ID)
+	e.I64(m.Start)
+	e.I64(m.Count)
+	e.I64(m.Offset)
+}
+
+func DecodeReadRange(b []byte) (m ReadRange, err error) {
+	d := NewDecoder(b)
+	m.Name, m.Region, m.ID = d.String(), d.U32(), d.I64()
+	m.Start, m.Count, m.Offset = d.I64(), d.I64(), d.I64()
+	return m, d.Done()
+}
+
+// FetchRange asks an owner node for the contiguous rows [Start,
+// Start+Count), all of them its own; the reply's payload is the rows in
+// order.
+type FetchRange struct {
+	Name  string
+	ID    int64 // the variable's Table.ID
+	Start int64
+	Count int64
+}
+
+func (m *FetchRange) Encode(e *Encoder) {
+	e.String(m.Name)
+	e.I64(m.ID)
+	e.I64(m.Start)
+	e.I64(m.Count)
+}
+
+func DecodeFetchRange(b []byte) (m FetchRange, err error) {
+	d := NewDecoder(b)
+	m.Name, m.ID, m.Start, m.Count = d.String(), d.I64(), d.I64(), d.I64()
+	return m, d.Done()
+}
+
 // PeerOffsets asks the agent holding a rank's ragged shard for its local
 // offsets (PeerOffsets request), from which the asker builds its node's
 // index: offsets First to First+Count of the rank's shard, Count+1 values

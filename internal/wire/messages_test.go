@@ -162,6 +162,16 @@ var (
 		{Name: "x", ID: 7},
 		{Name: "features/0", ID: -1},
 	}
+	readRangeSamples = []ReadRange{
+		{},
+		{Name: "recs", Region: 2, ID: 5, Start: 10240, Count: 4096, Offset: 64},
+		{Name: "x@s0123456789ab@r4", Region: 1<<32 - 1, ID: -1, Start: -1, Count: -7, Offset: 1 << 40},
+	}
+	fetchRangeSamples = []FetchRange{
+		{},
+		{Name: "recs", ID: 5, Start: 10240, Count: 4096},
+		{Name: "données", ID: 1 << 62, Start: -3, Count: 0},
+	}
 	barrierSamples = []Barrier{
 		{},
 		{Key: "@r4", Rank: 1, Size: 2, Seq: 7, TimeoutMs: 300000},
@@ -273,6 +283,8 @@ func TestMessageRoundTrip(t *testing.T) {
 	t.Run("PeerWindow", func(t *testing.T) { testCodec(t, peerWindowSamples, DecodePeerWindow) })
 	t.Run("PeerNodes", func(t *testing.T) { testCodec(t, peerNodesSamples, DecodePeerNodes) })
 	t.Run("Barrier", func(t *testing.T) { testCodec(t, barrierSamples, DecodeBarrier) })
+	t.Run("ReadRange", func(t *testing.T) { testCodec(t, readRangeSamples, DecodeReadRange) })
+	t.Run("FetchRange", func(t *testing.T) { testCodec(t, fetchRangeSamples, DecodeFetchRange) })
 	t.Run("PeerOffsets", func(t *testing.T) { testCodec(t, peerOffsetsSamples, DecodePeerOffsets) })
 	t.Run("Offsets", func(t *testing.T) { testCodec(t, offsetsSamples, DecodeOffsets) })
 }

@@ -71,13 +71,14 @@ def find_binary():
     raise NoAgent("ddstore: no agent: no ddstore binary to start an agent with: set DDSTORE_BIN or put ddstore on PATH")
 
 
-def spawn(namespace, node, socket, agent_args=(), binary=None):
+def spawn(namespace, node, socket, agent_args=(), binary=None, env=None):
     """Start `ddstore agent --daemon`, which returns once the socket serves.
-    Losing the race to another rank's agent is fine: it serves us."""
+    Losing the race to another rank's agent is fine: it serves us. env: the
+    agent's environment (None: this process's)."""
     binary = binary or find_binary()
     args = [binary, "agent", "--daemon", "--namespace", namespace, "--node", node, "--socket", socket,
             "--idle-exit", "30s", *agent_args]
-    r = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    r = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env)
     if r.returncode == EXIT_AGENT_RUNS:
         return
     if r.returncode != 0:

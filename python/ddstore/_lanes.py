@@ -145,12 +145,12 @@ class Agent:
     every lane opens with, and spawn's arguments."""
 
     __slots__ = ("namespace", "node", "socket_path", "hello", "timeout", "wait", "spawn", "local_rank", "args",
-                 "binary")
+                 "binary", "env")
 
-    def __init__(self, namespace, node, socket_path, hello, timeout, wait, spawn, local_rank, args, binary):
+    def __init__(self, namespace, node, socket_path, hello, timeout, wait, spawn, local_rank, args, binary, env=None):
         self.namespace, self.node, self.socket_path, self.hello = namespace, node, socket_path, hello
         self.timeout, self.wait, self.spawn, self.local_rank = timeout, wait, spawn, local_rank
-        self.args, self.binary = args, binary
+        self.args, self.binary, self.env = args, binary, env
 
     def connect(self):
         """A new lane, starting the node's agent when none answers."""
@@ -160,7 +160,7 @@ class Agent:
             pass
         spawned = False
         if self.spawn and self.local_rank <= 0:
-            _agent.spawn(self.namespace, self.node, self.socket_path, self.args, self.binary)
+            _agent.spawn(self.namespace, self.node, self.socket_path, self.args, self.binary, self.env)
             spawned = True
         # The other ranks give local rank 0 a head start, then start the agent
         # themselves (its lock keeps it one per node), as the Go library does.
@@ -171,7 +171,7 @@ class Agent:
                 return Lane(self.socket_path, self.hello(), self.timeout)
             except NoAgent as e:
                 if not spawned and self.spawn and time.monotonic() > grace:
-                    _agent.spawn(self.namespace, self.node, self.socket_path, self.args, self.binary)
+                    _agent.spawn(self.namespace, self.node, self.socket_path, self.args, self.binary, self.env)
                     spawned = True
                     continue
                 if time.monotonic() > deadline:

@@ -15,9 +15,9 @@ def request(v, indices):
     """The Prefetch request for rows `indices` of v (a _Var), or None when
     none of them is only in the backing file. Bad arguments raise here."""
     if not v.backing:
-        raise ArgumentError(f"ddstore: bad argument: variable {v.name!r} has no backing file: its rows are all in "
+        raise ArgumentError(f"ddstore: bad argument: variable {v.label!r} has no backing file: its rows are all in "
                             f"memory, there is nothing to prefetch")
-    idx = check_rows(row_indices(indices), v.total, v.name)
+    idx = check_rows(row_indices(indices), v.total, v.label)
     idx = idx[idx >= v.held]
     if not idx.size:
         return None

@@ -42,14 +42,14 @@ def add(store, name, values, lengths, offsets, backing=None, total=None):
 def sizes(v, name, indices):
     """Store.ragged_sizes of v: lengths from the node's index, no request."""
     only(v, name)
-    idx = check_rows(row_indices(indices), v.total, v.name)
+    idx = check_rows(row_indices(indices), v.total, v.label)
     return v.index[idx + 1] - v.index[idx]
 
 
 def get(store, v, name, indices, out):
     """Store.get_ragged of v: (values, lengths)."""
     only(v, name)
-    idx = check_rows(row_indices(indices), v.total, v.name)
+    idx = check_rows(row_indices(indices), v.total, v.label)
     index, ub = v.index, v.rb
     starts = index[idx]
     lengths = index[idx + 1] - starts

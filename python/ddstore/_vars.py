@@ -21,12 +21,15 @@ class StaleTable(FreedVariable):
 class Var:
     """A variable as this rank sees it."""
 
-    __slots__ = ("name", "id", "disp", "itemsize", "rb", "dtype", "npdtype", "total", "held", "backing", "prefix",
+    __slots__ = ("name", "label", "id", "disp", "itemsize", "rb", "dtype", "npdtype", "total", "held", "backing", "prefix",
                  "bounds", "shard_rows", "nodes", "local", "typed", "own", "segs", "single", "single_first", "profile",
                  "win", "ragged", "shape", "index", "first_unit", "marks", "mark")
 
     def __init__(self, t, own_rank):
         self.name, self.id, self.disp, self.itemsize, self.dtype = t.name, t.id, t.disp, t.itemsize, t.dtype
+        # The name the store's user gave (name is the agents' name, with the
+        # store's scope and replica group): the one errors show.
+        self.label = t.name
         self.rb = t.disp * t.itemsize
         self.shard_rows = t.shard_rows
         self.prefix = np.concatenate(([0], np.cumsum(t.shard_rows))).astype(np.int64)

@@ -17,6 +17,7 @@ OP_HELLO, OP_CREATE, OP_PUBLISH, OP_LOOKUP, OP_READ, OP_REGISTER, OP_UNREGISTER,
 OP_PREFETCH = 10
 OP_AUTH, OP_AUTH_PROOF = 11, 12  # the authentication handshake, first on every connection (_auth.py)
 OP_BARRIER = 13  # a rank's part in a fence (_fence.py)
+OP_READ_RANGE = 14  # contiguous rows in one request (Store.get)
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
@@ -129,6 +130,12 @@ def status_error(status, body):
 
 KIND_ROWS, KIND_RAGGED = 0, 1  # wire.Kind: fixed rows, or rows of a length of their own
 MAX_SHAPE = 32
+
+
+def read_range(e, name, region, table_id, start, count, offset):
+    """A ReadRange: rows [start, start+count) into the region from byte
+    offset on."""
+    return e.string(name).u32(region).i64(table_id, start, count, offset)
 
 
 def shard(e, name, node, rank, size, rows, disp, itemsize, timeout_ms, attempt, failed, dtype, backing="", total=0,

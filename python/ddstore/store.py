@@ -11,13 +11,15 @@ rank sees it, row copies)."""
 
 import functools
 import os
+import re
+import secrets
 from bisect import bisect_right
 import stat
 import time
 
 import numpy as np
 
-from . import _agent, _fence, _lanes, _onesided, _prefetch, _ragged, _wire
+from . import _agent, _bootstrap, _fence, _lanes, _onesided, _prefetch, _ragged, _wire
 from ._errors import (ArgumentError, BadBuffer, ClosedError, Error, FreedVariable, GeometryError, IndexOutOfRange,
                       UnknownVariable, VariableExists)
 from ._recv import RecvBuffers, close_regions
@@ -53,12 +55,27 @@ class Store:
     forked child (a DataLoader worker), still go through the agent. Needs an
     MPI whose windows reach other processes' memory by themselves: Open MPI
     over shared memory with single-copy (CMA) or RDMA between nodes.
+
+    scope: whose variables this store's are. "store" (the default with an
+    mpi4py communicator or a torch.distributed group): the store's own, as
+    a DDStore object's; rank 0 draws a token the communicator carries, so
+    stores side by side may use the same names, and they go when the store
+    is freed, closed or collected, or when its processes are gone.
+    "namespace" (the default otherwise, and for readers): the namespace's,
+    found by name by readers of other jobs and restarted jobs, until freed.
+    Another string is a store's token (a reader of that store's variables).
+
+    With ranks on several nodes and neither a handshake directory nor a
+    rendezvous address, a communicator carries a rendezvous and a secret
+    rank 0 makes (_bootstrap). own_namespace=True says the communicator is
+    the whole job of the store's namespace (a sub-communicator given a
+    namespace of its own): its rank 0's agent coordinates there.
     """
 
     def __init__(self, comm=None, namespace=None, *, rank=None, size=None, local_rank=None, local_size=None,
                  node=None, socket_path=None, run_dir=None, spawn=True, agent_args=(), binary=None,
                  timeout=120.0, publish_timeout=300.0, agent_wait=60.0, max_lanes=16, reader=False, width=None,
-                 wait_published=None, method=None):
+                 wait_published=None, method=None, own_namespace=False, scope=None):
         from .comm import identity, world_of
         ident = identity(comm, rank, size, local_rank, local_size, node)
         self.rank, self.size, self.local_rank, self.local_size, self.node = (
@@ -106,7 +123,14 @@ class Store:
         handshake = getattr(comm, "dir", None)
         if handshake:
             agent_args = ("--handshake-dir", handshake, *agent_args)
-        self._agent_args = tuple(agent_args)
+        agent_env = None
+        if comm is not None and not self.reader:
+            # Ranks on several nodes with nowhere for their agents to meet:
+            # the communicator carries a rendezvous and a secret (_bootstrap).
+            agent_args, agent_env = _bootstrap.agree(comm, self.node, agent_args)
+        self._agent_args, self._agent_env = tuple(agent_args), agent_env
+        self.scope = _scope(comm, scope, self.reader)
+        self._scope_suffix = "" if self.scope == NAMESPACE else "@s" + self.scope
         self._timeout, self._publish_timeout = timeout, publish_timeout
         self._vars, self._freed, self._attempts = {}, set(), {}
         self._closed = False
@@ -115,10 +139,18 @@ class Store:
         # The hello is made from values, not from the store: nothing the pool
         # holds refers back to the store, which so goes (and closes) when
         # its last reference does.
-        hello = functools.partial(_hello, self.namespace, self.node, -1 if self.reader else self._world_rank,
-                                  self._world_size, self.local_rank, self.local_size)
+        # The rank the hello says is the namespace's: the world's, unless the
+        # communicator is the whole job of a namespace of its own (a
+        # sub-communicator given one): rank 0 of the namespace's job is the
+        # one whose agent coordinates through a handshake directory.
+        if own_namespace:
+            self._hello_rank, self._hello_size = ident.rank, ident.size
+        else:
+            self._hello_rank, self._hello_size = self._world_rank, self._world_size
+        hello = functools.partial(_hello, self.namespace, self.node, -1 if self.reader else self._hello_rank,
+                                  self._hello_size, self.local_rank, self.local_size)
         agent = _lanes.Agent(self.namespace, self.node, self.socket_path, hello, timeout, agent_wait, spawn,
-                             self.local_rank, self._agent_args, binary)
+                             self.local_rank, self._agent_args, binary, agent_env)
         self._pool = _lanes.LanePool(agent, max_lanes, self.rank)
         self._recv = RecvBuffers(self._pool, timeout)
         _lanes.track(self)
@@ -132,10 +164,14 @@ class Store:
     # -- connections --------------------------------------------------------
 
     def _hello(self):
-        return _hello(self.namespace, self.node, -1 if self.reader else self._world_rank, self._world_size,
+        return _hello(self.namespace, self.node, -1 if self.reader else self._hello_rank, self._hello_size,
                       self.local_rank, self.local_size)
 
     def _wire_name(self, name):
+        """The agents' name of a variable: the name, the store's scope
+        ("@s<token>", none in the namespace's scope), the replica group
+        ("@r<first world rank>", none for the whole job)."""
+        name += self._scope_suffix
         return name if self.group is None else f"{name}@r{self.group}"
 
     def _check_fork(self):
@@ -323,6 +359,7 @@ class Store:
 
     def _install(self, t, name):
         v = Var(t, -1 if self.reader else self.rank)
+        v.label = name
         with self._lock:
             if self._closed:
                 v.unmap()
@@ -445,15 +482,15 @@ class Store:
         size and layout."""
         a, dt = as_array(arr)
         if v.dtype and dt != v.dtype:
-            raise BadBuffer(f"ddstore: bad buffer: variable {v.name!r} holds {v.dtype}, destination is {dt}")
+            raise BadBuffer(f"ddstore: bad buffer: variable {v.label!r} holds {v.dtype}, destination is {dt}")
         if a.dtype.itemsize != v.itemsize:
-            raise BadBuffer(f"ddstore: bad buffer: variable {v.name!r} has items of {v.itemsize} bytes, "
+            raise BadBuffer(f"ddstore: bad buffer: variable {v.label!r} has items of {v.itemsize} bytes, "
                             f"destination {dt} of {a.dtype.itemsize}")
         if a.size != nrows * v.disp:
-            raise BadBuffer(f"ddstore: bad buffer: variable {v.name!r}: destination of {a.size} items for {nrows} "
+            raise BadBuffer(f"ddstore: bad buffer: variable {v.label!r}: destination of {a.size} items for {nrows} "
                             f"rows of {v.disp}: want {nrows * v.disp}")
         if not a.flags.c_contiguous or not a.flags.writeable:
-            raise BadBuffer(f"ddstore: bad buffer: variable {v.name!r}: destination must be C-contiguous and writable")
+            raise BadBuffer(f"ddstore: bad buffer: variable {v.label!r}: destination must be C-contiguous and writable")
         return a.reshape(-1).view(np.uint8).reshape(nrows, v.rb)
 
     def get(self, name, arr, start=0):
@@ -514,9 +551,58 @@ class Store:
             dst[:] = src[start - first:start - first + n]
             count(v, n, 0, 0.0)
             return arr
-        idx = np.arange(start, start + n, dtype=np.int64)
-        self._gather(v, dst, idx)
+        if start + n > v.held or (v.win is not None and self._mpi.usable()):
+            # Rows of the backing file, or MPI gets: row by row.
+            self._gather(v, dst, np.arange(start, start + n, dtype=np.int64))
+        else:
+            self._get_range(v, dst, start, n)
         return arr
+
+    def _get_range(self, v, dst, start, n):
+        """Rows [start, start+n) into dst: runs of this node's shards
+        copied, each run of other nodes' rows one ReadRange (whatever the
+        rows' size: a record of a uint8 variable is one request, not one
+        index per byte)."""
+        t0 = time.perf_counter()
+        b, end, g = v.bounds, start + n, start
+        remote = []
+        while g < end:
+            r = bisect_right(b, g) - 1
+            hi = min(end, b[r + 1])
+            src = v.local[r]
+            if src is not None:
+                lo = g - b[r]
+                dst[g - start:hi - start] = src[lo:lo + hi - g]
+            elif remote and remote[-1][1] == g:
+                remote[-1][1] = hi
+            else:
+                remote.append([g, hi])
+            g = hi
+        nremote = 0
+        for lo, hi in remote:
+            nremote += hi - lo
+            for c in range(lo, hi, MAX_ROWS_PER_READ):
+                self._fetch_range(v, dst, c - start, c, min(hi, c + MAX_ROWS_PER_READ) - c)
+        count(v, n, nremote, time.perf_counter() - t0 if nremote else 0.0)
+
+    def _fetch_range(self, v, dst, pos, first, k):
+        """Rows [first, first+k) of other nodes into dst[pos:pos+k]: one
+        ReadRange, into the destination itself when it lies in a buffer
+        from alloc_recv, else through the lane's staging region."""
+        rb = v.rb
+        region, base = self._recv.region_of(dst)
+
+        def read(lane):
+            if region is not None:
+                rid, off = region.id, base + pos * rb
+            else:
+                stage = lane.staging(k * rb, self._timeout)
+                rid, off = stage.id, 0
+            lane.call(_wire.OP_READ_RANGE, _wire.read_range(_wire.Encoder(), v.name, rid, v.id, first, k, off))
+            if region is None:
+                dst[pos:pos + k] = stage.array()[:k * rb].reshape(k, rb)
+
+        self._pool.read(read, region)
 
     def get_batch(self, name, arr, indices):
         """Rows indices[i] into arr[i]: any order, repeats, any owners. Every
@@ -756,7 +842,11 @@ class Store:
 
     def close(self):
         """Release everything this store holds (collective with
-        method="mpi": the windows are freed)."""
+        method="mpi": the windows are freed). The variables of a store's own
+        scope go with it (this rank's share of each is freed, as by free());
+        those of the namespace's scope stay with the agents."""
+        if self._scope_suffix and not self.reader and not self._closed and self._pid == os.getpid():
+            self.free()
         self._close(collective=True)
 
     def _close(self, collective):
@@ -790,10 +880,59 @@ class Store:
         self.close()
 
     def __del__(self):
+        # A store's own variables go with it (DDStore's free() at garbage
+        # collection): this rank's share of each is given back; variables
+        # of the namespace's scope stay, and so does a window (its free is
+        # collective).
+        try:
+            if self._scope_suffix and not self.reader and not self._closed and self._pid == os.getpid():
+                for n, v in list(self._vars.items()):
+                    if v.win is None:
+                        self._request(_wire.OP_FREE, _wire.Encoder().string(self._wire_name(n)).string("").i64(self.rank),
+                                      timeout=self._timeout)
+        except Exception:
+            pass
         try:
             self._close(collective=False)
         except Exception:
             pass
+
+
+NAMESPACE = "namespace"
+_SCOPE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+
+def _scope(comm, scope, reader):
+    """The store's scope: NAMESPACE, or the token its variables' names
+    carry. "store" (the default with an mpi4py communicator or a
+    torch.distributed group): rank 0 draws a token and the communicator
+    carries it (collective), so that each store's variables are its own.
+    "namespace" (the default for a reader and without such a communicator):
+    variables are the namespace's, as readers of another job and restarted
+    jobs see them. Any other string is a token every rank passes the same
+    (a forked reader of a store passes the store's)."""
+    if scope is None:
+        scope = NAMESPACE if reader or _bootstrap._collectives(comm) is None else "store"
+    if not isinstance(scope, str) or not scope:
+        raise ArgumentError(f"ddstore: bad argument: scope {scope!r}: want \"store\", \"namespace\" or a token of "
+                            f"[A-Za-z0-9_-]")
+    if scope == NAMESPACE:
+        return NAMESPACE
+    if scope == "store":
+        if reader:
+            raise ArgumentError("ddstore: bad argument: scope \"store\" for a reader: a reader reads variables of the "
+                                "namespace (scope=\"namespace\") or of a store whose token it is given")
+        coll = _bootstrap._collectives(comm)
+        if coll is None:
+            raise ArgumentError(f"ddstore: bad argument: scope \"store\" needs an mpi4py communicator or a "
+                                f"torch.distributed group to agree on the store's token (comm is "
+                                f"{type(comm).__name__}): use scope=\"namespace\" or pass a token")
+        mine = secrets.token_hex(6) if _bootstrap.comm_rank(comm) == 0 else None
+        return coll[1](mine)
+    if len(scope) > 64 or not set(scope) <= _SCOPE_CHARS:
+        raise ArgumentError(f"ddstore: bad argument: scope {scope!r}: want \"store\", \"namespace\" or a token of "
+                            f"1 to 64 characters of [A-Za-z0-9_-]")
+    return scope
 
 
 def _hello(namespace, node, rank, size, local_rank, local_size):
@@ -901,10 +1040,16 @@ def _is_hdf5(file):
 
 def _not_ragged(v, op):
     if v.ragged:
-        raise ArgumentError(f"ddstore: bad argument: variable {v.name!r} has ragged rows: {op} takes rows of one "
+        raise ArgumentError(f"ddstore: bad argument: variable {v.label!r} has ragged rows: {op} takes rows of one "
                             f"size; read it with get_ragged")
+
+
+_SCOPED = re.compile(r"@s[0-9a-f]{12}(@r[0-9]+)?$")
 
 
 def _check_name(name):
     if not isinstance(name, str) or not 1 <= len(name.encode()) <= 1024:
         raise ArgumentError(f"ddstore: bad argument: variable name {name!r}: want a str of 1 to 1024 bytes")
+    if _SCOPED.search(name):
+        raise ArgumentError(f"ddstore: bad argument: variable name {name!r}: a name may not end in @s and 12 hex "
+                            f"digits, the mark of a store's scope (naming.StoreScoped)")

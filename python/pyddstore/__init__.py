@@ -80,6 +80,16 @@ DDSTORE_N_CORE                 the default n_core of a reader (method 2,
 DDSTORE_MPI=0                  never use mpi4py (HAVE_MPI is False).
 =============================  ================================================
 
+On several nodes with no handshake directory and no DDSTORE_RENDEZVOUS, a
+store made from a communicator (mpi4py, torch.distributed) has rank 0 make a
+rendezvous address and a secret, and the communicator carries them to every
+rank's agent (ddstore/_bootstrap.py). A store's variables are its own, as in
+DDStore: a store made from a communicator names them with a token rank 0
+draws (scope="store"), so stores side by side may use the same names; they
+go when the store is freed or collected, or its processes are gone.
+scope="namespace" (the default for method 2, readers, and stores without a
+communicator) makes them the namespace's, for split mode and restarts.
+
 Differences a DDStore user may notice, all on the safe side: reading into a
 buffer of another dtype of the same size raises ValueError (DDStore silently
 reinterprets the bytes; a variable made by init() without dtype= has no dtype
@@ -281,6 +291,14 @@ class PyDDStore:
                 pass
         self._recv = {}
         self._py = {"py_gets": 0, "py_get": 0.0}
+        # A namespace of the store's own (a sub-group's): its ranks are that
+        # namespace's whole job, and its rank 0's agent coordinates there.
+        if suffix and not reader:
+            store_kw.setdefault("own_namespace", True)
+        # Method 2 is DDStore's split mode: what the core job adds, readers
+        # of another job join by name, so its variables are the namespace's.
+        if method == 2 and not reader:
+            store_kw.setdefault("scope", "namespace")
         self.store = _dd.Store(comm, namespace=namespace, agent_args=tuple(agent_args), reader=reader,
                                **ident, **store_kw)
         self.comm = comm
@@ -320,7 +338,8 @@ class PyDDStore:
         s = self.store
         args = s._agent_args
         rd = _dd.Store(namespace=s.namespace, rank=s.rank, size=s.size, local_rank=s.local_rank,
-                       local_size=s.local_size, node=s.node, socket_path=s.socket_path, agent_args=args, reader=True)
+                       local_size=s.local_size, node=s.node, socket_path=s.socket_path, agent_args=args, reader=True,
+                       scope=s.scope)
         return PyDDStore._wrap(rd, self.method, self.handshake_dir, self.n_core, self.exchange_ns)
 
     # -- creating --------------------------------------------------------------

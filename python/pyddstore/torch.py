@@ -84,11 +84,9 @@ def _group_store(comm, width, method, handshake_dir):
         rank, size = comm.Get_rank(), comm.Get_size()
         if width >= size:
             return PyDDStore(comm, method=method, handshake_dir=hs)
-        if method == 2:
-            raise Unsupported("pyddstore: method=2 does not support ddstore_width < comm size")
         group = rank // width
         sub = comm.Split(group, rank)
-        return PyDDStore(sub, method=method, exchange_ns=f"w{width}g{group}")
+        return PyDDStore(sub, method=method, handshake_dir=hs, exchange_ns=f"w{width}g{group}")
     if comm is not None:
         if not hasattr(comm, "Get_size") or width >= comm.Get_size():
             return PyDDStore(comm, method=method, handshake_dir=hs)

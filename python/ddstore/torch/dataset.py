@@ -483,8 +483,10 @@ class DistDataset(_StoredDataset):
                                 f"needs backing files for the others (backing=...)")
         owns = store is None
         if owns:
+            # A dataset is published: readers of this job and of others
+            # find it by name, so its variables are the namespace's.
             store = Store(comm, width=ddstore_width if ddstore_width and ddstore_width > 0 else None,
-                          method="mpi" if method == "mpi" else None)
+                          method="mpi" if method == "mpi" else None, scope="namespace")
         try:
             whole = store.group is None
             if not owns and ddstore_width is not None and ddstore_width > 0 and (
@@ -742,7 +744,7 @@ class DistDatasetReader(_StoredDataset):
     def __init__(self, name, store=None, comm=None, n_core=None, handshake_dir=None, device=None, decode=None):
         owns = store is None
         if owns:
-            store = Store(comm)
+            store = Store(comm, scope="namespace")  # a published dataset is the namespace's
         try:
             schema, n = self._discover(store, name)
         except BaseException:

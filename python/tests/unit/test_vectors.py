@@ -49,6 +49,10 @@ def _body(message, f):
     if message == "Read":  # Store._fetch
         return (e.string(f["name"]).u32(f["region"]).i64(f["id"]).i64s(np.array(f["globals"], dtype=np.int64))
                 .i64s(np.array(f["offsets"], dtype=np.int64)))
+    if message == "ReadRange":  # Store._fetch_range
+        return _wire.read_range(e, f["name"], f["region"], f["id"], f["start"], f["count"], f["offset"])
+    if message == "FetchRange":  # peer protocol: the client never sends it, but its encoder can
+        return e.string(f["name"]).i64(f["id"], f["start"], f["count"])
     if message == "Barrier":  # Store.fence
         return _fence.barrier_request(f["key"], f["rank"], f["size"], f["seq"], f["timeout_ms"] / 1000)
     if message == "Region":  # register(), Unregister
@@ -67,7 +71,8 @@ REQUESTS = {k: v for k, v in V["frames"].items() if not v["reply"]}
 def test_vectors_hold_every_request():
     assert {v["op"] for v in REQUESTS.values()} >= {_wire.OP_HELLO, _wire.OP_CREATE, _wire.OP_PUBLISH, _wire.OP_LOOKUP,
                                                     _wire.OP_READ, _wire.OP_REGISTER, _wire.OP_UNREGISTER,
-                                                    _wire.OP_FREE, _wire.OP_INFO, _wire.OP_BARRIER}
+                                                    _wire.OP_FREE, _wire.OP_INFO, _wire.OP_BARRIER,
+                                                    _wire.OP_READ_RANGE}
 
 
 @pytest.mark.parametrize("name", sorted(REQUESTS))
@@ -93,7 +98,7 @@ def test_store_hello(name, monkeypatch):
     f = v["fields"]
     monkeypatch.setattr(store.os, "getpid", lambda: f["pid"])
     s = types.SimpleNamespace(reader=False, namespace=f["namespace"], node=f["node"], rank=f["rank"], size=f["size"],
-                              _world_rank=f["rank"], _world_size=f["size"], local_rank=f["local_rank"],
+                              _hello_rank=f["rank"], _hello_size=f["size"], local_rank=f["local_rank"],
                               local_size=f["local_size"])
     assert bytes(store.Store._hello(s).frame(v["op"], v["id"])).hex() == v["hex"]
 
