@@ -129,6 +129,7 @@ type Agent struct {
 		sync.Mutex
 		vars     map[string]*variable
 		sessions map[*session]struct{}
+		procs    map[int32]*clientProc // the client processes of sessions, by pid (clients.go)
 		idleFrom time.Time
 	}
 	regions regions
@@ -212,6 +213,7 @@ func Start(cfg Config) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: cfg.Logger.With("ns", cfg.Namespace, "node", cfg.Node), lock: -1, done: make(chan struct{})}
 	a.mu.vars = make(map[string]*variable)
 	a.mu.sessions = make(map[*session]struct{})
+	a.mu.procs = make(map[int32]*clientProc)
 	a.mu.idleFrom = time.Now()
 	a.regions.m = make(map[uint32]*region)
 	a.metrics = newMetrics(a)

@@ -59,19 +59,27 @@ func TestAgentReclaimsUnpublishedShard(t *testing.T) {
 }
 
 // A shard whose Publish waits for other ranks when its creator goes is left
-// to the round, which takes it back when it times out.
+// to the round; the creator closing the connection that waits fails the
+// round at once (not at its timeout, 5 minutes here), which takes the
+// shard back.
 func TestAgentKeepsShardBeingPublished(t *testing.T) {
 	a := startAgent(t, Config{})
 	r := dialRaw(t, a)
 	r.hello(a, 1, 2)
-	sh := wire.Shard{Name: "p", Rank: 1, Size: 2, Rows: 4, Disp: 8, ItemSize: 8, TimeoutMs: 300, Attempt: 1}
+	sh := wire.Shard{Name: "p", Rank: 1, Size: 2, Rows: 4, Disp: 8, ItemSize: 8, TimeoutMs: 300000, Attempt: 1}
 	r.must(wire.OpCreate, sh.Encode)
 	publishPending(t, a, r, sh)
-	// The session serves the Publish until its round ends, so the agent
-	// sees the close only then: nothing to wait for before looking.
-	r.c.Close()
 	if segs := segmentsOf(t, a); len(segs) != 1 {
 		t.Fatalf("segments while the round waits: %v", segs)
 	}
-	waitGone(t, a, fmt.Sprintf("after the round's timeout (%d ms)", sh.TimeoutMs))
+	r.c.Close()
+	waitGone(t, a, "after its creator closed the connection its Publish waited on")
+	// Its only process gone, the failed round is forgotten: a new job's
+	// first Add of the name would not meet it.
+	testutil.WaitFor(t, 5*time.Second, func() error {
+		if n, failed, ok := a.coord.Load().round("p", 1); ok {
+			return fmt.Errorf("the round of a process that went is still pending (%d ranks, failed %v)", n, failed)
+		}
+		return nil
+	})
 }

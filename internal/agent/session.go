@@ -38,6 +38,9 @@ type session struct {
 	// pid is the client's process (SO_PEERCRED), which owns the shards it
 	// created until they are published (orphans.go); 0 if unknown.
 	pid int32
+	// proc is the client process, as the coordinator knows it
+	// (clients.go); set at accept, its fields guarded by Agent.mu.
+	proc *clientProc
 }
 
 func (a *Agent) acceptLoop() {
@@ -57,6 +60,7 @@ func (a *Agent) acceptLoop() {
 			return
 		}
 		a.mu.sessions[s] = struct{}{}
+		a.attachLocked(s)
 		a.mu.Unlock()
 		a.go_(func() { a.serveSession(s) })
 	}
@@ -74,8 +78,12 @@ func (a *Agent) serveSession(s *session) {
 		if len(a.mu.sessions) == 0 {
 			a.mu.idleFrom = time.Now()
 		}
+		last := a.detachLocked(s)
 		a.mu.Unlock()
 		a.reclaimOrphans(s)
+		if last != nil {
+			a.procGone(last)
+		}
 	}()
 	if !a.admitClient(s) {
 		return
@@ -194,6 +202,7 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 			}
 		}
 		s.hello, s.said = m, true
+		a.noteRank(s, m)
 		r := wire.HelloReply{Node: a.cfg.Node, AgentPid: int64(os.Getpid())}
 		return r.Encode, nil
 	case wire.OpCreate:
@@ -215,8 +224,11 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 			s.decodeFailed = true
 			return nil, err
 		}
+		m.Client = s.clientID()
 		done := a.publishing(m.Name, m.Rank)
+		ctx, stop := a.watchLeave(s)
 		t, err := a.publish(ctx, m)
+		stop()
 		done()
 		if err != nil {
 			return nil, err
@@ -232,6 +244,9 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 		if s.hello.Rank < 0 {
 			return nil, base.Errorf(base.ErrArgument, "a reader (rank -1) takes part in no fence")
 		}
+		m.Client = s.clientID()
+		ctx, stop := a.watchLeave(s)
+		defer stop()
 		return nil, a.coordBarrier(ctx, m)
 	case wire.OpLookup:
 		m, err := wire.DecodeName(body)

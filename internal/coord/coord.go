@@ -12,6 +12,15 @@
 // wait is given a deadline, at which its driver calls Expire (or Tick at
 // NextDeadline). The agent's driver owns the goroutines, the connections
 // and the real clock, and serializes the calls.
+//
+// A collective belongs to the client processes that joined it (each
+// shard and barrier names its sender, Shard.Client, as its agent numbers
+// the process). When a process goes (Gone: its connections closed, the
+// process exited or was killed), every collective it joined or is a rank
+// of fails for the others at once, naming the rank; and a failed one that
+// no live process joined is forgotten, so that a job started afterwards
+// in the namespace, whose processes are all new, never meets a dead job's
+// round or fence (and its error).
 package coord
 
 import (
@@ -42,6 +51,11 @@ type Coordinator struct {
 	lastID  int64
 	waits   map[uint64]*wait // by request
 	fences  map[fenceKey]*fence
+	// members are the client processes known to be the ranks of each
+	// group (a round's Shard.Group, a fence's Key), from the collectives
+	// they joined: a process that goes fails its group's collectives
+	// also before it reached them.
+	members map[string]map[int64]uint64
 
 	// LateGrace: see DefaultLateGrace.
 	LateGrace time.Duration
@@ -76,12 +90,16 @@ type round struct {
 	err     error
 	// timedOut is when the round failed for missing ranks; see LateGrace.
 	timedOut time.Time
+	// clients are the processes of the ranks that came (0: unknown), less
+	// those gone since.
+	clients map[int64]uint64
 }
 
 // wait is one request waiting for its round or its fence (one of them).
 type wait struct {
 	round    *round
 	fence    *fence
+	rank     int64
 	deadline time.Time
 }
 
@@ -102,13 +120,14 @@ type fence struct {
 	err     error
 	// timedOut: as round's, for LateGrace.
 	timedOut time.Time
+	clients  map[int64]uint64 // as round's
 }
 
 // New makes an empty coordinator.
 func New() *Coordinator {
 	return &Coordinator{nodes: make(map[string]string), pending: make(map[roundKey]*round), tables: make(map[string]*wire.Table),
 		freed: make(map[string]map[int64]bool), waits: make(map[uint64]*wait), fences: make(map[fenceKey]*fence),
-		LateGrace: DefaultLateGrace}
+		members: make(map[string]map[int64]uint64), LateGrace: DefaultLateGrace}
 }
 
 // Join notes a node's agent address; a node that joins again (its agent
@@ -143,12 +162,17 @@ func (c *Coordinator) Publish(now time.Time, req uint64, sh wire.Shard, deadline
 	key := roundKey{sh.Name, sh.Attempt}
 	r := c.pending[key]
 	if r == nil {
-		r = &round{key: key, size: sh.Size, first: sh, shards: make(map[int64]wire.Shard), seen: make(map[int64]bool)}
+		r = &round{key: key, size: sh.Size, first: sh, shards: make(map[int64]wire.Shard), seen: make(map[int64]bool),
+			clients: make(map[int64]uint64)}
 		c.pending[key] = r
 	}
 	r.want = max(r.want, sh.Size, r.size)
 	if sh.Rank >= 0 {
 		r.seen[sh.Rank] = true
+		if _, dup := r.clients[sh.Rank]; !dup {
+			r.clients[sh.Rank] = sh.Client
+		}
+		c.member(sh.Group, sh.Rank, sh.Client)
 	}
 	var out []Reply
 	err := r.check(sh)
@@ -169,7 +193,7 @@ func (c *Coordinator) Publish(now time.Time, req uint64, sh wire.Shard, deadline
 	}
 	if int64(len(r.shards)) < r.size {
 		r.waiters = append(r.waiters, req)
-		c.waits[req] = &wait{round: r, deadline: deadline}
+		c.waits[req] = &wait{round: r, rank: sh.Rank, deadline: deadline}
 		return out
 	}
 	delete(c.pending, key)
@@ -207,6 +231,116 @@ func (c *Coordinator) Expire(now time.Time, req uint64) []Reply {
 	return out
 }
 
+// Leave ends request req's wait at now because its rank gave up on it
+// (its client closed the connection that waited): its round or fence
+// fails for every rank with an error of kind, "rank N " and why (what
+// happened, as the driver saw it). Nothing happens for a request not
+// waiting.
+func (c *Coordinator) Leave(now time.Time, req uint64, kind error, why string) []Reply {
+	w := c.waits[req]
+	if w == nil {
+		return nil
+	}
+	if f := w.fence; f != nil {
+		out := c.failFence(f, base.Errorf(kind, "%s: rank %d %s", f.what(), w.rank, why), nil)
+		f.timedOut = now
+		return out
+	}
+	r := w.round
+	out := c.fail(r, base.Errorf(kind, "variable %q: rank %d %s", r.first.Name, w.rank, why), nil)
+	r.timedOut = now
+	return out
+}
+
+// Gone notes at now that a client process went away: every pending round
+// and fence it came to, or of a group it is a rank of (members; for the
+// whole job also the world rank it said hello with), fails for every rank
+// at once with ErrPeer naming the rank; and a failed one that no live
+// process came to any more is forgotten (its ranks are gone: a later
+// arrival is a new job's, and starts afresh).
+func (c *Coordinator) Gone(now time.Time, g wire.Gone) []Reply {
+	if g.Client == 0 {
+		return nil
+	}
+	why := func(what string, rank int64) error {
+		return base.Errorf(base.ErrPeer, "%s: rank %d (process %d on node %q) went away before it ended: its connection to its agent closed (the process exited or was killed)",
+			what, rank, g.Pid, g.Node)
+	}
+	var out []Reply
+	for _, k := range slices.SortedFunc(maps.Keys(c.pending), func(x, y roundKey) int {
+		return cmp.Or(cmp.Compare(x.name, y.name), cmp.Compare(x.attempt, y.attempt))
+	}) {
+		r := c.pending[k]
+		if rank, lost := c.lost(g, r.first.Group, r.size, r.clients); lost && r.err == nil {
+			out = c.fail(r, why(fmt.Sprintf("variable %q", r.first.Name), rank), out)
+			r.timedOut = now
+		}
+		if forget(r.clients, g.Client) && r.err != nil {
+			delete(c.pending, k)
+		}
+	}
+	for _, k := range slices.SortedFunc(maps.Keys(c.fences), func(x, y fenceKey) int {
+		return cmp.Or(cmp.Compare(x.key, y.key), cmp.Compare(x.seq, y.seq))
+	}) {
+		f := c.fences[k]
+		if rank, lost := c.lost(g, f.key.key, f.size, f.clients); lost && f.err == nil {
+			out = c.failFence(f, why(f.what(), rank), out)
+			f.timedOut = now
+		}
+		if forget(f.clients, g.Client) && f.err != nil {
+			delete(c.fences, k)
+		}
+	}
+	for group, ranks := range c.members {
+		maps.DeleteFunc(ranks, func(_ int64, cl uint64) bool { return cl == g.Client })
+		if len(ranks) == 0 {
+			delete(c.members, group)
+		}
+	}
+	return out
+}
+
+// lost says whether a collective of group and size ranks, which the
+// processes came have reached (by rank), is lost with process g, and the
+// rank g was in it.
+func (c *Coordinator) lost(g wire.Gone, group string, size int64, came map[int64]uint64) (int64, bool) {
+	for _, k := range slices.Sorted(maps.Keys(came)) {
+		if came[k] == g.Client {
+			return k, true
+		}
+	}
+	ranks := c.members[group]
+	for _, k := range slices.Sorted(maps.Keys(ranks)) {
+		if _, in := came[k]; !in && k < size && ranks[k] == g.Client {
+			return k, true
+		}
+	}
+	if _, in := came[g.Rank]; group == "" && g.Size == size && g.Rank >= 0 && g.Rank < size && !in {
+		return g.Rank, true
+	}
+	return 0, false
+}
+
+// forget takes client out of came and says whether no process that came
+// is known to live any more.
+func forget(came map[int64]uint64, client uint64) bool {
+	maps.DeleteFunc(came, func(_ int64, cl uint64) bool { return cl == client })
+	return len(came) == 0
+}
+
+// member notes that client is rank of group (the last process to say so).
+func (c *Coordinator) member(group string, rank int64, client uint64) {
+	if client == 0 {
+		return
+	}
+	m := c.members[group]
+	if m == nil {
+		m = make(map[int64]uint64)
+		c.members[group] = m
+	}
+	m[rank] = client
+}
+
 // Barrier adds rank m.Rank's arrival at fence (m.Key, m.Seq), request req,
 // at now. It returns the replies of the requests whose fence ended with it
 // (req's own among them: no error, or the fence's), or none when req waits
@@ -226,10 +360,15 @@ func (c *Coordinator) Barrier(now time.Time, req uint64, m wire.Barrier, deadlin
 	key := fenceKey{m.Key, m.Seq}
 	f := c.fences[key]
 	if f == nil {
-		f = &fence{key: key, size: m.Size, first: m.Rank, arrived: make(map[int64]uint64), seen: make(map[int64]bool)}
+		f = &fence{key: key, size: m.Size, first: m.Rank, arrived: make(map[int64]uint64), seen: make(map[int64]bool),
+			clients: make(map[int64]uint64)}
 		c.fences[key] = f
 	}
 	f.seen[m.Rank] = true
+	if _, dup := f.clients[m.Rank]; !dup {
+		f.clients[m.Rank] = m.Client
+	}
+	c.member(m.Key, m.Rank, m.Client)
 	var out []Reply
 	switch _, twice := f.arrived[m.Rank]; {
 	case f.err != nil:
@@ -249,7 +388,7 @@ func (c *Coordinator) Barrier(now time.Time, req uint64, m wire.Barrier, deadlin
 	}
 	f.arrived[m.Rank] = req
 	if int64(len(f.arrived)) < f.size {
-		c.waits[req] = &wait{fence: f, deadline: deadline}
+		c.waits[req] = &wait{fence: f, rank: m.Rank, deadline: deadline}
 		return out
 	}
 	delete(c.fences, key)

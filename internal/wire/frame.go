@@ -75,6 +75,8 @@ const (
 	OpPeerOffsets Op = 43
 	// OpPeerBarrier hands a rank's Barrier to the coordinator.
 	OpPeerBarrier Op = 44
+	// OpPeerGone tells the coordinator a client process went away.
+	OpPeerGone Op = 45
 )
 
 var opNames = map[Op]string{
@@ -83,7 +85,7 @@ var opNames = map[Op]string{
 	OpInfo: "info", OpPrefetch: "prefetch", OpJoin: "join", OpPeerPublish: "peer-publish", OpPeerLookup: "peer-lookup",
 	OpFetch: "fetch", OpPeerFree: "peer-free", OpPeerNodes: "peer-nodes", OpPeerInfo: "peer-info",
 	OpPeerDrop: "peer-drop", OpPeerWindow: "peer-window", OpPeerOffsets: "peer-offsets",
-	OpBarrier: "barrier", OpPeerBarrier: "peer-barrier",
+	OpBarrier: "barrier", OpPeerBarrier: "peer-barrier", OpPeerGone: "peer-gone",
 }
 
 func (o Op) String() string {

@@ -150,6 +150,7 @@ func FuzzDecodeWindow(f *testing.F)     { fuzzCodec(f, windowSamples, DecodeWind
 func FuzzDecodePeerWindow(f *testing.F) { fuzzCodec(f, peerWindowSamples, DecodePeerWindow) }
 func FuzzDecodePeerNodes(f *testing.F)  { fuzzCodec(f, peerNodesSamples, DecodePeerNodes) }
 func FuzzDecodeBarrier(f *testing.F)    { fuzzCodec(f, barrierSamples, DecodeBarrier) }
+func FuzzDecodeGone(f *testing.F)       { fuzzCodec(f, goneSamples, DecodeGone) }
 func FuzzDecodePeerOffsets(f *testing.F) {
 	fuzzCodec(f, peerOffsetsSamples, DecodePeerOffsets)
 }

@@ -81,6 +81,13 @@ type Shard struct {
 	Kind  Kind
 	Items int64
 	Shape []int64
+	// Group names the ranks of the round, as a Barrier's Key: "" for the
+	// whole job, the variable's replica suffix ("@r<F>") for a group.
+	Group string
+	// Client is the client process that sent the shard, as its agent
+	// numbers it (set by the agent before PeerPublish; clients send 0):
+	// the coordinator fails the round when that process goes (Gone).
+	Client uint64
 }
 
 // Kind is what a variable's rows are like.
@@ -128,6 +135,8 @@ func (m *Shard) Encode(e *Encoder) {
 	e.U8(uint8(m.Kind))
 	e.I64(m.Items)
 	e.I64s(m.Shape)
+	e.String(m.Group)
+	e.U64(m.Client)
 }
 
 func DecodeShard(b []byte) (m Shard, err error) {
@@ -146,6 +155,7 @@ func DecodeShard(b []byte) (m Shard, err error) {
 	m.Total = d.I64()
 	m.Kind, m.Items = Kind(d.U8()), d.I64()
 	m.Shape = d.I64s(nil)
+	m.Group, m.Client = d.String(), d.U64()
 	if d.err == nil && (m.Kind > KindRagged || len(m.Shape) > MaxShape) {
 		return m, protoErr("shard of %q: kind %d with %d trailing dimensions", m.Name, m.Kind, len(m.Shape))
 	}
@@ -515,6 +525,9 @@ type Barrier struct {
 	// error and the next fence starts a fresh one.
 	Seq       int64
 	TimeoutMs int64 // how long to wait for the other ranks; <= 0: the agent's join timeout
+	// Client: as Shard's (set by the agent before PeerBarrier; clients
+	// send 0).
+	Client uint64
 }
 
 func (m *Barrier) Encode(e *Encoder) {
@@ -523,12 +536,45 @@ func (m *Barrier) Encode(e *Encoder) {
 	e.I64(m.Size)
 	e.I64(m.Seq)
 	e.I64(m.TimeoutMs)
+	e.U64(m.Client)
 }
 
 func DecodeBarrier(b []byte) (m Barrier, err error) {
 	d := NewDecoder(b)
 	m.Key = d.String()
 	m.Rank, m.Size, m.Seq, m.TimeoutMs = d.I64(), d.I64(), d.I64(), d.I64()
+	m.Client = d.U64()
+	return m, d.Done()
+}
+
+// Gone tells the coordinator that a client process of a node went away
+// (PeerGone): its last connection to its agent closed, or it closed one
+// while it waited in a collective. Every collective it took part in, or
+// whose group it is a rank of, fails for the other ranks at once.
+type Gone struct {
+	Node   string
+	Client uint64 // the agent's number of the process (Shard.Client)
+	Pid    int64  // the process id, for the error (0 if unknown)
+	// Rank and Size are the world rank and size the process said hello
+	// with (-1 and 0 for none): a process gone before it reached the
+	// collective it was a rank of fails that too.
+	Rank int64
+	Size int64
+}
+
+func (m *Gone) Encode(e *Encoder) {
+	e.String(m.Node)
+	e.U64(m.Client)
+	e.I64(m.Pid)
+	e.I64(m.Rank)
+	e.I64(m.Size)
+}
+
+func DecodeGone(b []byte) (m Gone, err error) {
+	d := NewDecoder(b)
+	m.Node = d.String()
+	m.Client = d.U64()
+	m.Pid, m.Rank, m.Size = d.I64(), d.I64(), d.I64()
 	return m, d.Done()
 }
 

@@ -20,6 +20,7 @@ OP_BARRIER = 13  # a rank's part in a fence (_fence.py)
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
 _U32I64 = struct.Struct("<Iq")
 
@@ -36,6 +37,10 @@ class Encoder:
 
     def u32(self, v):
         self.b += _U32.pack(v)
+        return self
+
+    def u64(self, v):
+        self.b += _U64.pack(v)
         return self
 
     def i64(self, *vs):
@@ -132,9 +137,13 @@ MAX_SHAPE = 32
 
 
 def shard(e, name, node, rank, size, rows, disp, itemsize, timeout_ms, attempt, failed, dtype, backing="", total=0,
-          kind=KIND_ROWS, items=0, shape=()):
+          kind=KIND_ROWS, items=0, shape=(), group="", client=0):
+    """A Shard body; group is the round's group, the variable's replica
+    suffix ("" for the whole job); client is the agent's field: a client
+    sends 0."""
     e.string(name).string(node).i64(rank, size, rows, disp, itemsize, timeout_ms, attempt).u8(1 if failed else 0)
-    return e.string(dtype).string32(backing).i64(total).u8(kind).i64(items).i64s(np.asarray(shape, dtype=np.int64))
+    e.string(dtype).string32(backing).i64(total).u8(kind).i64(items).i64s(np.asarray(shape, dtype=np.int64))
+    return e.string(group).u64(client)
 
 
 class Table:

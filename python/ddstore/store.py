@@ -249,7 +249,7 @@ class Store:
         def shard(failed=False):
             return _wire.shard(_wire.Encoder(), self._wire_name(name), "", self.rank, self.size, nrows, disp, itemsize,
                                tms, attempt,
-                               failed, dt, backing, total, kind, items, shape)
+                               failed, dt, backing, total, kind, items, shape, group=self._wire_name(""))
 
         def fail(err):
             # The failed Publish first, so that the round fails for every

@@ -1,0 +1,172 @@
+package coord
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
+
+// Client processes going away (Gone) and ranks giving up (Leave), on the
+// injected clock: no time passes in these tests unless they advance it,
+// so a reply here comes at once or never.
+
+// of is sh sent by client process client.
+func of(sh wire.Shard, client uint64) wire.Shard {
+	sh.Client = client
+	return sh
+}
+
+// barrierOf sends rank's arrival at fence seq of key (group of size), sent
+// by client, with a long deadline; its request.
+func (r *run) barrierOf(key string, seq, rank, size int64, client uint64) uint64 {
+	r.t.Helper()
+	r.next++
+	r.take(r.c.Barrier(r.now, r.next, wire.Barrier{Key: key, Rank: rank, Size: size, Seq: seq, Client: client}, r.now.Add(longWait)))
+	return r.next
+}
+
+func (r *run) gone(client uint64, rank, size int64) {
+	r.t.Helper()
+	r.take(r.c.Gone(r.now, wire.Gone{Node: "b", Client: client, Pid: 77, Rank: rank, Size: size}))
+}
+
+// A process killed while it waits in a round fails the round for the
+// others at once, naming its rank, process and node.
+func TestGoneWhileWaiting(t *testing.T) {
+	r := newRun(t)
+	q0 := r.publish(of(shard("v", 0, 3, "a"), 10), longWait)
+	q1 := r.publish(of(shard("v", 1, 3, "b"), 11), longWait)
+	r.gone(11, 1, 3)
+	for _, q := range []uint64{q0, q1} {
+		checkErr(t, "a rank of the round", r.mustReply(q, "a rank of the round").Err, base.ErrPeer,
+			[]string{`variable "v"`, "rank 1 (process 77 on node \"b\")", "went away"})
+	}
+	// Rank 0's process lives: the failed round still answers the job's
+	// late rank with its error.
+	q2 := r.publish(of(shard("v", 2, 3, "c"), 12), longWait)
+	checkErr(t, "the late rank", r.mustReply(q2, "the late rank").Err, base.ErrPeer, []string{"rank 1 (process 77"})
+}
+
+// A process that goes before it reaches a round of its group fails it
+// too: known as the group's rank from an earlier collective (a fence
+// here, a round of a replica group), or, for the whole job, by the world
+// rank it said hello with.
+func TestGoneBeforeItCame(t *testing.T) {
+	t.Run("member of the group", func(t *testing.T) {
+		r := newRun(t)
+		sh := func(name string, rank int64, client uint64) wire.Shard {
+			s := of(shard(name+"@r2", rank, 2, "a"), client)
+			s.Group = "@r2"
+			return s
+		}
+		r.publishAll([]wire.Shard{sh("first", 0, 20), sh("first", 1, 21)})
+		q := r.publish(sh("second", 0, 20), longWait)
+		f := r.barrierOf("@r2", 1, 0, 2, 20)
+		other := r.barrierOf("@r0", 1, 0, 2, 30) // another group: untouched
+		r.gone(21, -1, 0)                        // rank 1 of @r2, not the world's
+		checkErr(t, "the round of its group", r.mustReply(q, "round").Err, base.ErrPeer, []string{`"second@r2"`, "rank 1 (process 77"})
+		checkErr(t, "the fence of its group", r.mustReply(f, "fence").Err, base.ErrPeer, []string{`fence 1 of group "@r2"`, "rank 1 (process 77"})
+		if _, ok := r.reply(other); ok {
+			t.Fatal("a fence of another group failed with the process")
+		}
+	})
+	t.Run("world rank of its hello", func(t *testing.T) {
+		r := newRun(t)
+		q := r.publish(of(shard("v", 0, 2, "a"), 10), longWait)
+		f := r.barrierOf("", 1, 0, 2, 10)
+		bigger := r.publish(of(shard("w", 0, 3, "a"), 10), longWait) // a world of 3: another job's
+		r.gone(11, 1, 2)
+		checkErr(t, "the round", r.mustReply(q, "round").Err, base.ErrPeer, []string{`variable "v"`, "rank 1"})
+		checkErr(t, "the fence", r.mustReply(f, "fence").Err, base.ErrPeer, []string{"fence 1", "rank 1"})
+		if _, ok := r.reply(bigger); ok {
+			t.Fatal("a round of another world size failed with the process")
+		}
+	})
+	t.Run("a process of no collective", func(t *testing.T) {
+		r := newRun(t)
+		q := r.publish(of(shard("v", 0, 2, "a"), 10), longWait)
+		r.gone(0, 1, 2)   // no number: nothing known of it
+		r.gone(12, -1, 0) // a reader
+		if _, ok := r.reply(q); ok {
+			t.Fatal("a round failed with a process that was none of its ranks")
+		}
+	})
+}
+
+// A job started right after one that died never meets the dead job's
+// round or fence: once no process that came to a failed one lives, it is
+// forgotten, well within LateGrace; the new job's ranks (new processes)
+// start afresh and succeed.
+func TestNewJobNeverMeetsADeadJobsRound(t *testing.T) {
+	r := newRun(t)
+	q0 := r.publish(of(shard("v", 0, 2, "a"), 10), longWait)
+	f0 := r.barrierOf("", 1, 0, 2, 10)
+	r.gone(11, 1, 2) // rank 1 killed before it came
+	for _, q := range []uint64{q0, f0} {
+		if x := r.mustReply(q, "rank 0"); !errors.Is(x.Err, base.ErrPeer) {
+			t.Fatalf("rank 0: %v, want ErrPeer", x.Err)
+		}
+	}
+	if r.c.Rounds() != 1 || r.c.Fences() != 1 {
+		t.Fatalf("%d rounds, %d fences: want the failed ones kept while rank 0's process lives", r.c.Rounds(), r.c.Fences())
+	}
+	r.advance(time.Second)
+	r.gone(10, 0, 2) // rank 0 exits on its error
+	if r.c.Rounds() != 0 || r.c.Fences() != 0 {
+		t.Fatalf("%d rounds, %d fences pending once every process of them went: want 0", r.c.Rounds(), r.c.Fences())
+	}
+	r.advance(time.Second) // the new job starts at once: far within LateGrace
+	for i, x := range r.publishAll([]wire.Shard{of(shard("v", 1, 2, "b"), 21), of(shard("v", 0, 2, "a"), 20)}) {
+		if x.Err != nil || x.Table == nil {
+			t.Fatalf("rank %d of the new job: %+v", 1-i, x)
+		}
+	}
+	n0 := r.barrierOf("", 1, 0, 2, 20)
+	n1 := r.barrierOf("", 1, 1, 2, 21)
+	for _, q := range []uint64{n0, n1} {
+		if x := r.mustReply(q, "the new job's fence"); x.Err != nil {
+			t.Fatalf("the new job's fence: %v", x.Err)
+		}
+	}
+}
+
+// A round that timed out is forgotten too once its processes went (the
+// job's survivors exiting on the timeout), not only LateGrace later.
+func TestTimedOutRoundForgottenWithItsProcesses(t *testing.T) {
+	r := newRun(t)
+	q := r.publish(of(shard("v", 0, 2, "a"), 10), 20*time.Millisecond)
+	r.advance(20 * time.Millisecond)
+	if x := r.mustReply(q, "rank 0"); !errors.Is(x.Err, base.ErrTimeout) {
+		t.Fatalf("rank 0: %v, want ErrTimeout", x.Err)
+	}
+	r.gone(10, 0, 2)
+	if r.c.Rounds() != 0 {
+		t.Fatalf("%d rounds pending once the process of the timed-out round went", r.c.Rounds())
+	}
+	if x := r.publish(of(shard("v", 1, 2, "b"), 21), longWait); func() bool { _, ok := r.reply(x); return ok }() {
+		t.Fatalf("a new job's rank got a reply at once: %+v (the dead job's error?)", r.got[x])
+	}
+}
+
+// A rank whose client gave up on its wait (closed the connection) fails
+// its round or fence for the others at once, with the driver's words.
+func TestLeave(t *testing.T) {
+	r2 := newRun(t)
+	a := r2.publish(of(shard("v", 0, 3, "a"), 10), longWait)
+	b := r2.publish(of(shard("v", 2, 3, "c"), 12), longWait)
+	f0 := r2.barrierOf("", 1, 0, 2, 10)
+	f1 := r2.barrierOf("", 2, 1, 2, 11) // waits for fence 2
+	r2.take(r2.c.Leave(r2.now, b, base.ErrPeer, "closed its connection"))
+	for _, q := range []uint64{a, b} {
+		checkErr(t, "a rank", r2.mustReply(q, "a rank").Err, base.ErrPeer, []string{`variable "v": rank 2 closed its connection`})
+	}
+	r2.take(r2.c.Leave(r2.now, f1, base.ErrPeer, "closed its connection"))
+	checkErr(t, "fence 2", r2.mustReply(f1, "fence 2").Err, base.ErrPeer, []string{"fence 2: rank 1 closed its connection"})
+	if _, ok := r2.reply(f0); ok {
+		t.Fatal("fence 1 answered by fence 2's rank leaving")
+	}
+	r2.take(r2.c.Leave(r2.now, 999, base.ErrPeer, "x")) // waits for nothing: nothing happens
+}
