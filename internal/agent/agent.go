@@ -510,6 +510,7 @@ func (a *Agent) info() Info {
 	in.MemoryBytes += a.stagingBytes.Load()
 	if c := a.coord.Load(); c != nil {
 		in.Nodes, _ = c.nodes()
+		in.Collectives = c.collectives()
 	}
 	in.Auth = a.authSource()
 	in.Transport = a.transportName()

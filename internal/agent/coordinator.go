@@ -140,6 +140,12 @@ func (c *coordinator) addr(node string) string {
 	return c.mu.core.Addr(node)
 }
 
+func (c *coordinator) collectives() []wire.AgentCollective {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mu.core.Collectives()
+}
+
 // round is coord.Coordinator.Round.
 func (c *coordinator) round(name string, attempt int64) (ranks int, failed, ok bool) {
 	c.mu.Lock()

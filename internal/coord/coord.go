@@ -487,6 +487,30 @@ func (c *Coordinator) Round(name string, attempt int64) (ranks int, failed, ok b
 	return len(r.shards), r.err != nil, true
 }
 
+// Collectives are the pending rounds and fences, sorted (kind, name, seq):
+// what Info shows.
+func (c *Coordinator) Collectives() []wire.AgentCollective {
+	var out []wire.AgentCollective
+	errText := func(err error) string {
+		if err == nil {
+			return ""
+		}
+		return err.Error()
+	}
+	for _, r := range c.pending {
+		out = append(out, wire.AgentCollective{Kind: "publish", Name: r.key.name, Seq: r.key.attempt, Size: r.size,
+			Ranks: slices.Sorted(maps.Keys(r.seen)), Error: errText(r.err)})
+	}
+	for _, f := range c.fences {
+		out = append(out, wire.AgentCollective{Kind: "fence", Name: f.key.key, Seq: f.key.seq, Size: f.size,
+			Ranks: slices.Sorted(maps.Keys(f.seen)), Error: errText(f.err)})
+	}
+	slices.SortFunc(out, func(x, y wire.AgentCollective) int {
+		return cmp.Or(cmp.Compare(x.Kind, y.Kind), cmp.Compare(x.Name, y.Name), cmp.Compare(x.Seq, y.Seq))
+	})
+	return out
+}
+
 // Rounds is how many rounds are pending.
 func (c *Coordinator) Rounds() int { return len(c.pending) }
 
