@@ -27,7 +27,8 @@ import (
 type rankArgs struct {
 	NS, Node, RunDir string
 	Rank, Size       int
-	Op               string // "add", "fence", or "sleep" (until its stdin closes)
+	Op               string        // "add", "fence", or "sleep" (until its stdin closes)
+	PublishTimeout   time.Duration // 0: 300 s
 }
 
 // rankRows is the rows rank r adds to "x": 4 rows of 8 bytes, row g
@@ -40,8 +41,11 @@ var _ = testutil.Helper("rankloss", rankLossRank)
 // its collective and prints "ok" or "err: " and the error, wrapped kinds
 // first ("peer", "timeout"), then exits 0; a failure of its own exits 3.
 func rankLossRank(a rankArgs) int {
+	if a.PublishTimeout == 0 {
+		a.PublishTimeout = 300 * time.Second
+	}
 	s, err := ddstore.Open(ddstore.Config{Namespace: a.NS, Node: a.Node, RunDir: a.RunDir, NoSpawn: true,
-		Rank: a.Rank, Size: a.Size, LocalRank: -1, PublishTimeout: 300 * time.Second, Timeout: 20 * time.Second,
+		Rank: a.Rank, Size: a.Size, LocalRank: -1, PublishTimeout: a.PublishTimeout, Timeout: 20 * time.Second,
 		AgentWait: 10 * time.Second})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -213,6 +217,39 @@ func TestClusterRankKilledMidCollective(t *testing.T) {
 			for r, p := range start(op, op, op) {
 				if got := p.result(t, fmt.Sprintf("rank %d of the new job", r)); got != "ok" {
 					t.Fatalf("rank %d of the job started after the dead one: %q, want ok", r, got)
+				}
+			}
+		})
+	}
+}
+
+// TestClusterNewJobAfterATimedOutRound: a job whose rank 1 never comes to
+// its Add or Fence (alive, but elsewhere) times out on rank 0 (a 2 s
+// publish timeout: the timeout is what this job is about); its processes
+// exit; a job started at once in the namespace, far within the
+// coordinator's 10 s LateGrace, does the same collective and succeeds,
+// rather than get the dead job's timeout.
+func TestClusterNewJobAfterATimedOutRound(t *testing.T) {
+	for _, op := range []string{"add", "fence"} {
+		t.Run(op, func(t *testing.T) {
+			ns, runDir, _ := startAgentProcsArgs(t, "rt"+op, []string{"--join-timeout", "300s"}, "a", "b")
+			nodes := []string{"a", "b"}
+			r0 := startRank(t, rankArgs{NS: ns, Node: "a", RunDir: runDir, Rank: 0, Size: 2, Op: op, PublishTimeout: 2 * time.Second})
+			r1 := startRank(t, rankArgs{NS: ns, Node: "b", RunDir: runDir, Rank: 1, Size: 2, Op: "sleep"})
+			if got := r0.result(t, "rank 0 of the first job"); !strings.HasPrefix(got, "err: timeout ") || !strings.Contains(got, "missing ranks 1") {
+				t.Fatalf("rank 0 of the job whose rank 1 never came: %q, want ErrTimeout naming rank 1", got)
+			}
+			r1.stdin.Close()
+			if got := r1.result(t, "rank 1 of the first job"); got != "" {
+				t.Fatalf("rank 1 of the first job: %q", got)
+			}
+			var ps []*rankProc
+			for r, node := range nodes {
+				ps = append(ps, startRank(t, rankArgs{NS: ns, Node: node, RunDir: runDir, Rank: r, Size: 2, Op: op}))
+			}
+			for r, p := range ps {
+				if got := p.result(t, fmt.Sprintf("rank %d of the new job", r)); got != "ok" {
+					t.Fatalf("rank %d of the job started right after: %q, want ok (not the first job's error)", r, got)
 				}
 			}
 		})

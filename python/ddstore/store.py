@@ -204,21 +204,20 @@ class Store:
         dt = ""
         bad = None
         spec = ""
-        if dtype is not None:
-            dt = dtype_name(dtype)
-            itemsize = dtype_itemsize(dt)
-        if disp < 1 or not 1 <= itemsize <= 64:
-            bad = GeometryError(f"ddstore: bad geometry: variable {name!r}: disp {disp}, itemsize {itemsize}: "
-                                f"want disp >= 1 and itemsize 1..64")
-        elif nrows < 0:
-            bad = GeometryError(f"ddstore: bad geometry: variable {name!r}: {nrows} rows: want >= 0")
-        else:
-            try:
-                spec, total = _check_backing(name, backing, total, nrows)
-            except Error as e:
-                bad = e
-        return self._create(name, None, int(nrows), int(disp), int(itemsize), dt, bad=bad, backing=spec,
-                            total=total or 0)
+        try:
+            if dtype is not None:
+                dt = dtype_name(dtype)
+                itemsize = dtype_itemsize(dt)
+            nrows, disp, itemsize = int(nrows), int(disp), int(itemsize)
+            if disp < 1 or not 1 <= itemsize <= 64:
+                raise GeometryError(f"ddstore: bad geometry: variable {name!r}: disp {disp}, itemsize {itemsize}: "
+                                    f"want disp >= 1 and itemsize 1..64")
+            if nrows < 0:
+                raise GeometryError(f"ddstore: bad geometry: variable {name!r}: {nrows} rows: want >= 0")
+            spec, total = _check_backing(name, backing, total, nrows)
+        except Exception as e:  # whatever the type: the other ranks must hear of it (_create)
+            return self._create(name, None, 0, 0, 0, "", bad=e)
+        return self._create(name, None, nrows, disp, itemsize, dt, backing=spec, total=total or 0)
 
     def add_ragged(self, name, values, lengths=None, *, offsets=None):
         """Collective: every rank adds its rows of a ragged variable `name`,

@@ -40,6 +40,18 @@ except RuntimeError as e:
 else:
     raise AssertionError(f"rank {r}: add succeeded")
 
+# init with an item type ddstore has none of: BadBuffer on rank 1, before
+# any shard; rank 0 hears of it at once.
+try:
+    s.init("z", 3, 2, dtype="int64" if r == 0 else "complex64")
+except ddstore.GeometryError as e:
+    assert r == 0 and "rank 1 could not create its shard" in str(e), e
+except ddstore.BadBuffer as e:
+    assert r == 1 and "complex64" in str(e), e
+else:
+    raise AssertionError(f"rank {r}: init succeeded")
+s.init("z", 3, 2, dtype="int64")
+
 strided = base[:, ::2]  # not C-contiguous
 assert not strided.flags.c_contiguous
 s.add("x", strided)  # the retry of the failed name, with a strided view
