@@ -2,6 +2,8 @@ package coord
 
 import (
 	"errors"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,6 +45,14 @@ func TestGoneWhileWaiting(t *testing.T) {
 	for _, q := range []uint64{q0, q1} {
 		checkErr(t, "a rank of the round", r.mustReply(q, "a rank of the round").Err, base.ErrPeer,
 			[]string{`variable "v"`, "rank 1 (process 77 on node \"b\")", "went away"})
+	}
+	// What Info shows of it, and of a fence waiting.
+	r.barrierOf("", 4, 0, 3, 10)
+	got := r.c.Collectives()
+	if len(got) != 2 || got[0].Kind != "fence" || got[0].Seq != 4 || !slices.Equal(got[0].Ranks, []int64{0}) || got[0].Error != "" ||
+		got[1].Kind != "publish" || got[1].Name != "v" || got[1].Seq != 1 || got[1].Size != 3 ||
+		!slices.Equal(got[1].Ranks, []int64{0, 1}) || !strings.Contains(got[1].Error, "rank 1 (process 77") {
+		t.Fatalf("Collectives: %+v", got)
 	}
 	// Rank 0's process lives: the failed round still answers the job's
 	// late rank with its error.
