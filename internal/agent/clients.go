@@ -32,8 +32,13 @@ type clientProc struct {
 	pid      int32
 	sessions int // its open connections
 	// rank and size are the world rank and size of its last Hello with a
-	// rank (-1, 0 before any): a rank, whose going the coordinator hears.
+	// rank (-1, 0 before any).
 	rank, size int64
+	// ranked says it created a shard or came to a collective: a rank's
+	// own process, whose going the coordinator hears. A process that only
+	// reads (a DataLoader worker forked from a rank, which says hello
+	// with the rank's identity) is none.
+	ranked bool
 }
 
 // errClientLeft is the cause of a collective's context when its client
@@ -92,6 +97,17 @@ func (a *Agent) noteRank(s *session, m wire.Hello) {
 	a.mu.Unlock()
 }
 
+// noteRanked records that session s's process acts as a rank (Create,
+// Publish, Barrier).
+func (a *Agent) noteRanked(s *session) {
+	if s.proc == nil {
+		return
+	}
+	a.mu.Lock()
+	s.proc.ranked = true
+	a.mu.Unlock()
+}
+
 // clientID is the number of session s's process.
 func (s *session) clientID() uint64 {
 	if s.proc == nil {
@@ -101,14 +117,15 @@ func (s *session) clientID() uint64 {
 }
 
 // procGone tells the coordinator that process p, whose last connection
-// closed, went, if it is a rank; on a goroutine of its own (the
+// closed, went, if it acted as a rank; on a goroutine of its own (the
 // coordinator may be another node's agent, or not found yet).
 func (a *Agent) procGone(p *clientProc) {
 	a.mu.Lock()
 	g := wire.Gone{Node: a.cfg.Node, Client: p.id, Pid: int64(p.pid), Rank: p.rank, Size: p.size}
+	ranked := p.ranked
 	a.mu.Unlock()
-	if g.Rank < 0 {
-		return // a reader, a tool: no collective waits for it
+	if !ranked {
+		return // a reader, a tool, a forked reading worker: no collective waits for it
 	}
 	if c := a.coord.Load(); c != nil {
 		c.gone(g)

@@ -211,6 +211,7 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 			s.decodeFailed = true
 			return nil, err
 		}
+		a.noteRanked(s)
 		p, err := a.createShard(m)
 		if err != nil {
 			return nil, err
@@ -225,6 +226,7 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 			return nil, err
 		}
 		m.Client = s.clientID()
+		a.noteRanked(s)
 		done := a.publishing(m.Name, m.Rank)
 		ctx, stop := a.watchLeave(s)
 		t, err := a.publish(ctx, m)
@@ -245,6 +247,7 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 			return nil, base.Errorf(base.ErrArgument, "a reader (rank -1) takes part in no fence")
 		}
 		m.Client = s.clientID()
+		a.noteRanked(s)
 		ctx, stop := a.watchLeave(s)
 		defer stop()
 		return nil, a.coordBarrier(ctx, m)

@@ -17,10 +17,12 @@
 // shard and barrier names its sender, Shard.Client, as its agent numbers
 // the process). When a process goes (Gone: its connections closed, the
 // process exited or was killed), every collective it joined or is a rank
-// of fails for the others at once, naming the rank; and a failed one that
-// no live process joined is forgotten, so that a job started afterwards
-// in the namespace, whose processes are all new, never meets a dead job's
-// round or fence (and its error).
+// of fails for the others at once, naming the rank. A failed one that
+// none of its processes outlived answers only the job's other ranks
+// (processes known as ranks of its group from collectives before) with
+// its error; any other process starts afresh there. So a job started
+// afterwards in the namespace, whose processes are all new, never meets a
+// dead job's round or fence (or its error).
 package coord
 
 import (
@@ -91,8 +93,11 @@ type round struct {
 	// timedOut is when the round failed for missing ranks; see LateGrace.
 	timedOut time.Time
 	// clients are the processes of the ranks that came (0: unknown), less
-	// those gone since.
+	// those gone since. Once a failed round has none left, orphan holds
+	// the processes then known as the ranks of its group (its job's; see
+	// knownAs); nil before.
 	clients map[int64]uint64
+	orphan  map[int64]uint64
 }
 
 // wait is one request waiting for its round or its fence (one of them).
@@ -121,6 +126,7 @@ type fence struct {
 	// timedOut: as round's, for LateGrace.
 	timedOut time.Time
 	clients  map[int64]uint64 // as round's
+	orphan   map[int64]uint64 // as round's
 }
 
 // New makes an empty coordinator.
@@ -161,6 +167,12 @@ func (c *Coordinator) Publish(now time.Time, req uint64, sh wire.Shard, deadline
 	}
 	key := roundKey{sh.Name, sh.Attempt}
 	r := c.pending[key]
+	if r != nil && r.orphan != nil && !knownAs(r.orphan, sh.Rank, sh.Client) {
+		// A dead job's round, and a process that was none of its
+		// ranks: a new job's, which starts afresh.
+		delete(c.pending, key)
+		r = nil
+	}
 	if r == nil {
 		r = &round{key: key, size: sh.Size, first: sh, shards: make(map[int64]wire.Shard), seen: make(map[int64]bool),
 			clients: make(map[int64]uint64)}
@@ -256,8 +268,9 @@ func (c *Coordinator) Leave(now time.Time, req uint64, kind error, why string) [
 // and fence it came to, or of a group it is a rank of (members; for the
 // whole job also the world rank it said hello with), fails for every rank
 // at once with ErrPeer naming the rank; and a failed one that no live
-// process came to any more is forgotten (its ranks are gone: a later
-// arrival is a new job's, and starts afresh).
+// process came to any more is orphaned: it answers a late rank of its job
+// (known) with its error, for LateGrace, and any other arrival, a new
+// job's, starts afresh.
 func (c *Coordinator) Gone(now time.Time, g wire.Gone) []Reply {
 	if g.Client == 0 {
 		return nil
@@ -275,8 +288,11 @@ func (c *Coordinator) Gone(now time.Time, g wire.Gone) []Reply {
 			out = c.fail(r, why(fmt.Sprintf("variable %q", r.first.Name), rank), out)
 			r.timedOut = now
 		}
-		if forget(r.clients, g.Client) && r.err != nil {
-			delete(c.pending, k)
+		if forget(r.clients, g.Client) && r.err != nil && r.orphan == nil {
+			r.orphan = c.ranksOf(r.first.Group)
+			if r.timedOut.IsZero() {
+				r.timedOut = now // forgotten LateGrace from now in any case
+			}
 		}
 	}
 	for _, k := range slices.SortedFunc(maps.Keys(c.fences), func(x, y fenceKey) int {
@@ -287,8 +303,11 @@ func (c *Coordinator) Gone(now time.Time, g wire.Gone) []Reply {
 			out = c.failFence(f, why(f.what(), rank), out)
 			f.timedOut = now
 		}
-		if forget(f.clients, g.Client) && f.err != nil {
-			delete(c.fences, k)
+		if forget(f.clients, g.Client) && f.err != nil && f.orphan == nil {
+			f.orphan = c.ranksOf(f.key.key)
+			if f.timedOut.IsZero() {
+				f.timedOut = now
+			}
 		}
 	}
 	for group, ranks := range c.members {
@@ -328,6 +347,24 @@ func forget(came map[int64]uint64, client uint64) bool {
 	return len(came) == 0
 }
 
+// ranksOf are the processes known as the ranks of group now (never nil).
+func (c *Coordinator) ranksOf(group string) map[int64]uint64 {
+	m := maps.Clone(c.members[group])
+	if m == nil {
+		m = map[int64]uint64{}
+	}
+	return m
+}
+
+// knownAs says whether client was rank of the group of an orphaned
+// collective when its last process went (it had come as that rank to an
+// earlier collective of the group): a late rank of that job, which gets
+// the collective's error. Any other process is a new job's rank, and
+// starts afresh.
+func knownAs(ranks map[int64]uint64, rank int64, client uint64) bool {
+	return client != 0 && ranks[rank] == client
+}
+
 // member notes that client is rank of group (the last process to say so).
 func (c *Coordinator) member(group string, rank int64, client uint64) {
 	if client == 0 {
@@ -359,6 +396,10 @@ func (c *Coordinator) Barrier(now time.Time, req uint64, m wire.Barrier, deadlin
 	}
 	key := fenceKey{m.Key, m.Seq}
 	f := c.fences[key]
+	if f != nil && f.orphan != nil && !knownAs(f.orphan, m.Rank, m.Client) {
+		delete(c.fences, key) // as a round's
+		f = nil
+	}
 	if f == nil {
 		f = &fence{key: key, size: m.Size, first: m.Rank, arrived: make(map[int64]uint64), seen: make(map[int64]bool),
 			clients: make(map[int64]uint64)}

@@ -107,44 +107,57 @@ func TestGoneBeforeItCame(t *testing.T) {
 }
 
 // A job started right after one that died never meets the dead job's
-// round or fence: once no process that came to a failed one lives, it is
-// forgotten, well within LateGrace; the new job's ranks (new processes)
-// start afresh and succeed.
+// round or fence: once no process that came to a failed one lives, it
+// answers only a late rank of its own job (a process known as that rank
+// from an earlier collective) with its error; the new job's ranks (new
+// processes), well within LateGrace, start afresh and succeed.
 func TestNewJobNeverMeetsADeadJobsRound(t *testing.T) {
 	r := newRun(t)
-	q0 := r.publish(of(shard("v", 0, 2, "a"), 10), longWait)
-	f0 := r.barrierOf("", 1, 0, 2, 10)
-	r.gone(11, 1, 2) // rank 1 killed before it came
+	// The job: ranks 0, 1, 2 (processes 10, 11, 12) met at fence 1.
+	for k := range int64(3) {
+		r.barrierOf("", 1, k, 3, 10+uint64(k))
+	}
+	q0 := r.publish(of(shard("v", 0, 3, "a"), 10), longWait)
+	f0 := r.barrierOf("", 2, 0, 3, 10)
+	r.gone(12, 2, 3) // rank 2 killed before it came
 	for _, q := range []uint64{q0, f0} {
 		if x := r.mustReply(q, "rank 0"); !errors.Is(x.Err, base.ErrPeer) {
 			t.Fatalf("rank 0: %v, want ErrPeer", x.Err)
 		}
 	}
-	if r.c.Rounds() != 1 || r.c.Fences() != 1 {
-		t.Fatalf("%d rounds, %d fences: want the failed ones kept while rank 0's process lives", r.c.Rounds(), r.c.Fences())
-	}
 	r.advance(time.Second)
-	r.gone(10, 0, 2) // rank 0 exits on its error
-	if r.c.Rounds() != 0 || r.c.Fences() != 0 {
-		t.Fatalf("%d rounds, %d fences pending once every process of them went: want 0", r.c.Rounds(), r.c.Fences())
-	}
+	r.gone(10, 0, 3) // rank 0 exits on its error
+	// Rank 1 of the job, late, alive: it gets the error at once, though
+	// every process that came has gone.
+	late := r.barrierOf("", 2, 1, 3, 11)
+	checkErr(t, "the job's late rank", r.mustReply(late, "the job's late rank").Err, base.ErrPeer, []string{"rank 2 (process 77"})
+	r.gone(11, 1, 3)
 	r.advance(time.Second) // the new job starts at once: far within LateGrace
-	for i, x := range r.publishAll([]wire.Shard{of(shard("v", 1, 2, "b"), 21), of(shard("v", 0, 2, "a"), 20)}) {
+	var sh []wire.Shard
+	for k := range int64(3) {
+		sh = append(sh, of(shard("v", k, 3, "b"), 20+uint64(k)))
+	}
+	for i, x := range r.publishAll(sh) {
 		if x.Err != nil || x.Table == nil {
-			t.Fatalf("rank %d of the new job: %+v", 1-i, x)
+			t.Fatalf("rank %d of the new job: %+v", i, x)
 		}
 	}
-	n0 := r.barrierOf("", 1, 0, 2, 20)
-	n1 := r.barrierOf("", 1, 1, 2, 21)
-	for _, q := range []uint64{n0, n1} {
-		if x := r.mustReply(q, "the new job's fence"); x.Err != nil {
-			t.Fatalf("the new job's fence: %v", x.Err)
+	for seq := int64(1); seq <= 2; seq++ {
+		var qs []uint64
+		for k := range int64(3) {
+			qs = append(qs, r.barrierOf("", seq, k, 3, 20+uint64(k)))
+		}
+		for _, q := range qs {
+			if x := r.mustReply(q, "the new job's fence"); x.Err != nil {
+				t.Fatalf("the new job's fence %d: %v", seq, x.Err)
+			}
 		}
 	}
 }
 
-// A round that timed out is forgotten too once its processes went (the
-// job's survivors exiting on the timeout), not only LateGrace later.
+// A round that timed out, its processes gone (the job's survivors exiting
+// on the timeout), is a new job's to start afresh, not only LateGrace
+// later; and it is forgotten LateGrace later.
 func TestTimedOutRoundForgottenWithItsProcesses(t *testing.T) {
 	r := newRun(t)
 	q := r.publish(of(shard("v", 0, 2, "a"), 10), 20*time.Millisecond)
@@ -153,11 +166,23 @@ func TestTimedOutRoundForgottenWithItsProcesses(t *testing.T) {
 		t.Fatalf("rank 0: %v, want ErrTimeout", x.Err)
 	}
 	r.gone(10, 0, 2)
-	if r.c.Rounds() != 0 {
-		t.Fatalf("%d rounds pending once the process of the timed-out round went", r.c.Rounds())
+	n1 := r.publish(of(shard("v", 1, 2, "b"), 21), longWait)
+	if x, ok := r.reply(n1); ok {
+		t.Fatalf("a new job's rank got a reply at once: %+v (the dead job's error?)", x)
 	}
-	if x := r.publish(of(shard("v", 1, 2, "b"), 21), longWait); func() bool { _, ok := r.reply(x); return ok }() {
-		t.Fatalf("a new job's rank got a reply at once: %+v (the dead job's error?)", r.got[x])
+	n0 := r.publish(of(shard("v", 0, 2, "a"), 20), longWait)
+	for _, q := range []uint64{n0, n1} {
+		if x := r.mustReply(q, "the new job"); x.Err != nil {
+			t.Fatalf("the new job: %v", x.Err)
+		}
+	}
+	q = r.publish(of(shard("w", 0, 2, "a"), 30), 20*time.Millisecond)
+	r.advance(20 * time.Millisecond)
+	r.gone(30, 0, 2)
+	r.advance(r.c.LateGrace + time.Millisecond)
+	r.publishAll([]wire.Shard{of(shard("other", 0, 1, "a"), 40)})
+	if n := r.c.Rounds(); n != 0 {
+		t.Fatalf("%d rounds pending LateGrace after, want 0", n)
 	}
 }
 
