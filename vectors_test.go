@@ -122,7 +122,7 @@ func vShard(m wire.Shard) obj {
 	return obj{"name": m.Name, "node": m.Node, "rank": m.Rank, "size": m.Size, "rows": m.Rows, "disp": m.Disp,
 		"itemsize": m.ItemSize, "timeout_ms": m.TimeoutMs, "attempt": m.Attempt, "failed": m.Failed, "dtype": m.Dtype,
 		"backing": m.Backing, "total": m.Total, "kind": m.Kind, "items": m.Items, "shape": nonNil(m.Shape),
-		"group": m.Group, "client": m.Client}
+		"group": m.Group, "client": m.Client, "client_age_ms": m.ClientAgeMs}
 }
 
 // nonNil writes an empty list as [], not null, as Python decodes it.
@@ -165,7 +165,7 @@ func nameFrame(name string, op wire.Op, id uint64, m wire.Name) vectorFrame {
 
 func barrierFrame(name string, op wire.Op, id uint64, m wire.Barrier) vectorFrame {
 	return vectorFrame{name: name, op: op, id: id, message: "Barrier", fields: obj{"key": m.Key, "rank": m.Rank, "size": m.Size,
-		"seq": m.Seq, "timeout_ms": m.TimeoutMs, "client": m.Client}, encode: m.Encode,
+		"seq": m.Seq, "timeout_ms": m.TimeoutMs, "client": m.Client, "client_age_ms": m.ClientAgeMs}, encode: m.Encode,
 		decode: func(b []byte) (any, error) { return wire.DecodeBarrier(b) }, value: m}
 }
 
@@ -184,7 +184,7 @@ func vectorFrames(t *testing.T) obj {
 	peerOffsets := wire.PeerOffsets{Name: "pos", ID: 6, Rank: 1, First: 0, Count: 2}
 	offsets := wire.Offsets{Offsets: []int64{0, 4, 4}}
 	peerShard := shard
-	peerShard.Node, peerShard.Client = "n1", 0x0123456789abcdef
+	peerShard.Node, peerShard.Client, peerShard.ClientAgeMs = "n1", 0x0123456789abcdef, 61250
 	gone := wire.Gone{Node: "n1", Client: 0x0123456789abcdef, Pid: 4242, Rank: 1, Size: 2}
 	frames := []vectorFrame{
 		helloFrame("hello", 1, wire.Hello{Namespace: "ns", Node: "n1", Rank: 0, Size: 2, LocalRank: 0, LocalSize: 2, Pid: 4242}),
@@ -238,11 +238,11 @@ func vectorFrames(t *testing.T) obj {
 			encode: peerOffsets.Encode, decode: func(b []byte) (any, error) { return wire.DecodePeerOffsets(b) }, value: peerOffsets},
 		{name: "peer_offsets_reply", op: wire.OpPeerOffsets, id: 2, reply: true, message: "Offsets", fields: obj{"offsets": offsets.Offsets},
 			encode: offsets.Encode, decode: func(b []byte) (any, error) { return wire.DecodeOffsets(b) }, value: offsets},
-		// The shard as node n1's agent hands it on: its node, and the
-		// number it gave the client process that sent it.
+		// The shard as node n1's agent hands it on: its node, the number
+		// it gave the client process that sent it, and that process's age.
 		shardFrame("peer_publish", wire.OpPeerPublish, 3, peerShard),
 		barrierFrame("peer_barrier", wire.OpPeerBarrier, 4, wire.Barrier{Key: "", Rank: 1, Size: 2, Seq: 3, TimeoutMs: 300000,
-			Client: 0x0123456789abcdef}),
+			Client: 0x0123456789abcdef, ClientAgeMs: 61250}),
 		// Node n1's agent tells the coordinator that the process it
 		// numbered so (pid 4242, world rank 1 of 2) went away.
 		{name: "peer_gone", op: wire.OpPeerGone, id: 5, message: "Gone", fields: obj{"node": gone.Node, "client": gone.Client,

@@ -14,10 +14,15 @@ package agent
 // fails, and the process's last connection closes as it should.
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -26,11 +31,12 @@ import (
 )
 
 // clientProc is one client process of this agent. Its fields are guarded
-// by Agent.mu.
+// by Agent.mu, but for id, pid and since, set before any session has it.
 type clientProc struct {
 	id       uint64 // never 0
 	pid      int32
-	sessions int // its open connections
+	since    time.Time // when the process started (processStart)
+	sessions int       // its open connections
 	// rank and size are the world rank and size of its last Hello with a
 	// rank (-1, 0 before any).
 	rank, size int64
@@ -64,7 +70,7 @@ func (a *Agent) attachLocked(s *session) {
 		s.proc = p
 		return
 	}
-	s.proc = &clientProc{id: newClientID(), pid: s.pid, sessions: 1, rank: -1}
+	s.proc = &clientProc{id: newClientID(), pid: s.pid, since: processStart(s.pid), sessions: 1, rank: -1}
 	if s.pid > 0 {
 		a.mu.procs[s.pid] = s.proc
 	}
@@ -108,12 +114,46 @@ func (a *Agent) noteRanked(s *session) {
 	a.mu.Unlock()
 }
 
-// clientID is the number of session s's process.
-func (s *session) clientID() uint64 {
-	if s.proc == nil {
-		return 0
+// processStart is when process pid started, as /proc tells (the clock
+// ticks since boot of its stat's starttime); now if it cannot tell. The
+// ranks of a job start together, and a job started after another died
+// starts its processes after that one's exited, so a process's start says
+// which job it can be of (coord: ofJob).
+func processStart(pid int32) time.Time {
+	now := time.Now()
+	if pid <= 0 {
+		return now
 	}
-	return s.proc.id
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	i := bytes.LastIndexByte(b, ')')
+	var boot unix.Timespec
+	if err != nil || i < 0 || unix.ClockGettime(unix.CLOCK_BOOTTIME, &boot) != nil {
+		return now
+	}
+	// After "pid (comm) ": state is field 3, starttime field 22.
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return now
+	}
+	ticks, err := strconv.ParseInt(f[19], 10, 64)
+	if err != nil {
+		return now
+	}
+	const clockTicks = 100 // USER_HZ, the unit of /proc's times on Linux
+	age := time.Duration(boot.Nano()) - time.Duration(ticks)*time.Second/clockTicks
+	if age < 0 {
+		return now
+	}
+	return now.Add(-age)
+}
+
+// client is the number of session s's process and its age in ms (see
+// wire.Shard.Client).
+func (s *session) client() (uint64, int64) {
+	if s.proc == nil {
+		return 0, 0
+	}
+	return s.proc.id, time.Since(s.proc.since).Milliseconds() // since: set once, before the session runs
 }
 
 // procGone tells the coordinator that process p, whose last connection

@@ -225,7 +225,7 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 			s.decodeFailed = true
 			return nil, err
 		}
-		m.Client = s.clientID()
+		m.Client, m.ClientAgeMs = s.client()
 		a.noteRanked(s)
 		done := a.publishing(m.Name, m.Rank)
 		ctx, stop := a.watchLeave(s)
@@ -246,7 +246,7 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 		if s.hello.Rank < 0 {
 			return nil, base.Errorf(base.ErrArgument, "a reader (rank -1) takes part in no fence")
 		}
-		m.Client = s.clientID()
+		m.Client, m.ClientAgeMs = s.client()
 		a.noteRanked(s)
 		ctx, stop := a.watchLeave(s)
 		defer stop()

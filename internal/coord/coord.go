@@ -93,11 +93,12 @@ type round struct {
 	// timedOut is when the round failed for missing ranks; see LateGrace.
 	timedOut time.Time
 	// clients are the processes of the ranks that came (0: unknown), less
-	// those gone since. Once a failed round has none left, orphan holds
-	// the processes then known as the ranks of its group (its job's; see
-	// knownAs); nil before.
-	clients map[int64]uint64
-	orphan  map[int64]uint64
+	// those gone since. Once a failed round has none left (at orphaned),
+	// orphan holds the processes then known as the ranks of its group (its
+	// job's; see ofJob); nil before.
+	clients  map[int64]uint64
+	orphan   map[int64]uint64
+	orphaned time.Time
 }
 
 // wait is one request waiting for its round or its fence (one of them).
@@ -127,6 +128,7 @@ type fence struct {
 	timedOut time.Time
 	clients  map[int64]uint64 // as round's
 	orphan   map[int64]uint64 // as round's
+	orphaned time.Time
 }
 
 // New makes an empty coordinator.
@@ -167,7 +169,7 @@ func (c *Coordinator) Publish(now time.Time, req uint64, sh wire.Shard, deadline
 	}
 	key := roundKey{sh.Name, sh.Attempt}
 	r := c.pending[key]
-	if r != nil && r.orphan != nil && !knownAs(r.orphan, sh.Rank, sh.Client) {
+	if r != nil && r.orphan != nil && !ofJob(r.orphan, r.orphaned, now, sh.Rank, sh.Client, sh.ClientAgeMs) {
 		// A dead job's round, and a process that was none of its
 		// ranks: a new job's, which starts afresh.
 		delete(c.pending, key)
@@ -289,7 +291,7 @@ func (c *Coordinator) Gone(now time.Time, g wire.Gone) []Reply {
 			r.timedOut = now
 		}
 		if forget(r.clients, g.Client) && r.err != nil && r.orphan == nil {
-			r.orphan = c.ranksOf(r.first.Group)
+			r.orphan, r.orphaned = c.ranksOf(r.first.Group), now
 			if r.timedOut.IsZero() {
 				r.timedOut = now // forgotten LateGrace from now in any case
 			}
@@ -304,7 +306,7 @@ func (c *Coordinator) Gone(now time.Time, g wire.Gone) []Reply {
 			f.timedOut = now
 		}
 		if forget(f.clients, g.Client) && f.err != nil && f.orphan == nil {
-			f.orphan = c.ranksOf(f.key.key)
+			f.orphan, f.orphaned = c.ranksOf(f.key.key), now
 			if f.timedOut.IsZero() {
 				f.timedOut = now
 			}
@@ -356,14 +358,29 @@ func (c *Coordinator) ranksOf(group string) map[int64]uint64 {
 	return m
 }
 
-// knownAs says whether client was rank of the group of an orphaned
-// collective when its last process went (it had come as that rank to an
-// earlier collective of the group): a late rank of that job, which gets
-// the collective's error. Any other process is a new job's rank, and
-// starts afresh.
-func knownAs(ranks map[int64]uint64, rank int64, client uint64) bool {
-	return client != 0 && ranks[rank] == client
+// ofJob says whether rank's process client, which had run ageMs at now,
+// is of the job of a collective orphaned at orphaned, whose group's ranks
+// were then ranks: a late rank of that job, which gets the collective's
+// error. It is if it was known as that rank (it came to an earlier
+// collective of the group), or if it started more than JobStartSlack
+// before the collective's last process went (a job's ranks start
+// together, and a job started after one died starts its processes after
+// that one's exited). Any other process is a new job's rank, and starts
+// afresh. A process of no number (0) is taken for one of the job, as
+// before numbers.
+func ofJob(ranks map[int64]uint64, orphaned, now time.Time, rank int64, client uint64, ageMs int64) bool {
+	if client == 0 || ranks[rank] == client {
+		return true
+	}
+	started := now.Add(-time.Duration(ageMs) * time.Millisecond)
+	return started.Before(orphaned.Add(-JobStartSlack))
 }
+
+// JobStartSlack is how long before a dead job's last process went a
+// process must have started to be taken for one of its ranks (ofJob): more
+// than the time the agents take to tell the coordinator a process went,
+// less than a rank takes to start and fail.
+const JobStartSlack = 500 * time.Millisecond
 
 // member notes that client is rank of group (the last process to say so).
 func (c *Coordinator) member(group string, rank int64, client uint64) {
@@ -396,7 +413,7 @@ func (c *Coordinator) Barrier(now time.Time, req uint64, m wire.Barrier, deadlin
 	}
 	key := fenceKey{m.Key, m.Seq}
 	f := c.fences[key]
-	if f != nil && f.orphan != nil && !knownAs(f.orphan, m.Rank, m.Client) {
+	if f != nil && f.orphan != nil && !ofJob(f.orphan, f.orphaned, now, m.Rank, m.Client, m.ClientAgeMs) {
 		delete(c.fences, key) // as a round's
 		f = nil
 	}

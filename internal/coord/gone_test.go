@@ -205,3 +205,56 @@ func TestLeave(t *testing.T) {
 	}
 	r2.take(r2.c.Leave(r2.now, 999, base.ErrPeer, "x")) // waits for nothing: nothing happens
 }
+
+// A rank of the job whose first collective it is, late: its peers failed
+// the round (one could not make its shard) and exited before it came, so
+// no process of the round lives and none knew it as a rank. It was
+// connected before they went (its age says so): of the job, it gets the
+// round's error at once, rather than wait in a round of its own. A
+// process that connected after they went is a new job's, and starts
+// afresh.
+func TestLateRankOfAFirstRoundWhosePeersWent(t *testing.T) {
+	for _, kind := range []string{"publish", "fence"} {
+		t.Run(kind, func(t *testing.T) {
+			r := newRun(t)
+			var q uint64
+			if kind == "publish" {
+				bad := of(shard("v", 1, 2, "b"), 11)
+				bad.Failed = true
+				q = r.publish(bad, longWait)
+			} else {
+				q = r.barrierOf("", 1, 1, 2, 11)
+				r.advance(longWait) // it times out
+			}
+			if x := r.mustReply(q, "rank 1"); x.Err == nil {
+				t.Fatal("rank 1's collective did not fail")
+			}
+			r.gone(11, 1, 2)
+			r.advance(2 * time.Second)
+			arrive := func(rank int64, client uint64, age time.Duration) uint64 {
+				if kind == "publish" {
+					sh := of(shard("v", rank, 2, "a"), client)
+					sh.ClientAgeMs = age.Milliseconds()
+					return r.publish(sh, longWait)
+				}
+				r.next++
+				r.take(r.c.Barrier(r.now, r.next, wire.Barrier{Rank: rank, Size: 2, Seq: 1, Client: client, ClientAgeMs: age.Milliseconds()}, r.now.Add(longWait)))
+				return r.next
+			}
+			late := arrive(0, 10, 5*time.Second) // connected 3 s before rank 1 went
+			if x := r.mustReply(late, "the job's late rank 0"); x.Err == nil {
+				t.Fatal("the job's late rank 0 passed")
+			}
+			n0 := arrive(0, 20, time.Second) // connected 1 s after: a new job's
+			if x, ok := r.reply(n0); ok {
+				t.Fatalf("a new job's rank 0 answered at once: %+v", x)
+			}
+			n1 := arrive(1, 21, time.Second)
+			for _, q := range []uint64{n0, n1} {
+				if x := r.mustReply(q, "the new job"); x.Err != nil {
+					t.Fatalf("the new job: %v", x.Err)
+				}
+			}
+		})
+	}
+}

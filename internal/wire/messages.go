@@ -88,6 +88,11 @@ type Shard struct {
 	// numbers it (set by the agent before PeerPublish; clients send 0):
 	// the coordinator fails the round when that process goes (Gone).
 	Client uint64
+	// ClientAgeMs is how long the client process had run when the agent
+	// sent the shard (set with Client; clients send 0): a process that
+	// started before a dead job's failed round lost its last process is
+	// of that job.
+	ClientAgeMs int64
 }
 
 // Kind is what a variable's rows are like.
@@ -137,6 +142,7 @@ func (m *Shard) Encode(e *Encoder) {
 	e.I64s(m.Shape)
 	e.String(m.Group)
 	e.U64(m.Client)
+	e.I64(m.ClientAgeMs)
 }
 
 func DecodeShard(b []byte) (m Shard, err error) {
@@ -155,7 +161,7 @@ func DecodeShard(b []byte) (m Shard, err error) {
 	m.Total = d.I64()
 	m.Kind, m.Items = Kind(d.U8()), d.I64()
 	m.Shape = d.I64s(nil)
-	m.Group, m.Client = d.String(), d.U64()
+	m.Group, m.Client, m.ClientAgeMs = d.String(), d.U64(), d.I64()
 	if d.err == nil && (m.Kind > KindRagged || len(m.Shape) > MaxShape) {
 		return m, protoErr("shard of %q: kind %d with %d trailing dimensions", m.Name, m.Kind, len(m.Shape))
 	}
@@ -525,9 +531,10 @@ type Barrier struct {
 	// error and the next fence starts a fresh one.
 	Seq       int64
 	TimeoutMs int64 // how long to wait for the other ranks; <= 0: the agent's join timeout
-	// Client: as Shard's (set by the agent before PeerBarrier; clients
-	// send 0).
-	Client uint64
+	// Client and ClientAgeMs: as Shard's (set by the agent before
+	// PeerBarrier; clients send 0).
+	Client      uint64
+	ClientAgeMs int64
 }
 
 func (m *Barrier) Encode(e *Encoder) {
@@ -537,13 +544,14 @@ func (m *Barrier) Encode(e *Encoder) {
 	e.I64(m.Seq)
 	e.I64(m.TimeoutMs)
 	e.U64(m.Client)
+	e.I64(m.ClientAgeMs)
 }
 
 func DecodeBarrier(b []byte) (m Barrier, err error) {
 	d := NewDecoder(b)
 	m.Key = d.String()
 	m.Rank, m.Size, m.Seq, m.TimeoutMs = d.I64(), d.I64(), d.I64(), d.I64()
-	m.Client = d.U64()
+	m.Client, m.ClientAgeMs = d.U64(), d.I64()
 	return m, d.Done()
 }
 

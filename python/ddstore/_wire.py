@@ -137,13 +137,13 @@ MAX_SHAPE = 32
 
 
 def shard(e, name, node, rank, size, rows, disp, itemsize, timeout_ms, attempt, failed, dtype, backing="", total=0,
-          kind=KIND_ROWS, items=0, shape=(), group="", client=0):
+          kind=KIND_ROWS, items=0, shape=(), group="", client=0, client_age_ms=0):
     """A Shard body; group is the round's group, the variable's replica
-    suffix ("" for the whole job); client is the agent's field: a client
-    sends 0."""
+    suffix ("" for the whole job); client and client_age_ms are the
+    agent's fields: a client sends 0."""
     e.string(name).string(node).i64(rank, size, rows, disp, itemsize, timeout_ms, attempt).u8(1 if failed else 0)
     e.string(dtype).string32(backing).i64(total).u8(kind).i64(items).i64s(np.asarray(shape, dtype=np.int64))
-    return e.string(group).u64(client)
+    return e.string(group).u64(client).i64(client_age_ms)
 
 
 class Table:
