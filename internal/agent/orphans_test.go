@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -74,11 +75,10 @@ func TestAgentKeepsShardBeingPublished(t *testing.T) {
 	}
 	r.c.Close()
 	waitGone(t, a, "after its creator closed the connection its Publish waited on")
-	// Its only process gone, the failed round is a new job's to start
-	// afresh: a new process's first Add of the name (a job of one rank)
-	// does not meet it.
-	waitClients(t, a, 0)
-	r2 := dialRaw(t, a)
-	r2.hello(a, 0, 1)
-	addShard(t, r2, wire.Shard{Name: "p", Rank: 0, Size: 1, Rows: 4, Disp: 8, ItemSize: 8, TimeoutMs: 300000, Attempt: 1})
+	// The round failed for every rank, naming the one that went (a new
+	// job's processes start afresh there: TestClusterRankKilledMidCollective).
+	cs := a.coord.Load().collectives()
+	if len(cs) != 1 || cs[0].Name != "p" || !strings.Contains(cs[0].Error, "rank 1 went away") {
+		t.Fatalf("the coordinator's collectives: %+v, want the failed round of p naming rank 1", cs)
+	}
 }
