@@ -52,22 +52,29 @@ type agentProc struct {
 // returns the namespace, the run directory and the agents.
 func startAgentProcs(t testing.TB, prefix string, nodes ...string) (string, string, []*agentProc) {
 	t.Helper()
+	return startAgentProcsArgs(t, prefix, []string{"--join-timeout", "20s"}, nodes...)
+}
+
+// startAgentProcsArgs is startAgentProcs with the agents' flags past the
+// common ones (--join-timeout among them).
+func startAgentProcsArgs(t testing.TB, prefix string, args []string, nodes ...string) (string, string, []*agentProc) {
+	t.Helper()
 	ns := fmt.Sprintf("%s%d", prefix, os.Getpid())
 	runDir := filepath.Join(t.TempDir(), "run")
 	rdv := freeAddr(t)
 	var agents []*agentProc
 	for _, node := range nodes {
-		agents = append(agents, startAgentProc(t, ns, node, runDir, rdv))
+		agents = append(agents, startAgentProc(t, ns, node, runDir, rdv, args...))
 	}
 	return ns, runDir, agents
 }
 
-func startAgentProc(t testing.TB, ns, node, runDir, rendezvous string) *agentProc {
+func startAgentProc(t testing.TB, ns, node, runDir, rendezvous string, args ...string) *agentProc {
 	t.Helper()
 	a := &agentProc{node: node, socket: ddstore.SocketPath(runDir, ns, node), metrics: freeAddr(t), log: &testutil.Buffer{}}
-	a.cmd = exec.Command(testAgentBin(), "agent", "--namespace", ns, "--node", node, "--run-dir", runDir,
+	a.cmd = exec.Command(testAgentBin(), append([]string{"agent", "--namespace", ns, "--node", node, "--run-dir", runDir,
 		"--rendezvous", rendezvous, "--peer-listen", "127.0.0.1:0", "--metrics-addr", a.metrics,
-		"--timeout", "10s", "--join-timeout", "20s")
+		"--timeout", "10s"}, args...)...)
 	a.cmd.Env = append(os.Environ(), testutil.NoRaceExitPause)
 	if os.Getenv("DDSTORE_SECRET") == "" {
 		// Agents meeting at a rendezvous address prove a shared secret;

@@ -121,7 +121,8 @@ func vHello(m wire.Hello) obj {
 func vShard(m wire.Shard) obj {
 	return obj{"name": m.Name, "node": m.Node, "rank": m.Rank, "size": m.Size, "rows": m.Rows, "disp": m.Disp,
 		"itemsize": m.ItemSize, "timeout_ms": m.TimeoutMs, "attempt": m.Attempt, "failed": m.Failed, "dtype": m.Dtype,
-		"backing": m.Backing, "total": m.Total, "kind": m.Kind, "items": m.Items, "shape": nonNil(m.Shape)}
+		"backing": m.Backing, "total": m.Total, "kind": m.Kind, "items": m.Items, "shape": nonNil(m.Shape),
+		"group": m.Group, "client": m.Client, "client_age_ms": m.ClientAgeMs}
 }
 
 // nonNil writes an empty list as [], not null, as Python decodes it.
@@ -164,7 +165,7 @@ func nameFrame(name string, op wire.Op, id uint64, m wire.Name) vectorFrame {
 
 func barrierFrame(name string, op wire.Op, id uint64, m wire.Barrier) vectorFrame {
 	return vectorFrame{name: name, op: op, id: id, message: "Barrier", fields: obj{"key": m.Key, "rank": m.Rank, "size": m.Size,
-		"seq": m.Seq, "timeout_ms": m.TimeoutMs}, encode: m.Encode,
+		"seq": m.Seq, "timeout_ms": m.TimeoutMs, "client": m.Client, "client_age_ms": m.ClientAgeMs}, encode: m.Encode,
 		decode: func(b []byte) (any, error) { return wire.DecodeBarrier(b) }, value: m}
 }
 
@@ -184,6 +185,9 @@ func vectorFrames(t *testing.T) obj {
 	fetchRange := wire.FetchRange{Name: "recs", ID: 5, Start: 10240, Count: 4096}
 	peerOffsets := wire.PeerOffsets{Name: "pos", ID: 6, Rank: 1, First: 0, Count: 2}
 	offsets := wire.Offsets{Offsets: []int64{0, 4, 4}}
+	peerShard := shard
+	peerShard.Node, peerShard.Client, peerShard.ClientAgeMs = "n1", 0x0123456789abcdef, 61250
+	gone := wire.Gone{Node: "n1", Client: 0x0123456789abcdef, Pid: 4242, Rank: 1, Size: 2}
 	frames := []vectorFrame{
 		helloFrame("hello", 1, wire.Hello{Namespace: "ns", Node: "n1", Rank: 0, Size: 2, LocalRank: 0, LocalSize: 2, Pid: 4242}),
 		// A reader that holds no shard says rank -1; a name of multi-byte
@@ -194,6 +198,10 @@ func vectorFrames(t *testing.T) obj {
 		shardFrame("publish_failed", wire.OpPublish, 4, failed),
 		shardFrame("publish_untyped", wire.OpPublish, 5, wire.Shard{Name: "données", Rank: 0, Size: 1, Rows: 0, Disp: 1,
 			ItemSize: 1, TimeoutMs: 0, Attempt: 7, Dtype: ""}),
+		// A rank of the replica group of world ranks 4.. (the variable's
+		// name carries the group's suffix, Group the suffix itself).
+		shardFrame("publish_group", wire.OpPublish, 14, wire.Shard{Name: "x@r4", Rank: 1, Size: 4, Rows: 2, Disp: 1,
+			ItemSize: 8, TimeoutMs: 300000, Attempt: 1, Dtype: "int64", Group: "@r4"}),
 		// A ragged shard: 3 rows of 41 units of 3 float32 in all.
 		shardFrame("create_ragged", wire.OpCreate, 11, wire.Shard{Name: "pos", Rank: 0, Size: 2, Rows: 3, Disp: 3, ItemSize: 4,
 			TimeoutMs: 300000, Attempt: 1, Dtype: "float32", Kind: wire.KindRagged, Items: 41, Shape: []int64{3}}),
@@ -247,6 +255,16 @@ func vectorFrames(t *testing.T) obj {
 			encode: peerOffsets.Encode, decode: func(b []byte) (any, error) { return wire.DecodePeerOffsets(b) }, value: peerOffsets},
 		{name: "peer_offsets_reply", op: wire.OpPeerOffsets, id: 2, reply: true, message: "Offsets", fields: obj{"offsets": offsets.Offsets},
 			encode: offsets.Encode, decode: func(b []byte) (any, error) { return wire.DecodeOffsets(b) }, value: offsets},
+		// The shard as node n1's agent hands it on: its node, the number
+		// it gave the client process that sent it, and that process's age.
+		shardFrame("peer_publish", wire.OpPeerPublish, 3, peerShard),
+		barrierFrame("peer_barrier", wire.OpPeerBarrier, 4, wire.Barrier{Key: "", Rank: 1, Size: 2, Seq: 3, TimeoutMs: 300000,
+			Client: 0x0123456789abcdef, ClientAgeMs: 61250}),
+		// Node n1's agent tells the coordinator that the process it
+		// numbered so (pid 4242, world rank 1 of 2) went away.
+		{name: "peer_gone", op: wire.OpPeerGone, id: 5, message: "Gone", fields: obj{"node": gone.Node, "client": gone.Client,
+			"pid": gone.Pid, "rank": gone.Rank, "size": gone.Size},
+			encode: gone.Encode, decode: func(b []byte) (any, error) { return wire.DecodeGone(b) }, value: gone},
 	}
 	out := obj{}
 	for _, f := range frames {

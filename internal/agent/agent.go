@@ -129,6 +129,7 @@ type Agent struct {
 		sync.Mutex
 		vars     map[string]*variable
 		sessions map[*session]struct{}
+		procs    map[int32]*clientProc // the client processes of sessions, by pid (clients.go)
 		idleFrom time.Time
 		// createErrs are why a rank's Create failed here, until its
 		// client's failed Publish carries the reason to the round
@@ -217,6 +218,7 @@ func Start(cfg Config) (*Agent, error) {
 	a.mu.vars = make(map[string]*variable)
 	a.mu.sessions = make(map[*session]struct{})
 	a.mu.createErrs = make(map[createKey]string)
+	a.mu.procs = make(map[int32]*clientProc)
 	a.mu.idleFrom = time.Now()
 	a.regions.m = make(map[uint32]*region)
 	a.metrics = newMetrics(a)
@@ -511,6 +513,7 @@ func (a *Agent) info() Info {
 	in.MemoryBytes += a.stagingBytes.Load()
 	if c := a.coord.Load(); c != nil {
 		in.Nodes, _ = c.nodes()
+		in.Collectives = c.collectives()
 	}
 	in.Auth = a.authSource()
 	in.Transport = a.transportName()

@@ -84,17 +84,30 @@ func (c *coordinator) await(ctx context.Context, timeout time.Duration, enter fu
 	c.mu.Unlock()
 	t := time.NewTimer(timeout)
 	defer t.Stop()
+	left := false
 	select {
 	case r := <-ch:
 		return r
 	case <-t.C:
 	case <-ctx.Done():
+		left = errors.Is(context.Cause(ctx), errClientLeft)
 	}
 	c.mu.Lock()
-	c.deliverLocked(c.mu.core.Expire(time.Now(), req))
+	if left {
+		c.deliverLocked(c.mu.core.Leave(time.Now(), req, base.ErrPeer, "went away before it ended: its client closed the connection that waited (the process exited or was killed?)"))
+	} else {
+		c.deliverLocked(c.mu.core.Expire(time.Now(), req))
+	}
 	c.mu.Unlock()
 	// Expire answered req, or its round had answered it already.
 	return <-ch
+}
+
+// gone is coord.Coordinator.Gone: a client process went away.
+func (c *coordinator) gone(g wire.Gone) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.deliverLocked(c.mu.core.Gone(time.Now(), g))
 }
 
 func (c *coordinator) join(node, addr string) {
@@ -125,6 +138,12 @@ func (c *coordinator) addr(node string) string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.mu.core.Addr(node)
+}
+
+func (c *coordinator) collectives() []wire.AgentCollective {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mu.core.Collectives()
 }
 
 // round is coord.Coordinator.Round.
@@ -284,7 +303,7 @@ func (a *Agent) coordBarrier(ctx context.Context, m wire.Barrier) error {
 // isCoordinatorOp says whether only the coordinator answers op.
 func isCoordinatorOp(op wire.Op) bool {
 	switch op {
-	case wire.OpJoin, wire.OpPeerPublish, wire.OpPeerLookup, wire.OpPeerFree, wire.OpPeerNodes, wire.OpPeerBarrier:
+	case wire.OpJoin, wire.OpPeerPublish, wire.OpPeerLookup, wire.OpPeerFree, wire.OpPeerNodes, wire.OpPeerBarrier, wire.OpPeerGone:
 		return true
 	}
 	return false
@@ -326,6 +345,13 @@ func (a *Agent) coordinatorOp(ctx context.Context, op wire.Op, body []byte) (fun
 			return nil, err
 		}
 		return nil, c.barrier(ctx, m, a.barrierTimeout(m))
+	case wire.OpPeerGone:
+		m, err := wire.DecodeGone(body)
+		if err != nil {
+			return nil, err
+		}
+		c.gone(m)
+		return nil, nil
 	case wire.OpPeerLookup:
 		m, err := wire.DecodeName(body)
 		if err != nil {

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,21 +61,27 @@ func TestAgentReclaimsUnpublishedShard(t *testing.T) {
 }
 
 // A shard whose Publish waits for other ranks when its creator goes is left
-// to the round, which takes it back when it times out.
+// to the round; the creator closing the connection that waits fails the
+// round at once (not at its timeout, 5 minutes here), which takes the
+// shard back.
 func TestAgentKeepsShardBeingPublished(t *testing.T) {
 	a := startAgent(t, Config{})
 	r := dialRaw(t, a)
 	r.hello(a, 1, 2)
-	sh := wire.Shard{Name: "p", Rank: 1, Size: 2, Rows: 4, Disp: 8, ItemSize: 8, TimeoutMs: 300, Attempt: 1}
+	sh := wire.Shard{Name: "p", Rank: 1, Size: 2, Rows: 4, Disp: 8, ItemSize: 8, TimeoutMs: 300000, Attempt: 1}
 	r.must(wire.OpCreate, sh.Encode)
 	publishPending(t, a, r, sh)
-	// The session serves the Publish until its round ends, so the agent
-	// sees the close only then: nothing to wait for before looking.
-	r.c.Close()
 	if segs := segmentsOf(t, a); len(segs) != 1 {
 		t.Fatalf("segments while the round waits: %v", segs)
 	}
-	waitGone(t, a, fmt.Sprintf("after the round's timeout (%d ms)", sh.TimeoutMs))
+	r.c.Close()
+	waitGone(t, a, "after its creator closed the connection its Publish waited on")
+	// The round failed for every rank, naming the one that went (a new
+	// job's processes start afresh there: TestClusterRankKilledMidCollective).
+	cs := a.coord.Load().collectives()
+	if len(cs) != 1 || cs[0].Name != "p" || !strings.Contains(cs[0].Error, "rank 1 went away") {
+		t.Fatalf("the coordinator's collectives: %+v, want the failed round of p naming rank 1", cs)
+	}
 }
 
 // TestAgentFreesGoneOwnersScopedVariables: a store-scoped variable

@@ -40,6 +40,9 @@ type session struct {
 	// pid is the client's process (SO_PEERCRED), which owns the shards it
 	// created until they are published (orphans.go); 0 if unknown.
 	pid int32
+	// proc is the client process, as the coordinator knows it
+	// (clients.go); set at accept, its fields guarded by Agent.mu.
+	proc *clientProc
 }
 
 func (a *Agent) acceptLoop() {
@@ -59,6 +62,7 @@ func (a *Agent) acceptLoop() {
 			return
 		}
 		a.mu.sessions[s] = struct{}{}
+		a.attachLocked(s)
 		a.mu.Unlock()
 		a.go_(func() { a.serveSession(s) })
 	}
@@ -76,8 +80,12 @@ func (a *Agent) serveSession(s *session) {
 		if len(a.mu.sessions) == 0 {
 			a.mu.idleFrom = time.Now()
 		}
+		last := a.detachLocked(s)
 		a.mu.Unlock()
 		a.reclaimOrphans(s)
+		if last != nil {
+			a.procGone(last)
+		}
 	}()
 	if !a.admitClient(s) {
 		return
@@ -196,6 +204,7 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 			}
 		}
 		s.hello, s.said = m, true
+		a.noteRank(s, m)
 		r := wire.HelloReply{Node: a.cfg.Node, AgentPid: int64(os.Getpid())}
 		return r.Encode, nil
 	case wire.OpCreate:
@@ -204,6 +213,7 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 			s.decodeFailed = true
 			return nil, err
 		}
+		a.noteRanked(s)
 		p, err := a.createShard(m)
 		if err != nil {
 			return nil, err
@@ -217,8 +227,12 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 			s.decodeFailed = true
 			return nil, err
 		}
+		m.Client, m.ClientAgeMs = s.client()
+		a.noteRanked(s)
 		done := a.publishing(m.Name, m.Rank)
+		ctx, stop := a.watchLeave(s)
 		t, err := a.publish(ctx, m)
+		stop()
 		done()
 		if err != nil {
 			return nil, err
@@ -234,6 +248,10 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 		if s.hello.Rank < 0 {
 			return nil, base.Errorf(base.ErrArgument, "a reader (rank -1) takes part in no fence")
 		}
+		m.Client, m.ClientAgeMs = s.client()
+		a.noteRanked(s)
+		ctx, stop := a.watchLeave(s)
+		defer stop()
 		return nil, a.coordBarrier(ctx, m)
 	case wire.OpLookup:
 		m, err := wire.DecodeName(body)

@@ -127,11 +127,12 @@ func (s *Store) create(name string, nrows, disp, itemsize int64, dtype string, b
 	s.mu.attempts[name]++
 	attempt := s.mu.attempts[name]
 	s.mu.Unlock()
-	if have {
-		return base.Errorf(base.ErrExists, "variable %q already exists", name)
+	if have && bad == nil {
+		// As any local failure: the other ranks hear of it at once.
+		bad = base.Errorf(base.ErrExists, "variable %q already exists", name)
 	}
 	sh := wire.Shard{Name: s.wireName(name), Rank: int64(s.grp.rank), Size: int64(s.grp.size), Rows: nrows, Disp: disp, ItemSize: itemsize,
-		TimeoutMs: s.cfg.PublishTimeout.Milliseconds(), Attempt: attempt, Dtype: dtype}
+		TimeoutMs: s.cfg.PublishTimeout.Milliseconds(), Attempt: attempt, Dtype: dtype, Group: s.wireName("")}
 	if b != nil {
 		sh.Backing, sh.Total = b.File, b.Rows
 	}

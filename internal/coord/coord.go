@@ -12,6 +12,17 @@
 // wait is given a deadline, at which its driver calls Expire (or Tick at
 // NextDeadline). The agent's driver owns the goroutines, the connections
 // and the real clock, and serializes the calls.
+//
+// A collective belongs to the client processes that joined it (each
+// shard and barrier names its sender, Shard.Client, as its agent numbers
+// the process). When a process goes (Gone: its connections closed, the
+// process exited or was killed), every collective it joined or is a rank
+// of fails for the others at once, naming the rank. A failed one that
+// none of its processes outlived answers only the job's other ranks
+// (processes known as ranks of its group from collectives before) with
+// its error; any other process starts afresh there. So a job started
+// afterwards in the namespace, whose processes are all new, never meets a
+// dead job's round or fence (or its error).
 package coord
 
 import (
@@ -42,6 +53,11 @@ type Coordinator struct {
 	lastID  int64
 	waits   map[uint64]*wait // by request
 	fences  map[fenceKey]*fence
+	// members are the client processes known to be the ranks of each
+	// group (a round's Shard.Group, a fence's Key), from the collectives
+	// they joined: a process that goes fails its group's collectives
+	// also before it reached them.
+	members map[string]map[int64]uint64
 
 	// LateGrace: see DefaultLateGrace.
 	LateGrace time.Duration
@@ -76,12 +92,20 @@ type round struct {
 	err     error
 	// timedOut is when the round failed for missing ranks; see LateGrace.
 	timedOut time.Time
+	// clients are the processes of the ranks that came (0: unknown), less
+	// those gone since. Once a failed round has none left (at orphaned),
+	// orphan holds the processes then known as the ranks of its group (its
+	// job's; see ofJob); nil before.
+	clients  map[int64]uint64
+	orphan   map[int64]uint64
+	orphaned time.Time
 }
 
 // wait is one request waiting for its round or its fence (one of them).
 type wait struct {
 	round    *round
 	fence    *fence
+	rank     int64
 	deadline time.Time
 }
 
@@ -102,13 +126,16 @@ type fence struct {
 	err     error
 	// timedOut: as round's, for LateGrace.
 	timedOut time.Time
+	clients  map[int64]uint64 // as round's
+	orphan   map[int64]uint64 // as round's
+	orphaned time.Time
 }
 
 // New makes an empty coordinator.
 func New() *Coordinator {
 	return &Coordinator{nodes: make(map[string]string), pending: make(map[roundKey]*round), tables: make(map[string]*wire.Table),
 		freed: make(map[string]map[int64]bool), waits: make(map[uint64]*wait), fences: make(map[fenceKey]*fence),
-		LateGrace: DefaultLateGrace}
+		members: make(map[string]map[int64]uint64), LateGrace: DefaultLateGrace}
 }
 
 // Join notes a node's agent address; a node that joins again (its agent
@@ -142,13 +169,24 @@ func (c *Coordinator) Publish(now time.Time, req uint64, sh wire.Shard, deadline
 	}
 	key := roundKey{sh.Name, sh.Attempt}
 	r := c.pending[key]
+	if r != nil && r.orphan != nil && !ofJob(r.orphan, r.orphaned, now, sh.Rank, sh.Client, sh.ClientAgeMs) {
+		// A dead job's round, and a process that was none of its
+		// ranks: a new job's, which starts afresh.
+		delete(c.pending, key)
+		r = nil
+	}
 	if r == nil {
-		r = &round{key: key, size: sh.Size, first: sh, shards: make(map[int64]wire.Shard), seen: make(map[int64]bool)}
+		r = &round{key: key, size: sh.Size, first: sh, shards: make(map[int64]wire.Shard), seen: make(map[int64]bool),
+			clients: make(map[int64]uint64)}
 		c.pending[key] = r
 	}
 	r.want = max(r.want, sh.Size, r.size)
 	if sh.Rank >= 0 {
 		r.seen[sh.Rank] = true
+		if _, dup := r.clients[sh.Rank]; !dup {
+			r.clients[sh.Rank] = sh.Client
+		}
+		c.member(sh.Group, sh.Rank, sh.Client)
 	}
 	var out []Reply
 	err := r.check(sh)
@@ -169,7 +207,7 @@ func (c *Coordinator) Publish(now time.Time, req uint64, sh wire.Shard, deadline
 	}
 	if int64(len(r.shards)) < r.size {
 		r.waiters = append(r.waiters, req)
-		c.waits[req] = &wait{round: r, deadline: deadline}
+		c.waits[req] = &wait{round: r, rank: sh.Rank, deadline: deadline}
 		return out
 	}
 	delete(c.pending, key)
@@ -207,6 +245,156 @@ func (c *Coordinator) Expire(now time.Time, req uint64) []Reply {
 	return out
 }
 
+// Leave ends request req's wait at now because its rank gave up on it
+// (its client closed the connection that waited): its round or fence
+// fails for every rank with an error of kind, "rank N " and why (what
+// happened, as the driver saw it). Nothing happens for a request not
+// waiting.
+func (c *Coordinator) Leave(now time.Time, req uint64, kind error, why string) []Reply {
+	w := c.waits[req]
+	if w == nil {
+		return nil
+	}
+	if f := w.fence; f != nil {
+		out := c.failFence(f, base.Errorf(kind, "%s: rank %d %s", f.what(), w.rank, why), nil)
+		f.timedOut = now
+		return out
+	}
+	r := w.round
+	out := c.fail(r, base.Errorf(kind, "variable %q: rank %d %s", r.first.Name, w.rank, why), nil)
+	r.timedOut = now
+	return out
+}
+
+// Gone notes at now that a client process went away: every pending round
+// and fence it came to, or of a group it is a rank of (members; for the
+// whole job also the world rank it said hello with), fails for every rank
+// at once with ErrPeer naming the rank; and a failed one that no live
+// process came to any more is orphaned: it answers a late rank of its job
+// (known) with its error, for LateGrace, and any other arrival, a new
+// job's, starts afresh.
+func (c *Coordinator) Gone(now time.Time, g wire.Gone) []Reply {
+	if g.Client == 0 {
+		return nil
+	}
+	why := func(what string, rank int64) error {
+		return base.Errorf(base.ErrPeer, "%s: rank %d (process %d on node %q) went away before it ended: its connection to its agent closed (the process exited or was killed)",
+			what, rank, g.Pid, g.Node)
+	}
+	var out []Reply
+	for _, k := range slices.SortedFunc(maps.Keys(c.pending), func(x, y roundKey) int {
+		return cmp.Or(cmp.Compare(x.name, y.name), cmp.Compare(x.attempt, y.attempt))
+	}) {
+		r := c.pending[k]
+		if rank, lost := c.lost(g, r.first.Group, r.size, r.clients); lost && r.err == nil {
+			out = c.fail(r, why(fmt.Sprintf("variable %q", r.first.Name), rank), out)
+			r.timedOut = now
+		}
+		if forget(r.clients, g.Client) && r.err != nil && r.orphan == nil {
+			r.orphan, r.orphaned = c.ranksOf(r.first.Group), now
+			if r.timedOut.IsZero() {
+				r.timedOut = now // forgotten LateGrace from now in any case
+			}
+		}
+	}
+	for _, k := range slices.SortedFunc(maps.Keys(c.fences), func(x, y fenceKey) int {
+		return cmp.Or(cmp.Compare(x.key, y.key), cmp.Compare(x.seq, y.seq))
+	}) {
+		f := c.fences[k]
+		if rank, lost := c.lost(g, f.key.key, f.size, f.clients); lost && f.err == nil {
+			out = c.failFence(f, why(f.what(), rank), out)
+			f.timedOut = now
+		}
+		if forget(f.clients, g.Client) && f.err != nil && f.orphan == nil {
+			f.orphan, f.orphaned = c.ranksOf(f.key.key), now
+			if f.timedOut.IsZero() {
+				f.timedOut = now
+			}
+		}
+	}
+	for group, ranks := range c.members {
+		maps.DeleteFunc(ranks, func(_ int64, cl uint64) bool { return cl == g.Client })
+		if len(ranks) == 0 {
+			delete(c.members, group)
+		}
+	}
+	return out
+}
+
+// lost says whether a collective of group and size ranks, which the
+// processes came have reached (by rank), is lost with process g, and the
+// rank g was in it.
+func (c *Coordinator) lost(g wire.Gone, group string, size int64, came map[int64]uint64) (int64, bool) {
+	for _, k := range slices.Sorted(maps.Keys(came)) {
+		if came[k] == g.Client {
+			return k, true
+		}
+	}
+	ranks := c.members[group]
+	for _, k := range slices.Sorted(maps.Keys(ranks)) {
+		if _, in := came[k]; !in && k < size && ranks[k] == g.Client {
+			return k, true
+		}
+	}
+	if _, in := came[g.Rank]; group == "" && g.Size == size && g.Rank >= 0 && g.Rank < size && !in {
+		return g.Rank, true
+	}
+	return 0, false
+}
+
+// forget takes client out of came and says whether no process that came
+// is known to live any more.
+func forget(came map[int64]uint64, client uint64) bool {
+	maps.DeleteFunc(came, func(_ int64, cl uint64) bool { return cl == client })
+	return len(came) == 0
+}
+
+// ranksOf are the processes known as the ranks of group now (never nil).
+func (c *Coordinator) ranksOf(group string) map[int64]uint64 {
+	m := maps.Clone(c.members[group])
+	if m == nil {
+		m = map[int64]uint64{}
+	}
+	return m
+}
+
+// ofJob says whether rank's process client, which had run ageMs at now,
+// is of the job of a collective orphaned at orphaned, whose group's ranks
+// were then ranks: a late rank of that job, which gets the collective's
+// error. It is if it was known as that rank (it came to an earlier
+// collective of the group), or if it started more than JobStartSlack
+// before the collective's last process went (a job's ranks start
+// together, and a job started after one died starts its processes after
+// that one's exited). Any other process is a new job's rank, and starts
+// afresh. A process of no number (0) is taken for one of the job, as
+// before numbers.
+func ofJob(ranks map[int64]uint64, orphaned, now time.Time, rank int64, client uint64, ageMs int64) bool {
+	if client == 0 || ranks[rank] == client {
+		return true
+	}
+	started := now.Add(-time.Duration(ageMs) * time.Millisecond)
+	return started.Before(orphaned.Add(-JobStartSlack))
+}
+
+// JobStartSlack is how long before a dead job's last process went a
+// process must have started to be taken for one of its ranks (ofJob): more
+// than the time the agents take to tell the coordinator a process went,
+// less than a rank takes to start and fail.
+const JobStartSlack = 500 * time.Millisecond
+
+// member notes that client is rank of group (the last process to say so).
+func (c *Coordinator) member(group string, rank int64, client uint64) {
+	if client == 0 {
+		return
+	}
+	m := c.members[group]
+	if m == nil {
+		m = make(map[int64]uint64)
+		c.members[group] = m
+	}
+	m[rank] = client
+}
+
 // Barrier adds rank m.Rank's arrival at fence (m.Key, m.Seq), request req,
 // at now. It returns the replies of the requests whose fence ended with it
 // (req's own among them: no error, or the fence's), or none when req waits
@@ -225,11 +413,20 @@ func (c *Coordinator) Barrier(now time.Time, req uint64, m wire.Barrier, deadlin
 	}
 	key := fenceKey{m.Key, m.Seq}
 	f := c.fences[key]
+	if f != nil && f.orphan != nil && !ofJob(f.orphan, f.orphaned, now, m.Rank, m.Client, m.ClientAgeMs) {
+		delete(c.fences, key) // as a round's
+		f = nil
+	}
 	if f == nil {
-		f = &fence{key: key, size: m.Size, first: m.Rank, arrived: make(map[int64]uint64), seen: make(map[int64]bool)}
+		f = &fence{key: key, size: m.Size, first: m.Rank, arrived: make(map[int64]uint64), seen: make(map[int64]bool),
+			clients: make(map[int64]uint64)}
 		c.fences[key] = f
 	}
 	f.seen[m.Rank] = true
+	if _, dup := f.clients[m.Rank]; !dup {
+		f.clients[m.Rank] = m.Client
+	}
+	c.member(m.Key, m.Rank, m.Client)
 	var out []Reply
 	switch _, twice := f.arrived[m.Rank]; {
 	case f.err != nil:
@@ -249,7 +446,7 @@ func (c *Coordinator) Barrier(now time.Time, req uint64, m wire.Barrier, deadlin
 	}
 	f.arrived[m.Rank] = req
 	if int64(len(f.arrived)) < f.size {
-		c.waits[req] = &wait{fence: f, deadline: deadline}
+		c.waits[req] = &wait{fence: f, rank: m.Rank, deadline: deadline}
 		return out
 	}
 	delete(c.fences, key)
@@ -346,6 +543,30 @@ func (c *Coordinator) Round(name string, attempt int64) (ranks int, failed, ok b
 		return 0, false, false
 	}
 	return len(r.shards), r.err != nil, true
+}
+
+// Collectives are the pending rounds and fences, sorted (kind, name, seq):
+// what Info shows.
+func (c *Coordinator) Collectives() []wire.AgentCollective {
+	var out []wire.AgentCollective
+	errText := func(err error) string {
+		if err == nil {
+			return ""
+		}
+		return err.Error()
+	}
+	for _, r := range c.pending {
+		out = append(out, wire.AgentCollective{Kind: "publish", Name: r.key.name, Seq: r.key.attempt, Size: r.size,
+			Ranks: slices.Sorted(maps.Keys(r.seen)), Error: errText(r.err)})
+	}
+	for _, f := range c.fences {
+		out = append(out, wire.AgentCollective{Kind: "fence", Name: f.key.key, Seq: f.key.seq, Size: f.size,
+			Ranks: slices.Sorted(maps.Keys(f.seen)), Error: errText(f.err)})
+	}
+	slices.SortFunc(out, func(x, y wire.AgentCollective) int {
+		return cmp.Or(cmp.Compare(x.Kind, y.Kind), cmp.Compare(x.Name, y.Name), cmp.Compare(x.Seq, y.Seq))
+	})
+	return out
 }
 
 // Rounds is how many rounds are pending.

@@ -81,6 +81,8 @@ const (
 	// OpFetchRange (peer protocol 1.3) asks an owner node for contiguous
 	// rows of its own.
 	OpFetchRange Op = 45
+	// OpPeerGone tells the coordinator a client process went away.
+	OpPeerGone Op = 46
 )
 
 var opNames = map[Op]string{
@@ -89,7 +91,7 @@ var opNames = map[Op]string{
 	OpInfo: "info", OpPrefetch: "prefetch", OpJoin: "join", OpPeerPublish: "peer-publish", OpPeerLookup: "peer-lookup",
 	OpFetch: "fetch", OpPeerFree: "peer-free", OpPeerNodes: "peer-nodes", OpPeerInfo: "peer-info",
 	OpPeerDrop: "peer-drop", OpPeerWindow: "peer-window", OpPeerOffsets: "peer-offsets",
-	OpBarrier: "barrier", OpPeerBarrier: "peer-barrier", OpReadRange: "read-range", OpFetchRange: "fetch-range",
+	OpBarrier: "barrier", OpPeerBarrier: "peer-barrier", OpReadRange: "read-range", OpFetchRange: "fetch-range", OpPeerGone: "peer-gone",
 }
 
 func (o Op) String() string {

@@ -152,6 +152,7 @@ func FuzzDecodePeerNodes(f *testing.F)  { fuzzCodec(f, peerNodesSamples, DecodeP
 func FuzzDecodeBarrier(f *testing.F)    { fuzzCodec(f, barrierSamples, DecodeBarrier) }
 func FuzzDecodeReadRange(f *testing.F)  { fuzzCodec(f, readRangeSamples, DecodeReadRange) }
 func FuzzDecodeFetchRange(f *testing.F) { fuzzCodec(f, fetchRangeSamples, DecodeFetchRange) }
+func FuzzDecodeGone(f *testing.F)       { fuzzCodec(f, goneSamples, DecodeGone) }
 func FuzzDecodePeerOffsets(f *testing.F) {
 	fuzzCodec(f, peerOffsetsSamples, DecodePeerOffsets)
 }

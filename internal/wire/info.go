@@ -19,11 +19,24 @@ type AgentInfo struct {
 	Variables    []AgentVariable `json:"variables"`
 	Counters     map[string]int  `json:"counters"`
 	Nodes        []string        `json:"nodes,omitempty"`
+	// Collectives are, on the coordinator, the publish rounds and fences
+	// it holds: waiting for ranks, or failed and answering late ones.
+	Collectives []AgentCollective `json:"collectives,omitempty"`
 	// Auth says where the keys come from (never the keys).
 	Auth string `json:"auth"`
 	// Transport is how this agent reads rows of other nodes: tcp, mpi or
 	// fabric.
 	Transport string `json:"transport"`
+}
+
+// AgentCollective is a collective the coordinator holds.
+type AgentCollective struct {
+	Kind  string  `json:"kind"`  // "publish" or "fence"
+	Name  string  `json:"name"`  // the variable (publish), the group's key (fence)
+	Seq   int64   `json:"seq"`   // the round's attempt, the fence's seq
+	Size  int64   `json:"size"`  // ranks it waits for
+	Ranks []int64 `json:"ranks"` // the ranks that came
+	Error string  `json:"error,omitempty"`
 }
 
 // AgentVariable describes one variable as the agent's node sees it.

@@ -85,6 +85,18 @@ type Shard struct {
 	Kind  Kind
 	Items int64
 	Shape []int64
+	// Group names the ranks of the round, as a Barrier's Key: "" for the
+	// whole job, the variable's replica suffix ("@r<F>") for a group.
+	Group string
+	// Client is the client process that sent the shard, as its agent
+	// numbers it (set by the agent before PeerPublish; clients send 0):
+	// the coordinator fails the round when that process goes (Gone).
+	Client uint64
+	// ClientAgeMs is how long the client process had run when the agent
+	// sent the shard (set with Client; clients send 0): a process that
+	// started before a dead job's failed round lost its last process is
+	// of that job.
+	ClientAgeMs int64
 	// Why says why a Failed rank could not create its shard (the error
 	// its agent met: no room in /dev/shm, above the memory budget), for
 	// the other ranks' error; "" for none. An optional last field, sent
@@ -141,6 +153,9 @@ func (m *Shard) Encode(e *Encoder) {
 	e.U8(uint8(m.Kind))
 	e.I64(m.Items)
 	e.I64s(m.Shape)
+	e.String(m.Group)
+	e.U64(m.Client)
+	e.I64(m.ClientAgeMs)
 	if m.Failed && m.Why != "" {
 		why := m.Why
 		if len(why) > MaxWhy {
@@ -166,6 +181,7 @@ func DecodeShard(b []byte) (m Shard, err error) {
 	m.Total = d.I64()
 	m.Kind, m.Items = Kind(d.U8()), d.I64()
 	m.Shape = d.I64s(nil)
+	m.Group, m.Client, m.ClientAgeMs = d.String(), d.U64(), d.I64()
 	if d.err == nil && (m.Kind > KindRagged || len(m.Shape) > MaxShape) {
 		return m, protoErr("shard of %q: kind %d with %d trailing dimensions", m.Name, m.Kind, len(m.Shape))
 	}
@@ -593,6 +609,10 @@ type Barrier struct {
 	// error and the next fence starts a fresh one.
 	Seq       int64
 	TimeoutMs int64 // how long to wait for the other ranks; <= 0: the agent's join timeout
+	// Client and ClientAgeMs: as Shard's (set by the agent before
+	// PeerBarrier; clients send 0).
+	Client      uint64
+	ClientAgeMs int64
 }
 
 func (m *Barrier) Encode(e *Encoder) {
@@ -601,12 +621,46 @@ func (m *Barrier) Encode(e *Encoder) {
 	e.I64(m.Size)
 	e.I64(m.Seq)
 	e.I64(m.TimeoutMs)
+	e.U64(m.Client)
+	e.I64(m.ClientAgeMs)
 }
 
 func DecodeBarrier(b []byte) (m Barrier, err error) {
 	d := NewDecoder(b)
 	m.Key = d.String()
 	m.Rank, m.Size, m.Seq, m.TimeoutMs = d.I64(), d.I64(), d.I64(), d.I64()
+	m.Client, m.ClientAgeMs = d.U64(), d.I64()
+	return m, d.Done()
+}
+
+// Gone tells the coordinator that a client process of a node went away
+// (PeerGone): its last connection to its agent closed, or it closed one
+// while it waited in a collective. Every collective it took part in, or
+// whose group it is a rank of, fails for the other ranks at once.
+type Gone struct {
+	Node   string
+	Client uint64 // the agent's number of the process (Shard.Client)
+	Pid    int64  // the process id, for the error (0 if unknown)
+	// Rank and Size are the world rank and size the process said hello
+	// with (-1 and 0 for none): a process gone before it reached the
+	// collective it was a rank of fails that too.
+	Rank int64
+	Size int64
+}
+
+func (m *Gone) Encode(e *Encoder) {
+	e.String(m.Node)
+	e.U64(m.Client)
+	e.I64(m.Pid)
+	e.I64(m.Rank)
+	e.I64(m.Size)
+}
+
+func DecodeGone(b []byte) (m Gone, err error) {
+	d := NewDecoder(b)
+	m.Node = d.String()
+	m.Client = d.U64()
+	m.Pid, m.Rank, m.Size = d.I64(), d.I64(), d.I64()
 	return m, d.Done()
 }
 

@@ -77,6 +77,7 @@ var (
 		{Name: "変数", Node: "ノード", Rank: -1, Size: math.MaxInt64, Rows: math.MinInt64, Disp: -3, ItemSize: 1 << 40, TimeoutMs: -1},
 		{Name: "tiered", Rank: 1, Size: 2, Rows: 10, Disp: 4, ItemSize: 4, Dtype: "float32", Backing: "/data/x.h5:/cubes", Total: 80},
 		{Name: "positions", Rank: 0, Size: 2, Rows: 3, Disp: 3, ItemSize: 4, Dtype: "float32", Kind: KindRagged, Items: 41, Shape: []int64{3}},
+		{Name: "x@r4", Node: "n1", Rank: 1, Size: 2, Rows: 5, Disp: 1, ItemSize: 8, Attempt: 2, Group: "@r4", Client: math.MaxUint64, ClientAgeMs: math.MinInt64},
 	}
 	pathSamples = []Path{
 		{},
@@ -177,6 +178,12 @@ var (
 		{Key: "@r4", Rank: 1, Size: 2, Seq: 7, TimeoutMs: 300000},
 		{Key: "グループ", Rank: math.MaxInt64, Size: math.MinInt64, Seq: -1, TimeoutMs: -1},
 		{Key: long, Rank: 3, Size: 4, Seq: 1 << 40},
+		{Key: "@r2", Rank: 0, Size: 2, Seq: 3, Client: 0x0123456789abcdef, ClientAgeMs: 1500},
+	}
+	goneSamples = []Gone{
+		{},
+		{Node: "n1", Client: 0xfedcba9876543210, Pid: 4242, Rank: 1, Size: 2},
+		{Node: long, Client: math.MaxUint64, Pid: -1, Rank: -1, Size: math.MinInt64},
 	}
 	peerNodesSamples = []PeerNodes{
 		{},
@@ -277,6 +284,7 @@ func TestMessageRoundTrip(t *testing.T) {
 	t.Run("Region", func(t *testing.T) { testCodec(t, regionSamples, DecodeRegion) })
 	t.Run("Text", func(t *testing.T) { testCodec(t, textSamples, DecodeText) })
 	t.Run("Join", func(t *testing.T) { testCodec(t, joinSamples, DecodeJoin) })
+	t.Run("Gone", func(t *testing.T) { testCodec(t, goneSamples, DecodeGone) })
 	t.Run("Drop", func(t *testing.T) { testCodec(t, dropSamples, DecodeDrop) })
 	t.Run("Fetch", func(t *testing.T) { testCodec(t, fetchSamples, decodeFetch) })
 	t.Run("Window", func(t *testing.T) { testCodec(t, windowSamples, DecodeWindow) })

@@ -48,9 +48,10 @@ def next_seq(ident):
         return n
 
 
-def barrier_request(key, rank, size, seq, timeout_s):
-    """The body of a Barrier request."""
-    return _wire.Encoder().string(key).i64(rank, size, seq, int(timeout_s * 1000))
+def barrier_request(key, rank, size, seq, timeout_s, client=0, client_age_ms=0):
+    """The body of a Barrier request (client, client_age_ms: the agent's
+    fields, which a client sends as 0)."""
+    return _wire.Encoder().string(key).i64(rank, size, seq, int(timeout_s * 1000)).u64(client).i64(client_age_ms)
 
 
 def mpi_fence(comm, windows, lock, timeout_s, rank, size):

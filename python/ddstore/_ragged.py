@@ -9,9 +9,9 @@ import time
 import numpy as np
 
 from . import _wire
-from ._errors import ArgumentError, BadBuffer, Error, GeometryError
+from ._errors import ArgumentError, BadBuffer, GeometryError
 from ._vars import MAX_ROWS_PER_READ, check_rows, row_indices
-from .dtypes import as_array
+from .dtypes import as_array, as_destination
 
 
 def add(store, name, values, lengths, offsets, backing=None, total=None):
@@ -32,7 +32,7 @@ def add(store, name, values, lengths, offsets, backing=None, total=None):
             raise GeometryError(f"ddstore: bad geometry: variable {name!r}: lengths add up to {units} units, "
                                 f"but the values have {a.shape[0]} (values of shape {a.shape})")
         spec, total = _check_ragged_backing(name, backing, total, int(lens.shape[0]))
-    except Error as e:
+    except Exception as e:  # whatever the type: the other ranks must hear of it (Store._create)
         return store._create(name, None, 0, 1, 1, "", bad=e, kind=_wire.KIND_RAGGED)
     disp = int(np.prod(shape, dtype=np.int64)) if shape else 1
     return store._create(name, (a, lens), int(lens.shape[0]), disp, a.dtype.itemsize, dt, kind=_wire.KIND_RAGGED,
@@ -59,7 +59,7 @@ def get(store, v, name, indices, out):
         out = np.empty((units,) + v.shape, dtype=dt)
         flat = out.reshape(-1).view(np.uint8)
     else:
-        o, odt = as_array(out)
+        o, odt = as_destination(out)
         if v.dtype and odt != v.dtype:
             raise BadBuffer(f"ddstore: bad buffer: variable {name!r} holds {v.dtype}, destination is {odt}")
         if not o.flags.c_contiguous or not o.flags.writeable:

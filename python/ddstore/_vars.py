@@ -186,6 +186,11 @@ def row_indices(indices):
     if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
         raise ArgumentError(f"ddstore: bad argument: indices of shape {idx.shape} and type {idx.dtype}: "
                             f"want a 1-d sequence of integers")
+    if idx.dtype == np.uint64 and idx.size and int(idx.max()) >= 2**63:
+        # Named as given: as int64 it would read as a negative index.
+        i = int(np.flatnonzero(idx >= np.uint64(2**63))[0])
+        raise IndexOutOfRange(f"ddstore: index out of range: indices[{i}] = {int(idx[i])}: want a row index below "
+                              f"2^63")
     return idx.astype(np.int64, copy=False)
 
 

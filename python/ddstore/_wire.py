@@ -21,6 +21,7 @@ OP_READ_RANGE = 14  # contiguous rows in one request (Store.get)
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
 _U32I64 = struct.Struct("<Iq")
 
@@ -37,6 +38,10 @@ class Encoder:
 
     def u32(self, v):
         self.b += _U32.pack(v)
+        return self
+
+    def u64(self, v):
+        self.b += _U64.pack(v)
         return self
 
     def i64(self, *vs):
@@ -139,9 +144,13 @@ def read_range(e, name, region, table_id, start, count, offset):
 
 
 def shard(e, name, node, rank, size, rows, disp, itemsize, timeout_ms, attempt, failed, dtype, backing="", total=0,
-          kind=KIND_ROWS, items=0, shape=()):
+          kind=KIND_ROWS, items=0, shape=(), group="", client=0, client_age_ms=0):
+    """A Shard body; group is the round's group, the variable's replica
+    suffix ("" for the whole job); client and client_age_ms are the
+    agent's fields: a client sends 0."""
     e.string(name).string(node).i64(rank, size, rows, disp, itemsize, timeout_ms, attempt).u8(1 if failed else 0)
-    return e.string(dtype).string32(backing).i64(total).u8(kind).i64(items).i64s(np.asarray(shape, dtype=np.int64))
+    e.string(dtype).string32(backing).i64(total).u8(kind).i64(items).i64s(np.asarray(shape, dtype=np.int64))
+    return e.string(group).u64(client).i64(client_age_ms)
 
 
 class Table:

@@ -60,6 +60,27 @@ def as_array(x):
     return a, dtype_name(a.dtype)
 
 
+def as_destination(x):
+    """as_array of a destination rows are read into: it must be memory the
+    caller sees written, a numpy array, a CPU tensor or a writable object
+    with the buffer protocol (a bytearray, an array.array, a memoryview);
+    never a copy made here (a list would be read into and stay unfilled)."""
+    if isinstance(x, np.ndarray) or type(x).__module__.startswith("torch"):
+        a, dt = as_array(x)
+    else:
+        try:
+            m = memoryview(x)
+        except TypeError:
+            raise BadBuffer(f"ddstore: bad buffer: a destination of type {type(x).__name__}: want a writable buffer "
+                            f"(a numpy array, a CPU tensor, or an object with the buffer protocol)") from None
+        a = np.asarray(m)
+        dt = dtype_name(a.dtype)
+    if not a.flags.writeable:
+        raise BadBuffer(f"ddstore: bad buffer: a read-only destination of type {type(x).__name__}: want a writable "
+                        f"buffer")
+    return a, dt
+
+
 def numpy_dtype(name):
     """The numpy dtype that holds items of a ddstore type (int16 for bfloat16)."""
     return np.dtype("int16" if name == "bfloat16" else name)

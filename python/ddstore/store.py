@@ -25,7 +25,7 @@ from ._errors import (ArgumentError, BadBuffer, ClosedError, Error, FreedVariabl
 from ._recv import RecvBuffers, close_regions
 from ._shm import Segment
 from ._vars import MAX_ROWS_PER_READ, StaleTable, Var, check_rows, copy_rows, count, row_indices
-from .dtypes import as_array, dtype_name, itemsize as dtype_itemsize
+from .dtypes import as_array, as_destination, dtype_name, itemsize as dtype_itemsize
 
 # Tries of one read whose variable turns out dropped (_reading): it would
 # have to be freed and added again between each of them.
@@ -218,6 +218,10 @@ class Store:
         spec = ""
         try:
             a, dt = as_array(arr)
+            # A strided view (a slice, a transpose) is copied once into C
+            # order: the rows go into the shard as bytes, row after row.
+            if not a.flags.c_contiguous:
+                a = np.ascontiguousarray(a)
             if a.ndim == 0:
                 raise GeometryError(f"ddstore: bad geometry: variable {name!r}: a 0-d array has no rows")
             nrows = a.shape[0]
@@ -225,7 +229,7 @@ class Store:
             if disp < 1:
                 raise GeometryError(f"ddstore: bad geometry: variable {name!r}: rows of shape {a.shape[1:]} hold no items")
             spec, total = _check_backing(name, backing, total, nrows)
-        except Error as e:
+        except Exception as e:  # whatever the type: the other ranks must hear of it (_create)
             return self._create(name, None, 0, 0, 0, "", bad=e)
         return self._create(name, a, nrows, disp, a.dtype.itemsize, dt, backing=spec, total=total or 0)
 
@@ -236,21 +240,20 @@ class Store:
         dt = ""
         bad = None
         spec = ""
-        if dtype is not None:
-            dt = dtype_name(dtype)
-            itemsize = dtype_itemsize(dt)
-        if disp < 1 or not 1 <= itemsize <= 64:
-            bad = GeometryError(f"ddstore: bad geometry: variable {name!r}: disp {disp}, itemsize {itemsize}: "
-                                f"want disp >= 1 and itemsize 1..64")
-        elif nrows < 0:
-            bad = GeometryError(f"ddstore: bad geometry: variable {name!r}: {nrows} rows: want >= 0")
-        else:
-            try:
-                spec, total = _check_backing(name, backing, total, nrows)
-            except Error as e:
-                bad = e
-        return self._create(name, None, int(nrows), int(disp), int(itemsize), dt, bad=bad, backing=spec,
-                            total=total or 0)
+        try:
+            if dtype is not None:
+                dt = dtype_name(dtype)
+                itemsize = dtype_itemsize(dt)
+            nrows, disp, itemsize = int(nrows), int(disp), int(itemsize)
+            if disp < 1 or not 1 <= itemsize <= 64:
+                raise GeometryError(f"ddstore: bad geometry: variable {name!r}: disp {disp}, itemsize {itemsize}: "
+                                    f"want disp >= 1 and itemsize 1..64")
+            if nrows < 0:
+                raise GeometryError(f"ddstore: bad geometry: variable {name!r}: {nrows} rows: want >= 0")
+            spec, total = _check_backing(name, backing, total, nrows)
+        except Exception as e:  # whatever the type: the other ranks must hear of it (_create)
+            return self._create(name, None, 0, 0, 0, "", bad=e)
+        return self._create(name, None, nrows, disp, itemsize, dt, backing=spec, total=total or 0)
 
     def add_ragged(self, name, values, lengths=None, *, offsets=None, backing=None, total=None):
         """Collective: every rank adds its rows of a ragged variable `name`,
@@ -290,24 +293,29 @@ class Store:
                 raise ClosedError(f"ddstore: closed: store of rank {self.rank} closed")
             exists = name in self._vars
             attempt = self._attempts[name] = self._attempts.get(name, 0) + 1
-        if exists:
-            raise VariableExists(f"ddstore: variable exists: variable {name!r} already exists")
         tms = int(self._publish_timeout * 1000)
 
         def shard(failed=False):
             return _wire.shard(_wire.Encoder(), self._wire_name(name), "", self.rank, self.size, nrows, disp, itemsize,
                                tms, attempt,
-                               failed, dt, backing, total, kind, items, shape)
+                               failed, dt, backing, total, kind, items, shape, group=self._wire_name(""))
 
         def fail(err):
+            # The failed Publish first, so that the round fails for every
+            # rank at once; then this rank's own error, as raised.
             try:
                 self._request(_wire.OP_PUBLISH, shard(failed=True), timeout=self._publish_timeout + self._timeout)
             except Error:
                 pass
             raise err
 
+        if exists:
+            bad = VariableExists(f"ddstore: variable exists: variable {name!r} already exists")
         if bad is not None:
             fail(bad)
+        # Any failure from here to the Publish (numpy's own errors, a
+        # KeyboardInterrupt) fails the round for every rank, not only a
+        # ddstore.Error: the others would wait their publish timeout.
         try:
             d = _wire.Decoder(self._request(_wire.OP_CREATE, shard()))
             path = d.string32()
@@ -327,7 +335,7 @@ class Store:
                     seg.rows[...] = a.reshape(nrows, -1).view(np.uint8).reshape(nrows, disp * itemsize)
                 finally:
                     seg.close()
-        except Error as e:
+        except BaseException as e:
             fail(e)
         body = self._request(_wire.OP_PUBLISH, shard(), timeout=self._publish_timeout + self._timeout)
         t = _wire.Table.decode(body)
@@ -480,7 +488,7 @@ class Store:
     def _dst(self, v, arr, nrows):
         """arr as a (nrows, row bytes) uint8 view, after checking its dtype,
         size and layout."""
-        a, dt = as_array(arr)
+        a, dt = as_destination(arr)
         if v.dtype and dt != v.dtype:
             raise BadBuffer(f"ddstore: bad buffer: variable {v.label!r} holds {v.dtype}, destination is {dt}")
         if a.dtype.itemsize != v.itemsize:
@@ -536,7 +544,7 @@ class Store:
 
     def _get_from(self, v, name, arr, start):
         _not_ragged(v, "get")
-        a, _ = as_array(arr)
+        a, _ = as_destination(arr)
         n = a.shape[0] if a.ndim else 1
         dst = self._dst(v, arr, n)
         start = int(start)
@@ -1048,7 +1056,12 @@ _SCOPED = re.compile(r"@s[0-9a-f]{12}(@r[0-9]+)?$")
 
 
 def _check_name(name):
-    if not isinstance(name, str) or not 1 <= len(name.encode()) <= 1024:
+    try:
+        n = len(name.encode()) if isinstance(name, str) else 0
+    except UnicodeEncodeError as e:  # a lone surrogate
+        raise ArgumentError(f"ddstore: bad argument: variable name {name!r}: not encodable as UTF-8 ({e.reason} at "
+                            f"position {e.start}): want a str of 1 to 1024 bytes of UTF-8") from None
+    if not 1 <= n <= 1024:
         raise ArgumentError(f"ddstore: bad argument: variable name {name!r}: want a str of 1 to 1024 bytes")
     if _SCOPED.search(name):
         raise ArgumentError(f"ddstore: bad argument: variable name {name!r}: a name may not end in @s and 12 hex "

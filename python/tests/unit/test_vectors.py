@@ -43,7 +43,7 @@ def _body(message, f):
     if message == "Shard":  # Store.add
         return _wire.shard(e, f["name"], f["node"], f["rank"], f["size"], f["rows"], f["disp"], f["itemsize"],
                            f["timeout_ms"], f["attempt"], f["failed"], f["dtype"], f["backing"], f["total"],
-                           f["kind"], f["items"], f["shape"])
+                           f["kind"], f["items"], f["shape"], f["group"], f["client"], f["client_age_ms"])
     if message == "Name":  # Lookup, Free
         return e.string(f["name"]).string(f["node"]).i64(f["rank"])
     if message == "Read":  # Store._fetch
@@ -54,11 +54,14 @@ def _body(message, f):
     if message == "FetchRange":  # peer protocol: the client never sends it, but its encoder can
         return e.string(f["name"]).i64(f["id"], f["start"], f["count"])
     if message == "Barrier":  # Store.fence
-        return _fence.barrier_request(f["key"], f["rank"], f["size"], f["seq"], f["timeout_ms"] / 1000)
+        return _fence.barrier_request(f["key"], f["rank"], f["size"], f["seq"], f["timeout_ms"] / 1000, f["client"],
+                                      f["client_age_ms"])
     if message == "Region":  # register(), Unregister
         return e.u32(f["id"]).i64(f["size"])
     if message == "Fetch":  # peer protocol: the client never sends it, but its encoder can
         return e.string(f["name"]).i64(f["id"]).i64s(np.array(f["globals"], dtype=np.int64))
+    if message == "Gone":  # peer protocol, likewise
+        return e.string(f["node"]).u64(f["client"]).i64(f["pid"], f["rank"], f["size"])
     if message == "PeerOffsets":  # peer protocol, likewise
         return e.string(f["name"]).i64(f["id"], f["rank"], f["first"], f["count"])
     assert message is None, message

@@ -1,0 +1,257 @@
+package ddstore_test
+
+// A rank killed in a collective: the others fail at once, and a job
+// started right after in the namespace does not meet the dead job's
+// round or fence. The agents and the ranks are real processes (the ranks
+// this test binary re-executed), the kill a SIGKILL.
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ddstore-go/ddstore"
+	"github.com/ddstore-go/ddstore/internal/testutil"
+)
+
+// rankArgs is what a rank process of rankLossRank is told.
+type rankArgs struct {
+	NS, Node, RunDir string
+	Rank, Size       int
+	Op               string        // "add", "fence", or "sleep" (until its stdin closes)
+	PublishTimeout   time.Duration // 0: 300 s
+}
+
+// rankRows is the rows rank r adds to "x": 4 rows of 8 bytes, row g
+// holding g.
+const rankRows = 4
+
+var _ = testutil.Helper("rankloss", rankLossRank)
+
+// rankLossRank is one rank: it opens its store (then prints "open"), does
+// its collective and prints "ok" or "err: " and the error, wrapped kinds
+// first ("peer", "timeout"), then exits 0; a failure of its own exits 3.
+func rankLossRank(a rankArgs) int {
+	if a.PublishTimeout == 0 {
+		a.PublishTimeout = 300 * time.Second
+	}
+	s, err := ddstore.Open(ddstore.Config{Namespace: a.NS, Node: a.Node, RunDir: a.RunDir, NoSpawn: true,
+		Rank: a.Rank, Size: a.Size, LocalRank: -1, PublishTimeout: a.PublishTimeout, Timeout: 20 * time.Second,
+		AgentWait: 10 * time.Second})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 3
+	}
+	defer s.Close()
+	fmt.Println("open")
+	switch a.Op {
+	case "add":
+		rows := make([]byte, rankRows*8)
+		for i := range rankRows {
+			binary.LittleEndian.PutUint64(rows[i*8:], uint64(a.Rank*rankRows+i))
+		}
+		if err = s.Add("x", rows, 8, 1); err == nil {
+			// Every rank's rows, this node's and the other's.
+			all := make([]int64, a.Size*rankRows)
+			for i := range all {
+				all[i] = int64(i)
+			}
+			got := make([]byte, len(all)*8)
+			if err = s.GetBatch("x", got, all); err == nil {
+				for i := range all {
+					if v := binary.LittleEndian.Uint64(got[i*8:]); v != uint64(i) {
+						fmt.Fprintf(os.Stderr, "row %d holds %d\n", i, v)
+						return 3
+					}
+				}
+			}
+		}
+	case "fence":
+		err = s.Fence()
+	case "sleep":
+		io.Copy(io.Discard, os.Stdin)
+		return 0
+	}
+	if err != nil {
+		kinds := ""
+		for _, k := range []struct {
+			name string
+			err  error
+		}{{"peer", ddstore.ErrPeer}, {"timeout", ddstore.ErrTimeout}} {
+			if errors.Is(err, k.err) {
+				kinds += k.name + " "
+			}
+		}
+		fmt.Printf("err: %s%v\n", kinds, err)
+		return 0
+	}
+	fmt.Println("ok")
+	return 0
+}
+
+// rankProc is a running rank process.
+type rankProc struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *testutil.Buffer // its stdout, line by line
+	done  chan struct{}    // closed once it exited
+	err   error            // its exit, once done
+}
+
+func startRank(t *testing.T, a rankArgs) *rankProc {
+	t.Helper()
+	p := &rankProc{cmd: testutil.HelperCmd(t, "rankloss", a), out: &testutil.Buffer{}, done: make(chan struct{})}
+	var stderr testutil.Buffer
+	p.cmd.Stderr = &stderr
+	stdout, err := p.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			p.out.Write([]byte(sc.Text() + "\n"))
+		}
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			t.Logf("rank %d (%s): stdout %q, stderr %q, exit %v", a.Rank, a.Op, p.out.String(), stderr.String(), p.err)
+		}
+	})
+	return p
+}
+
+// result is what the rank printed after "open", once it exited (within
+// the test's deadline, far below the 300 s the collectives would wait).
+func (p *rankProc) result(t *testing.T, who string) string {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(90 * time.Second):
+		t.Fatalf("%s still runs: it waits for a collective that should have failed or ended (stdout %q)", who, p.out.String())
+	}
+	if p.err != nil {
+		t.Fatalf("%s: exit %v (stdout %q)", who, p.err, p.out.String())
+	}
+	return strings.TrimSpace(strings.TrimPrefix(p.out.String(), "open\n"))
+}
+
+// TestClusterRankKilledMidCollective: of a job of three ranks (nodes a, b,
+// a), ranks 0 and 1 wait in a collective (an Add, a Fence) that rank 2 has
+// not reached; rank 1 is SIGKILLed. Rank 0 fails at once with ErrPeer
+// naming rank 1 (the publish timeout and the agents' join timeout are 300
+// s: waiting for it would outlast the test's deadline). Then a new job of
+// three new processes, started right away in the namespace, does the same
+// collective (the same name and attempt, the same fence sequence) and
+// succeeds: it never meets the dead job's round.
+func TestClusterRankKilledMidCollective(t *testing.T) {
+	for _, op := range []string{"add", "fence"} {
+		t.Run(op, func(t *testing.T) {
+			ns, runDir, agents := startAgentProcsArgs(t, "rk"+op, []string{"--join-timeout", "300s"}, "a", "b")
+			nodes := []string{"a", "b", "a"}
+			start := func(ops ...string) []*rankProc {
+				var ps []*rankProc
+				for r, o := range ops {
+					ps = append(ps, startRank(t, rankArgs{NS: ns, Node: nodes[r], RunDir: runDir, Rank: r, Size: len(ops), Op: o}))
+				}
+				return ps
+			}
+			name, seq := "x", int64(1)
+			kind := "publish"
+			if op == "fence" {
+				name, kind = "", "fence"
+			}
+			// waitFor waits until the coordinator holds the collective
+			// with exactly the ranks want.
+			waitFor := func(want []int64) {
+				testutil.WaitFor(t, 60*time.Second, func() error {
+					for _, a := range agents {
+						in, err := ddstore.QueryAgent(a.socket, ns, a.node)
+						if err != nil || !in.Coordinator {
+							continue
+						}
+						for _, c := range in.Collectives {
+							if c.Kind == kind && c.Name == name && c.Seq == seq && slices.Equal(c.Ranks, want) {
+								return nil
+							}
+						}
+						return fmt.Errorf("the coordinator holds %+v, want %s %q %d with ranks %v", in.Collectives, kind, name, seq, want)
+					}
+					return errors.New("no coordinator yet")
+				})
+			}
+
+			dead := start(op, op, "sleep")
+			waitFor([]int64{0, 1})
+			if err := dead[1].cmd.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			got := dead[0].result(t, "rank 0 of the dead job")
+			if !strings.HasPrefix(got, "err: peer ") || !strings.Contains(got, "rank 1 ") || !strings.Contains(got, "went away") {
+				t.Fatalf("rank 0 of the job whose rank 1 was killed: %q, want an ErrPeer naming rank 1", got)
+			}
+			dead[2].stdin.Close() // the job's last rank ends too
+			if got := dead[2].result(t, "rank 2 of the dead job"); got != "" {
+				t.Fatalf("rank 2 of the dead job: %q", got)
+			}
+
+			for r, p := range start(op, op, op) {
+				if got := p.result(t, fmt.Sprintf("rank %d of the new job", r)); got != "ok" {
+					t.Fatalf("rank %d of the job started after the dead one: %q, want ok", r, got)
+				}
+			}
+		})
+	}
+}
+
+// TestClusterNewJobAfterATimedOutRound: a job whose rank 1 never comes to
+// its Add or Fence (alive, but elsewhere) times out on rank 0 (a 2 s
+// publish timeout: the timeout is what this job is about); its processes
+// exit; a job started at once in the namespace, far within the
+// coordinator's 10 s LateGrace, does the same collective and succeeds,
+// rather than get the dead job's timeout.
+func TestClusterNewJobAfterATimedOutRound(t *testing.T) {
+	for _, op := range []string{"add", "fence"} {
+		t.Run(op, func(t *testing.T) {
+			ns, runDir, _ := startAgentProcsArgs(t, "rt"+op, []string{"--join-timeout", "300s"}, "a", "b")
+			nodes := []string{"a", "b"}
+			r0 := startRank(t, rankArgs{NS: ns, Node: "a", RunDir: runDir, Rank: 0, Size: 2, Op: op, PublishTimeout: 2 * time.Second})
+			r1 := startRank(t, rankArgs{NS: ns, Node: "b", RunDir: runDir, Rank: 1, Size: 2, Op: "sleep"})
+			if got := r0.result(t, "rank 0 of the first job"); !strings.HasPrefix(got, "err: timeout ") || !strings.Contains(got, "missing ranks 1") {
+				t.Fatalf("rank 0 of the job whose rank 1 never came: %q, want ErrTimeout naming rank 1", got)
+			}
+			r1.stdin.Close()
+			if got := r1.result(t, "rank 1 of the first job"); got != "" {
+				t.Fatalf("rank 1 of the first job: %q", got)
+			}
+			var ps []*rankProc
+			for r, node := range nodes {
+				ps = append(ps, startRank(t, rankArgs{NS: ns, Node: node, RunDir: runDir, Rank: r, Size: 2, Op: op}))
+			}
+			for r, p := range ps {
+				if got := p.result(t, fmt.Sprintf("rank %d of the new job", r)); got != "ok" {
+					t.Fatalf("rank %d of the job started right after: %q, want ok (not the first job's error)", r, got)
+				}
+			}
+		})
+	}
+}
