@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -150,6 +151,8 @@ type Agent struct {
 	// saving the manifest (reading the state, then writing the file).
 	restored   *coord.State
 	manifestMu sync.Mutex // first of the agent's; lock order: internal/LOCKS.md
+	// saves batches the saves asked for at once (persist.go).
+	saves manifestSaves
 
 	// inflight counts client requests being served; once draining is set
 	// (a stop), sessions take no new ones and the stop waits for these.
@@ -176,6 +179,17 @@ type stats struct {
 	addrRefreshes atomic.Int64
 	// errorKinds counts errors answered to clients by kind.
 	errorKinds errorKinds
+	// coord counts what the coordinator receives and sends over the peer
+	// protocol (zero on other agents).
+	coord coordCounters
+}
+
+// coordCounters are the coordinator's messages and their bytes (frame
+// headers included): requests from other agents in, their replies and the
+// coordinator's own requests (PeerDrop) out. Ranks on the coordinator's
+// own node reach it without a message and are not counted.
+type coordCounters struct {
+	in, inBytes, out, outBytes atomic.Int64
 }
 
 // Start runs an agent until Close (or its idle exit).
@@ -500,7 +514,11 @@ func (a *Agent) info() Info {
 		"prefetch_dropped": int(s.tier.Dropped.Load()), "prefetch_evicted": int(s.tier.Evicted.Load()),
 		"prefetch_late":      int(s.tier.Late.Load()),
 		"peer_fallback_rows": int(s.peerFallbackRows.Load()), "adopted_variables": int(s.adopted.Load()),
-		"addr_refreshes": int(s.addrRefreshes.Load()),
+		"addr_refreshes":    int(s.addrRefreshes.Load()),
+		"coord_messages_in": int(s.coord.in.Load()), "coord_bytes_in": int(s.coord.inBytes.Load()),
+		"coord_messages_out": int(s.coord.out.Load()), "coord_bytes_out": int(s.coord.outBytes.Load()),
+		"manifest_writes": int(a.saves.written.Load()),
+		"goroutines":      runtime.NumGoroutine(), "peer_conns_out": a.pool.Conns(), "peer_conns_in": a.peer.Conns(),
 	}
 	s.errorKinds.counters(in.Counters)
 	in.MemoryBytes += a.stagingBytes.Load()

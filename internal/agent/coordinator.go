@@ -363,3 +363,26 @@ func (a *Agent) coordinatorOp(ctx context.Context, op wire.Op, body []byte) (fun
 	}
 	return nil, base.Errorf(base.ErrProtocol, "peer op %s is not the coordinator's", op)
 }
+
+// countCoordinatorOp is coordinatorOp, with the request and its reply
+// counted in the coordinator's counters (a.stats.coord).
+func (a *Agent) countCoordinatorOp(ctx context.Context, op wire.Op, body []byte) (func(*wire.Encoder), error) {
+	cc := &a.stats.coord
+	cc.in.Add(1)
+	cc.inBytes.Add(int64(wire.HeaderSize + len(body)))
+	cc.out.Add(1)
+	fill, err := a.coordinatorOp(ctx, op, body)
+	if err != nil {
+		cc.outBytes.Add(int64(len(wire.AppendError(nil, op, 0, err))))
+		return nil, err
+	}
+	if fill == nil {
+		cc.outBytes.Add(wire.HeaderSize)
+		return nil, nil
+	}
+	return func(e *wire.Encoder) {
+		n := len(e.Bytes())
+		fill(e)
+		cc.outBytes.Add(int64(wire.HeaderSize + len(e.Bytes()) - n))
+	}, nil
+}

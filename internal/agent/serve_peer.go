@@ -96,7 +96,7 @@ func (a *Agent) served(name string, id int64) (*variable, error) {
 func (h *peerHandler) Control(ctx context.Context, op wire.Op, body []byte) (func(*wire.Encoder), error) {
 	a := (*Agent)(h)
 	if isCoordinatorOp(op) {
-		return a.coordinatorOp(ctx, op, body)
+		return a.countCoordinatorOp(ctx, op, body)
 	}
 	switch op {
 	case wire.OpPeerDrop:

@@ -657,7 +657,15 @@ func (a *Agent) dropEverywhere(t *wire.Table) {
 			ctx, cancel := context.WithTimeout(a.ctx, a.cfg.Timeout)
 			defer cancel()
 			m := wire.Drop{Name: t.Name, ID: t.ID}
-			if _, err := a.pool.Call(ctx, addr, wire.OpPeerDrop, m.Encode); err != nil {
+			var e wire.Encoder
+			m.Encode(&e)
+			cc := &a.stats.coord
+			cc.out.Add(1)
+			cc.outBytes.Add(int64(wire.HeaderSize + len(e.Bytes())))
+			_, err := a.pool.Call(ctx, addr, wire.OpPeerDrop, m.Encode)
+			cc.in.Add(1)
+			cc.inBytes.Add(wire.HeaderSize)
+			if err != nil {
 				a.log.Warn("could not drop a freed variable on a node", "variable", t.Name, "node", node, "err", err)
 			}
 		}(t.Addrs[i])

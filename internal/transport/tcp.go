@@ -57,8 +57,12 @@ type Pool struct {
 		peers  map[string]*peerConns
 		closed bool
 	}
-	wg sync.WaitGroup // read loops
+	wg   sync.WaitGroup // read loops
+	open atomic.Int64   // connections whose read loop runs
 }
+
+// Conns is how many connections to peers the pool holds open.
+func (p *Pool) Conns() int { return int(p.open.Load()) }
 
 type peerConns struct {
 	next  atomic.Uint32
@@ -138,8 +142,10 @@ func (p *Pool) get(ctx context.Context, addr string) (*conn, error) {
 	}
 	p.wg.Add(1)
 	p.mu.Unlock()
+	p.open.Add(1)
 	go func() {
 		defer p.wg.Done()
+		defer p.open.Add(-1)
 		c.readLoop()
 	}()
 	pc.conns[i] = c

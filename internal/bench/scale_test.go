@@ -1,0 +1,94 @@
+package bench_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ddstore-go/ddstore/internal/bench"
+	"github.com/ddstore-go/ddstore/internal/cli"
+	"github.com/ddstore-go/ddstore/internal/testutil"
+)
+
+// The driver's agents and node helpers are this test binary run as the
+// ddstore command.
+var _ = testutil.Helper("ddstore", func(args []string) int { return cli.Main(args, os.Stdout, os.Stderr) })
+
+func init() { testutil.RunHelper() }
+
+// TestScaleDriver runs the scale driver on 2 and 3 nodes and checks that
+// what it measures is sane: the counts it must find exactly, the sizes
+// that must grow with the job, reads that work across an agent's restart,
+// and nothing left behind. No timing is checked.
+func TestScaleDriver(t *testing.T) {
+	opts := bench.ScaleOptions{Nodes: []int{2, 3}, RanksPerNode: 2, RowsPerNode: 64, RowBytes: 256, Batch: 32,
+		Rounds: 2, Duration: 200 * time.Millisecond, Restart: true}
+	opts.Command = func(env []string, args ...string) *exec.Cmd {
+		cmd := testutil.HelperCmd(t, "ddstore", args)
+		cmd.Env = append(cmd.Env, env...)
+		return cmd
+	}
+	var progress testutil.Buffer
+	opts.Progress = &progress
+	rep, err := bench.RunScale(opts)
+	if err != nil {
+		t.Fatalf("RunScale: %v\n%s", err, progress.String())
+	}
+	if len(rep.Points) != 2 {
+		t.Fatalf("%d points, want 2", len(rep.Points))
+	}
+	for _, p := range rep.Points {
+		k, rpn := p.Nodes, opts.RanksPerNode
+		if p.Ranks != k*rpn {
+			t.Errorf("K=%d: %d ranks, want %d", k, p.Ranks, k*rpn)
+		}
+		if p.OpenSeconds <= 0 || p.AddSeconds <= 0 || p.FreeSeconds <= 0 || len(p.AddAll) != opts.Rounds {
+			t.Errorf("K=%d: open %v s, add %v s (%d rounds), free %v s: want all measured", k, p.OpenSeconds, p.AddSeconds, len(p.AddAll), p.FreeSeconds)
+		}
+		// Every rank off the coordinator's node publishes once per round,
+		// and each gets an answer.
+		if want := float64((k - 1) * rpn); p.CoordAddMsgsIn != want || p.CoordAddMsgsOut != want {
+			t.Errorf("K=%d: coordinator messages per Add %v in, %v out; want %v each", k, p.CoordAddMsgsIn, p.CoordAddMsgsOut, want)
+		}
+		if p.CoordAddBytesIn <= 0 || p.CoordAddBytesOut <= 0 || p.CoordFreeMsgs <= 0 || p.CoordFreeBytes <= 0 {
+			t.Errorf("K=%d: coordinator bytes per Add %v in, %v out, per Free %v messages, %v bytes: want all > 0",
+				k, p.CoordAddBytesIn, p.CoordAddBytesOut, p.CoordFreeMsgs, p.CoordFreeBytes)
+		}
+		if p.CoordRSS <= 0 || p.AgentRSS <= 0 || p.CoordGoroutines <= 0 || p.AgentGoroutines <= 0 {
+			t.Errorf("K=%d: RSS %d/%d, goroutines %d/%d: want all > 0", k, p.CoordRSS, p.AgentRSS, p.CoordGoroutines, p.AgentGoroutines)
+		}
+		// The reader has read from every other node.
+		if p.ReaderConns < k-1 {
+			t.Errorf("K=%d: the reading node's agent holds %d connections, want at least %d", k, p.ReaderConns, k-1)
+		}
+		if p.ReadRowsPerSec <= 0 || p.ReadP99us < p.ReadP50us || p.ReadP50us <= 0 {
+			t.Errorf("K=%d: read %v rows/s, p50 %v µs, p99 %v µs", k, p.ReadRowsPerSec, p.ReadP50us, p.ReadP99us)
+		}
+		if k >= 3 && p.RestartBatches == 0 {
+			t.Errorf("K=%d: no batch read across the restart", k)
+		}
+		if p.Load == "" {
+			t.Errorf("K=%d: no load average", k)
+		}
+	}
+	if a, b := rep.Points[0].TableBytes, rep.Points[1].TableBytes; a <= 0 || b <= a {
+		t.Errorf("table bytes %d at 2 nodes, %d at 3: want > 0 and growing", a, b)
+	}
+	// Nothing left: no agent of the driver's namespaces, no segment.
+	prefix := "scale-" + strconv.Itoa(os.Getpid()) + "-"
+	if m, _ := filepath.Glob("/dev/shm/ddstore." + prefix + "*"); len(m) > 0 {
+		t.Errorf("segments left: %v", m)
+	}
+	// The agents' and node helpers' arguments travel in their environment.
+	procs, _ := filepath.Glob("/proc/[0-9]*/environ")
+	for _, f := range procs {
+		b, _ := os.ReadFile(f)
+		if strings.Contains(string(b), prefix) && f != "/proc/"+strconv.Itoa(os.Getpid())+"/environ" {
+			t.Errorf("a process of the driver's job still runs: %s", f)
+		}
+	}
+}
