@@ -182,6 +182,13 @@ func vectorFrames(t *testing.T) obj {
 	fetch := wire.Fetch{Name: "x", ID: 5, Globals: []int64{3}}
 	peerOffsets := wire.PeerOffsets{Name: "pos", ID: 6, Rank: 1, First: 0, Count: 2}
 	offsets := wire.Offsets{Offsets: []int64{0, 4, 4}}
+	peerShard := shard
+	peerShard.Node = "n1"
+	round := wire.Round{Shard: peerShard, Want: wire.RoundTable}
+	roundFields := vShard(peerShard)
+	roundFields["want"] = int(round.Want)
+	relay := wire.RoundReply{Kind: wire.RoundReplyRelay, Node: "n3", Addr: "10.0.0.3:7000", ID: 5}
+	peerTable := wire.Drop{Name: "x", ID: 5}
 	frames := []vectorFrame{
 		helloFrame("hello", 1, wire.Hello{Namespace: "ns", Node: "n1", Rank: 0, Size: 2, LocalRank: 0, LocalSize: 2, Pid: 4242}),
 		// A reader that holds no shard says rank -1; a name of multi-byte
@@ -230,6 +237,16 @@ func vectorFrames(t *testing.T) obj {
 			encode: peerOffsets.Encode, decode: func(b []byte) (any, error) { return wire.DecodePeerOffsets(b) }, value: peerOffsets},
 		{name: "peer_offsets_reply", op: wire.OpPeerOffsets, id: 2, reply: true, message: "Offsets", fields: obj{"offsets": offsets.Offsets},
 			encode: offsets.Encode, decode: func(b []byte) (any, error) { return wire.DecodeOffsets(b) }, value: offsets},
+		// A node's first rank of a round hands its shard to the coordinator
+		// and asks for the table; the coordinator answers with the node to
+		// fetch it from, which it then asks (PeerTable) by name and id.
+		{name: "peer_round", op: wire.OpPeerRound, id: 3, message: "Round", fields: roundFields,
+			encode: round.Encode, decode: func(b []byte) (any, error) { return wire.DecodeRound(b) }, value: round},
+		{name: "peer_round_relay_reply", op: wire.OpPeerRound, id: 3, reply: true, message: "RoundReply",
+			fields: obj{"kind": int(relay.Kind), "node": relay.Node, "addr": relay.Addr, "id": relay.ID},
+			encode: relay.Encode, decode: func(b []byte) (any, error) { return wire.DecodeRoundReply(b) }, value: relay},
+		{name: "peer_table", op: wire.OpPeerTable, id: 4, message: "Drop", fields: obj{"name": peerTable.Name, "id": peerTable.ID},
+			encode: peerTable.Encode, decode: func(b []byte) (any, error) { return wire.DecodeDrop(b) }, value: peerTable},
 	}
 	out := obj{}
 	for _, f := range frames {

@@ -56,6 +56,10 @@ type Config struct {
 	// started on demand use it); zero: never.
 	IdleExit     time.Duration
 	ConnsPerPeer int
+	// RelayFanout is how many nodes the coordinator sends a round's table
+	// to, and each of them on to (docs/design.md, Publish rounds at
+	// scale); zero: 8.
+	RelayFanout int
 	// MemoryBytes caps what the agent holds: the data of its shards plus
 	// the receive regions its clients register. A Create or Register that
 	// would go beyond it is refused before anything is allocated. Zero:
@@ -153,6 +157,8 @@ type Agent struct {
 	manifestMu sync.Mutex // first of the agent's; lock order: internal/LOCKS.md
 	// saves batches the saves asked for at once (persist.go).
 	saves manifestSaves
+	// leads: the node's rank that brings each round's table (coordRound).
+	leads roundLeads
 
 	// inflight counts client requests being served; once draining is set
 	// (a stop), sessions take no new ones and the stop waits for these.
@@ -177,6 +183,8 @@ type stats struct {
 	// addrRefreshes, tables refreshed after a node's address went stale.
 	adopted       atomic.Int64
 	addrRefreshes atomic.Int64
+	// tablesRelayed counts tables this agent gave other nodes (PeerTable).
+	tablesRelayed atomic.Int64
 	// errorKinds counts errors answered to clients by kind.
 	errorKinds errorKinds
 	// coord counts what the coordinator receives and sends over the peer
@@ -517,8 +525,8 @@ func (a *Agent) info() Info {
 		"addr_refreshes":    int(s.addrRefreshes.Load()),
 		"coord_messages_in": int(s.coord.in.Load()), "coord_bytes_in": int(s.coord.inBytes.Load()),
 		"coord_messages_out": int(s.coord.out.Load()), "coord_bytes_out": int(s.coord.outBytes.Load()),
-		"manifest_writes": int(a.saves.written.Load()),
-		"goroutines":      runtime.NumGoroutine(), "peer_conns_out": a.pool.Conns(), "peer_conns_in": a.peer.Conns(),
+		"manifest_writes": int(a.saves.written.Load()), "tables_relayed": int(s.tablesRelayed.Load()),
+		"goroutines": runtime.NumGoroutine(), "peer_conns_out": a.pool.Conns(), "peer_conns_in": a.peer.Conns(),
 	}
 	s.errorKinds.counters(in.Counters)
 	in.MemoryBytes += a.stagingBytes.Load()

@@ -6,11 +6,13 @@ package agent
 // the coordinator and joining it, and the coordinator's peer ops.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -28,43 +30,115 @@ type coordinator struct {
 	mu struct {
 		sync.Mutex
 		core    *coord.Coordinator
-		next    uint64                      // the last request id
-		waiting map[uint64]chan coord.Reply // requests whose reply is due
+		next    uint64             // the last request id
+		waiting map[uint64]*waiter // requests whose reply is due
 	}
+	fanout int // relayFanout, unless configured
 }
 
+// waiter is a request waiting for its reply.
+type waiter struct {
+	ch chan reply
+	// tree: a PeerRound request that wants the table (wire.RoundTable)
+	// from node; it is given the table itself or a node to fetch it from.
+	tree bool
+	node string
+}
+
+// reply is the core's reply, and for a tree request the node to fetch the
+// table from ("": the table itself).
+type reply struct {
+	coord.Reply
+	relay string
+}
+
+// relayFanout is how many nodes of a round get its table from the
+// coordinator, and from each of those nodes, by default (Config.RelayFanout): the coordinator sends a
+// round's table relayFanout times whatever the job's size, and a node at
+// most relayFanout times more than it receives it; the table reaches the
+// K nodes of a round in log_relayFanout(K) steps.
+const relayFanout = 8
+
 func newCoordinator() *coordinator {
-	c := &coordinator{}
+	c := &coordinator{fanout: relayFanout}
 	c.mu.core = coord.New()
-	c.mu.waiting = make(map[uint64]chan coord.Reply)
+	c.mu.waiting = make(map[uint64]*waiter)
 	return c
 }
 
 // deliverLocked hands replies to their requests; the caller holds c.mu.
 func (c *coordinator) deliverLocked(replies []coord.Reply) {
+	relays := c.relaysLocked(replies)
 	for _, r := range replies {
-		if ch, ok := c.mu.waiting[r.Req]; ok {
+		if w, ok := c.mu.waiting[r.Req]; ok {
 			delete(c.mu.waiting, r.Req)
-			ch <- r
+			w.ch <- reply{Reply: r, relay: relays[r.Req]}
 		}
 	}
+}
+
+// relaysLocked arranges the tree requests among replies that carry a
+// table — one per node of a round, as PeerRound asks — in a tree of
+// fanout c.fanout (f), in node order: the first f get the table, and the
+// one at place p after them fetches it from the node at place p/f - 1,
+// which got it (or fetches it) a step earlier. It
+// returns the relay node by request; nil when no request needs one.
+func (c *coordinator) relaysLocked(replies []coord.Reply) map[uint64]string {
+	type member struct {
+		req  uint64
+		node string
+	}
+	var rounds map[*wire.Table][]member
+	for _, r := range replies {
+		if w := c.mu.waiting[r.Req]; w != nil && w.tree && r.Err == nil && r.Table != nil {
+			if rounds == nil {
+				rounds = make(map[*wire.Table][]member)
+			}
+			rounds[r.Table] = append(rounds[r.Table], member{r.Req, w.node})
+		}
+	}
+	var relays map[uint64]string
+	for _, ms := range rounds {
+		f := max(1, c.fanout)
+		if len(ms) <= f {
+			continue
+		}
+		slices.SortFunc(ms, func(x, y member) int { return cmp.Or(cmp.Compare(x.node, y.node), cmp.Compare(x.req, y.req)) })
+		if relays == nil {
+			relays = make(map[uint64]string)
+		}
+		for p := f; p < len(ms); p++ {
+			relays[ms[p].req] = ms[p/f-1].node
+		}
+	}
+	return relays
 }
 
 // publish adds one rank's shard and waits until every rank's is there (the
 // table), a rank disagrees (an error for all), or timeout has passed or ctx
 // ended (the round fails with ErrTimeout for every rank).
 func (c *coordinator) publish(ctx context.Context, sh wire.Shard, timeout time.Duration) (*wire.Table, error) {
-	r := c.await(ctx, timeout, func(now time.Time, req uint64) []coord.Reply {
+	r := c.await(ctx, timeout, &waiter{}, func(now time.Time, req uint64) []coord.Reply {
 		return c.mu.core.Publish(now, req, sh, now.Add(timeout))
 	})
 	return r.Table, r.Err
+}
+
+// publishRound is publish for a PeerRound request: with tree (the request
+// wants the table), it also returns the node to fetch the table from, ""
+// when the table is for this request itself (relaysLocked).
+func (c *coordinator) publishRound(ctx context.Context, sh wire.Shard, tree bool, timeout time.Duration) (*wire.Table, string, error) {
+	r := c.await(ctx, timeout, &waiter{tree: tree, node: sh.Node}, func(now time.Time, req uint64) []coord.Reply {
+		return c.mu.core.Publish(now, req, sh, now.Add(timeout))
+	})
+	return r.Table, r.relay, r.Err
 }
 
 // barrier adds one rank's arrival at a fence and waits until every rank of
 // it has come, the ranks disagree (an error for all), or timeout has
 // passed or ctx ended (the fence fails with ErrTimeout for every rank).
 func (c *coordinator) barrier(ctx context.Context, m wire.Barrier, timeout time.Duration) error {
-	return c.await(ctx, timeout, func(now time.Time, req uint64) []coord.Reply {
+	return c.await(ctx, timeout, &waiter{}, func(now time.Time, req uint64) []coord.Reply {
 		return c.mu.core.Barrier(now, req, m, now.Add(timeout))
 	}).Err
 }
@@ -73,13 +147,14 @@ func (c *coordinator) barrier(ctx context.Context, m wire.Barrier, timeout time.
 // with the time and the request's id) and waits for its reply. When
 // timeout passes or ctx ends first, the core expires the request, so its
 // round fails for every rank rather than leaving the others waiting.
-func (c *coordinator) await(ctx context.Context, timeout time.Duration, enter func(now time.Time, req uint64) []coord.Reply) coord.Reply {
-	ch := make(chan coord.Reply, 1)
+func (c *coordinator) await(ctx context.Context, timeout time.Duration, w *waiter, enter func(now time.Time, req uint64) []coord.Reply) reply {
+	ch := make(chan reply, 1)
+	w.ch = ch
 	now := time.Now()
 	c.mu.Lock()
 	c.mu.next++
 	req := c.mu.next
-	c.mu.waiting[req] = ch
+	c.mu.waiting[req] = w
 	c.deliverLocked(enter(now, req))
 	c.mu.Unlock()
 	t := time.NewTimer(timeout)
@@ -150,6 +225,9 @@ func (c *coordinator) restore(s *coord.State) {
 // coordinator of the job left on this node, if any.
 func (a *Agent) newCoordinator() *coordinator {
 	c := newCoordinator()
+	if a.cfg.RelayFanout > 0 {
+		c.fanout = a.cfg.RelayFanout
+	}
 	c.restore(a.restored)
 	return c
 }
@@ -258,6 +336,169 @@ func (a *Agent) coordPublish(ctx context.Context, m wire.Shard) (*wire.Table, er
 	return &t, err
 }
 
+// roundLeads are the rounds in which a rank of this node waits for the
+// coordinator's table (PeerRound with wire.RoundTable): the node's other
+// ranks of the round ask for no table and take the one it brings.
+type roundLeads struct {
+	mu sync.Mutex // a leaf (lock order: internal/LOCKS.md)
+	m  map[roundLead]chan struct{}
+}
+
+type roundLead struct {
+	name    string
+	attempt int64
+}
+
+// lead makes the caller the rank of this node that brings round k's table,
+// unless one does already; done (the leader's: the table is set on the
+// variable, or it failed) closes the channel the others wait on.
+func (l *roundLeads) lead(k roundLead) (leader bool, led <-chan struct{}, done func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if ch, ok := l.m[k]; ok {
+		return false, ch, func() {}
+	}
+	if l.m == nil {
+		l.m = make(map[roundLead]chan struct{})
+	}
+	ch := make(chan struct{})
+	l.m[k] = ch
+	return true, ch, func() {
+		l.mu.Lock()
+		delete(l.m, k)
+		l.mu.Unlock()
+		close(ch)
+	}
+}
+
+// coordRound hands a rank's shard of v to the coordinator and waits for
+// its round's table, which the caller sets on v. On the coordinator's
+// node it is coordPublish. Elsewhere (PeerRound) only the node's first rank of a
+// round asks for the table; the coordinator gives it to a few nodes and
+// tells the others which node to fetch it from (PeerTable), so that it
+// sends a round's table a bounded number of times, not once per rank
+// (docs/design.md, Publish rounds at scale).
+func (a *Agent) coordRound(ctx context.Context, v *variable, m wire.Shard) (*wire.Table, error) {
+	addr, err := a.coordinatorAddr(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if addr == "" {
+		return a.coord.Load().publish(ctx, m, a.roundTimeout(m))
+	}
+	leader, led, done := a.leads.lead(roundLead{m.Name, m.Attempt})
+	defer done()
+	r := wire.Round{Shard: m, Want: wire.RoundAck}
+	if leader {
+		r.Want = wire.RoundTable
+	}
+	body, err := a.pool.Call(ctx, addr, wire.OpPeerRound, r.Encode)
+	if err != nil {
+		return nil, err
+	}
+	rep, err := wire.DecodeRoundReply(body)
+	if err != nil {
+		return nil, err
+	}
+	var t *wire.Table
+	switch rep.Kind {
+	case wire.RoundReplyTable:
+		t = &rep.Table
+	case wire.RoundReplyRelay:
+		t, err = a.relayedTable(ctx, addr, m.Name, rep)
+	default: // the leader brings the table
+		select {
+		case <-led:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: variable %q: waiting for the table another rank of node %q fetches: %w", base.ErrTimeout, m.Name, a.cfg.Node, ctx.Err())
+		}
+		v.mu.RLock()
+		t = v.table
+		v.mu.RUnlock()
+		if t == nil {
+			// The round succeeded but the leader did not get the table
+			// (its connection failed): the coordinator keeps every table.
+			t, err = a.coordTable(ctx, addr, m.Name, 0)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if leader {
+		// Before done: the node's other ranks take it from v. An error
+		// is the caller's to report (setTable gives it again).
+		v.mu.Lock()
+		v.setTable(a, t)
+		v.mu.Unlock()
+	}
+	return t, nil
+}
+
+// relayedTable fetches a round's table from the node the coordinator
+// named, or from the coordinator when that node cannot give it.
+func (a *Agent) relayedTable(ctx context.Context, coordAddr, name string, rep wire.RoundReply) (*wire.Table, error) {
+	m := wire.Drop{Name: name, ID: rep.ID}
+	body, err := a.pool.Call(ctx, rep.Addr, wire.OpPeerTable, m.Encode)
+	if err == nil {
+		var t wire.Table
+		if t, err = wire.DecodeTable(body); err == nil && t.ID == rep.ID {
+			return &t, nil
+		}
+		if err == nil {
+			err = fmt.Errorf("table id %d, want %d", t.ID, rep.ID)
+		}
+	}
+	a.log.Info("could not fetch a table from the node relaying it; asking the coordinator", "variable", name, "node", rep.Node, "err", err)
+	return a.coordTable(ctx, coordAddr, name, rep.ID)
+}
+
+// coordTable asks the coordinator for a variable's table (PeerLookup);
+// with id != 0 it must be that table.
+func (a *Agent) coordTable(ctx context.Context, addr, name string, id int64) (*wire.Table, error) {
+	m := wire.Name{Name: name}
+	body, err := a.pool.Call(ctx, addr, wire.OpPeerLookup, m.Encode)
+	if err != nil {
+		return nil, err
+	}
+	t, err := wire.DecodeTable(body)
+	if err != nil {
+		return nil, err
+	}
+	if id != 0 && t.ID != id {
+		return nil, base.Errorf(base.ErrFreed, "variable %q: the coordinator has table %d, the round made %d", name, t.ID, id)
+	}
+	return &t, nil
+}
+
+// peerTable answers PeerTable: the table of a variable this node holds,
+// waiting (boundedly) for it while this node's own round's reply is on
+// its way.
+func (a *Agent) peerTable(ctx context.Context, m wire.Drop) (func(*wire.Encoder), error) {
+	a.mu.Lock()
+	v := a.mu.vars[m.Name]
+	a.mu.Unlock()
+	if v == nil {
+		return nil, base.Errorf(base.ErrUnknown, "node %q holds no variable %q", a.cfg.Node, m.Name)
+	}
+	t := time.NewTimer(a.cfg.Timeout)
+	defer t.Stop()
+	select {
+	case <-v.ready:
+	case <-t.C:
+		return nil, base.Errorf(base.ErrTimeout, "node %q: variable %q has no table after %v", a.cfg.Node, m.Name, a.cfg.Timeout)
+	case <-ctx.Done():
+		return nil, base.Errorf(base.ErrClosed, "node %q stopping", a.cfg.Node)
+	}
+	v.mu.RLock()
+	tab := v.table
+	v.mu.RUnlock()
+	if tab == nil || tab.ID != m.ID {
+		return nil, base.Errorf(base.ErrUnknown, "node %q holds no table %d of variable %q", a.cfg.Node, m.ID, m.Name)
+	}
+	a.stats.tablesRelayed.Add(1)
+	return tab.Encode, nil // a set table is never changed
+}
+
 // barrierTimeout is how long the coordinator waits for a fence's ranks: the
 // rank's own timeout, bounded by the agent's join timeout.
 func (a *Agent) barrierTimeout(m wire.Barrier) time.Duration {
@@ -284,7 +525,7 @@ func (a *Agent) coordBarrier(ctx context.Context, m wire.Barrier) error {
 // isCoordinatorOp says whether only the coordinator answers op.
 func isCoordinatorOp(op wire.Op) bool {
 	switch op {
-	case wire.OpJoin, wire.OpPeerPublish, wire.OpPeerLookup, wire.OpPeerFree, wire.OpPeerNodes, wire.OpPeerBarrier:
+	case wire.OpJoin, wire.OpPeerPublish, wire.OpPeerRound, wire.OpPeerLookup, wire.OpPeerFree, wire.OpPeerNodes, wire.OpPeerBarrier:
 		return true
 	}
 	return false
@@ -320,6 +561,28 @@ func (a *Agent) coordinatorOp(ctx context.Context, op wire.Op, body []byte) (fun
 		}
 		a.saveManifest()
 		return t.Encode, nil
+	case wire.OpPeerRound:
+		m, err := wire.DecodeRound(body)
+		if err != nil {
+			return nil, err
+		}
+		t, relay, err := c.publishRound(ctx, m.Shard, m.Want == wire.RoundTable, a.roundTimeout(m.Shard))
+		if err != nil {
+			return nil, err
+		}
+		a.saveManifest()
+		rep := wire.RoundReply{Kind: wire.RoundReplyAck}
+		switch {
+		case m.Want == wire.RoundAck:
+		case relay != "":
+			rep = wire.RoundReply{Kind: wire.RoundReplyRelay, Node: relay, ID: t.ID}
+			if i := slices.Index(t.Nodes, relay); i >= 0 {
+				rep.Addr = t.Addrs[i]
+			}
+		default:
+			rep = wire.RoundReply{Kind: wire.RoundReplyTable, Table: *t}
+		}
+		return rep.Encode, nil
 	case wire.OpPeerBarrier:
 		m, err := wire.DecodeBarrier(body)
 		if err != nil {

@@ -106,6 +106,12 @@ func (h *peerHandler) Control(ctx context.Context, op wire.Op, body []byte) (fun
 		}
 		a.drop(m.Name, m.ID)
 		return nil, nil
+	case wire.OpPeerTable:
+		m, err := wire.DecodeDrop(body)
+		if err != nil {
+			return nil, err
+		}
+		return a.peerTable(ctx, m)
 	case wire.OpPeerInfo:
 		t := wire.Text{Text: a.infoJSON()}
 		return t.Encode, nil

@@ -494,10 +494,11 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) 
 	// gives up on a round the coordinator completes.
 	pctx, cancel := context.WithTimeout(ctx, timeout+a.cfg.Timeout)
 	defer cancel()
-	t, err := a.coordPublish(pctx, m)
+	t, err := a.coordRound(pctx, v, m)
 	if err != nil {
-		// The variable does not exist: take this rank's shard back so that
-		// a corrected retry can create it again.
+		// The variable does not exist (or this node could not get its
+		// table): take this rank's shard back so that a corrected retry
+		// can create it again.
 		a.takeBack(v, int(m.Rank), seg)
 		return nil, err
 	}

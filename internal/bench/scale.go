@@ -40,6 +40,9 @@ type ScaleOptions struct {
 	// Restart also measures GetBatch while one node's agent is killed
 	// (SIGKILL) and started again.
 	Restart bool
+	// Meet is how the agents find the coordinator: "rendezvous" (the
+	// default: one address) or "handshake" (a handshake directory).
+	Meet string
 	// Command makes the command that runs ddstore with args and extra
 	// environment: the agents (`agent ...`) and the node helpers (`bench`
 	// with ScaleNodeEnv set).
@@ -60,6 +63,9 @@ type ScalePoint struct {
 	Ranks int `json:"ranks"`
 	// OpenSeconds: from starting the agents to every rank's Open.
 	OpenSeconds float64 `json:"open_s"`
+	// FirstAddSeconds: the job's first Add, in which every agent also
+	// finds and joins the coordinator.
+	FirstAddSeconds float64 `json:"first_add_s"`
 	// AddSeconds, FreeSeconds: a collective Add (Free) of a variable, from
 	// the request to every node to the last rank's return; medians.
 	AddSeconds  float64   `json:"add_s"`
@@ -92,6 +98,12 @@ type ScalePoint struct {
 	ReadMBps       float64 `json:"read_mbps"`
 	ReadP50us      float64 `json:"read_p50_us"`
 	ReadP99us      float64 `json:"read_p99_us"`
+	// CPU time per batch of the reading node's agent, of its client
+	// process, and of all the other agents together (the owners, which on
+	// a cluster would each use their own node's cores).
+	ReadAgentCPUus  float64 `json:"read_agent_cpu_us"`
+	ReadClientCPUus float64 `json:"read_client_cpu_us"`
+	ReadOwnersCPUus float64 `json:"read_owners_cpu_us"`
 	// The same while one node's agent is killed and started again.
 	RestartRowsPerSec float64 `json:"restart_rows_per_s,omitempty"`
 	RestartP99us      float64 `json:"restart_p99_us,omitempty"`
@@ -107,6 +119,7 @@ type ScalePoint struct {
 // ScaleReport is a whole run.
 type ScaleReport struct {
 	Points       []ScalePoint `json:"points"`
+	Meet         string       `json:"meet"`
 	RanksPerNode int          `json:"ranks_per_node"`
 	RowsPerNode  int64        `json:"rows_per_node"`
 	RowBytes     int          `json:"row_bytes"`
@@ -135,7 +148,13 @@ func RunScale(opts ScaleOptions) (*ScaleReport, error) {
 	if os.Getenv(auth.SecretEnv) == "" {
 		os.Setenv(auth.SecretEnv, crand.Text())
 	}
-	rep := &ScaleReport{RanksPerNode: opts.RanksPerNode, RowsPerNode: opts.RowsPerNode, RowBytes: opts.RowBytes, Batch: opts.Batch,
+	if opts.Meet == "" {
+		opts.Meet = "rendezvous"
+	}
+	if opts.Meet != "rendezvous" && opts.Meet != "handshake" {
+		return nil, fmt.Errorf("bench: scale: agents meet by %q: want rendezvous or handshake", opts.Meet)
+	}
+	rep := &ScaleReport{Meet: opts.Meet, RanksPerNode: opts.RanksPerNode, RowsPerNode: opts.RowsPerNode, RowBytes: opts.RowBytes, Batch: opts.Batch,
 		Duration: opts.Duration.String(), CPUs: runtime.NumCPU(), Go: runtime.Version(), Date: time.Now().UTC().Format(time.RFC3339)}
 	for _, k := range opts.Nodes {
 		fmt.Fprintf(opts.Progress, "K=%d R=%d: ", k, k*opts.RanksPerNode)
@@ -180,6 +199,9 @@ func runScaleJob(opts ScaleOptions, k int) (p ScalePoint, err error) {
 	if err := os.Mkdir(j.runDir, 0o700); err != nil {
 		return p, err
 	}
+	if err := os.Mkdir(filepath.Join(j.dir, "handshake"), 0o700); err != nil {
+		return p, err
+	}
 	defer j.close()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -211,13 +233,17 @@ func runScaleJob(opts ScaleOptions, k int) (p ScalePoint, err error) {
 	p.OpenSeconds = time.Since(t0).Seconds()
 	fmt.Fprintf(pr, "open %.2fs ", p.OpenSeconds)
 
-	infos, err := j.infos()
-	if err != nil {
-		return p, err
-	}
-	coord := slices.IndexFunc(infos, func(in wire.AgentInfo) bool { return in.Coordinator })
-	if coord < 0 {
-		return p, errors.New("no agent says it is the coordinator")
+	// With a handshake directory the agent of rank 0 becomes the
+	// coordinator when rank 0 says hello: it is node 0's.
+	coord := 0
+	if j.opts.Meet != "handshake" {
+		infos, err := j.infos()
+		if err != nil {
+			return p, err
+		}
+		if coord = slices.IndexFunc(infos, func(in wire.AgentInfo) bool { return in.Coordinator }); coord < 0 {
+			return p, errors.New("no agent says it is the coordinator")
+		}
 	}
 	// The reader and the node whose agent restarts: neither the
 	// coordinator's node nor each other.
@@ -228,9 +254,11 @@ func runScaleJob(opts ScaleOptions, k int) (p ScalePoint, err error) {
 	}
 
 	// The variable read from, then the timed rounds.
+	t1 := time.Now()
 	if err := j.all(scaleCmd{Op: "add", Name: "data"}); err != nil {
 		return p, err
 	}
+	p.FirstAddSeconds = time.Since(t1).Seconds()
 	var adds, frees []float64
 	var addDelta, freeDelta [4]int
 	for r := range opts.Rounds {
@@ -269,11 +297,17 @@ func runScaleJob(opts ScaleOptions, k int) (p ScalePoint, err error) {
 	p.CoordAddMsgsOut, p.CoordAddBytesOut = float64(addDelta[2])/n, float64(addDelta[3])/n
 	p.CoordFreeMsgs = float64(freeDelta[0]+freeDelta[2]) / n
 	p.CoordFreeBytes = float64(freeDelta[1]+freeDelta[3]) / n
-	fmt.Fprintf(pr, "add %.3fs free %.3fs ", p.AddSeconds, p.FreeSeconds)
+	fmt.Fprintf(pr, "first add %.3fs add %.3fs free %.3fs ", p.FirstAddSeconds, p.AddSeconds, p.FreeSeconds)
 
+	cpu0 := j.cpu(reader)
 	r, err := j.read(reader, opts.Duration, 1)
 	if err != nil {
 		return p, err
+	}
+	cpu1 := j.cpu(reader)
+	if r.Batches > 0 {
+		per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(r.Batches) }
+		p.ReadAgentCPUus, p.ReadClientCPUus, p.ReadOwnersCPUus = per(cpu1[0]-cpu0[0]), per(cpu1[1]-cpu0[1]), per(cpu1[2]-cpu0[2])
 	}
 	if r.Errors > 0 {
 		return p, fmt.Errorf("node %s: %d of its batches failed: %s", j.node(reader), r.Errors, r.FirstErr)
@@ -283,7 +317,8 @@ func runScaleJob(opts ScaleOptions, k int) (p ScalePoint, err error) {
 	p.ReadP50us, p.ReadP99us = Percentile(r.BatchesUs, 50), Percentile(r.BatchesUs, 99)
 	fmt.Fprintf(pr, "read %.0f rows/s p99 %.0fµs ", p.ReadRowsPerSec, p.ReadP99us)
 
-	if infos, err = j.infos(); err != nil {
+	infos, err := j.infos()
+	if err != nil {
 		return p, err
 	}
 	var rss []int64
@@ -370,8 +405,13 @@ func (j *scaleJob) restartRead(p *ScalePoint, reader, victim int) error {
 }
 
 func (j *scaleJob) startAgent(i int) (*exec.Cmd, error) {
-	cmd := j.opts.Command(nil, "agent", "--namespace", j.ns, "--node", j.node(i), "--run-dir", j.runDir,
-		"--rendezvous", j.rdv, "--peer-listen", "127.0.0.1:0", "--timeout", "10s")
+	meet := []string{"--rendezvous", j.rdv}
+	if j.opts.Meet == "handshake" {
+		meet = []string{"--handshake-dir", filepath.Join(j.dir, "handshake")}
+	}
+	args := append([]string{"agent", "--namespace", j.ns, "--node", j.node(i), "--run-dir", j.runDir,
+		"--peer-listen", "127.0.0.1:0", "--timeout", "10s"}, meet...)
+	cmd := j.opts.Command(nil, args...)
 	f, err := os.OpenFile(filepath.Join(j.dir, j.node(i)+".agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
@@ -537,6 +577,45 @@ func waitOrKill(cmd *exec.Cmd, d time.Duration) {
 	}
 }
 
+// cpu is the CPU time so far of the reader's agent, of its node helper,
+// and of every other agent together.
+func (j *scaleJob) cpu(reader int) [3]time.Duration {
+	var c [3]time.Duration
+	for i, a := range j.agents {
+		if i == reader {
+			c[0] = procCPU(a.Process.Pid)
+		} else {
+			c[2] += procCPU(a.Process.Pid)
+		}
+	}
+	c[1] = procCPU(j.nodes[reader].cmd.Process.Pid)
+	return c
+}
+
+// procCPU is a process's user and system time, 0 if unknown.
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command's name, which may hold spaces.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / clockTicks
+}
+
+// clockTicks is USER_HZ, the unit of /proc/PID/stat's times: 100 on every
+// Linux architecture Go runs on.
+const clockTicks = 100
+
 // procRSS is a process's resident memory, 0 if unknown.
 func procRSS(pid int) int64 {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
@@ -582,16 +661,17 @@ func toInt64(xs []int) []int64 {
 
 // WriteTable prints the report as one table, a row per job size.
 func (r *ScaleReport) WriteTable(w io.Writer) error {
-	fmt.Fprintf(w, "ddstore bench scale: agents as processes on loopback, %d ranks per node, %d rows of %s per node, GetBatch of %d rows of the other nodes by one rank, %s per figure, %d CPUs, %s, %s\n\n",
-		r.RanksPerNode, r.RowsPerNode, sizeName(r.RowBytes), r.Batch, r.Duration, r.CPUs, r.Go, r.Date)
-	t := NewTable("K", "R", "open s", "add s", "free s", "coord msgs in/out per add", "coord KB out per add", "coord MiB", "agent MiB",
-		"coord gor", "agent gor", "coord conns", "agent conns", "reader conns", "table KB", "read Mrows/s", "p99 ms", "restart Mrows/s", "p99 ms", "failed", "failing s", "load")
+	fmt.Fprintf(w, "ddstore bench scale: agents as processes on loopback meeting by %s, %d ranks per node, %d rows of %s per node, GetBatch of %d rows of the other nodes by one rank, %s per figure, %d CPUs, %s, %s\n\n",
+		r.Meet, r.RanksPerNode, r.RowsPerNode, sizeName(r.RowBytes), r.Batch, r.Duration, r.CPUs, r.Go, r.Date)
+	t := NewTable("K", "R", "open s", "1st add s", "add s", "free s", "coord msgs in/out per add", "coord KB out per add", "coord MiB", "agent MiB",
+		"coord gor", "agent gor", "coord conns", "agent conns", "reader conns", "table KB", "read Mrows/s", "p99 ms", "cpu µs/batch agent+client+owners", "restart Mrows/s", "p99 ms", "failed", "failing s", "load")
 	for _, p := range r.Points {
-		t.Row(fmt.Sprint(p.Nodes), fmt.Sprint(p.Ranks), fmt.Sprintf("%.2f", p.OpenSeconds), fmt.Sprintf("%.3f", p.AddSeconds), fmt.Sprintf("%.3f", p.FreeSeconds),
+		t.Row(fmt.Sprint(p.Nodes), fmt.Sprint(p.Ranks), fmt.Sprintf("%.2f", p.OpenSeconds), fmt.Sprintf("%.3f", p.FirstAddSeconds), fmt.Sprintf("%.3f", p.AddSeconds), fmt.Sprintf("%.3f", p.FreeSeconds),
 			fmt.Sprintf("%.0f/%.0f", p.CoordAddMsgsIn, p.CoordAddMsgsOut), fmt.Sprintf("%.1f", p.CoordAddBytesOut/1e3),
 			fmt.Sprintf("%.1f", float64(p.CoordRSS)/(1<<20)), fmt.Sprintf("%.1f", float64(p.AgentRSS)/(1<<20)),
 			fmt.Sprint(p.CoordGoroutines), fmt.Sprint(p.AgentGoroutines), fmt.Sprint(p.CoordConns), fmt.Sprint(p.AgentConns), fmt.Sprint(p.ReaderConns),
 			fmt.Sprintf("%.1f", float64(p.TableBytes)/1e3), fmt.Sprintf("%.3f", p.ReadRowsPerSec/1e6), fmt.Sprintf("%.2f", p.ReadP99us/1e3),
+			fmt.Sprintf("%.0f+%.0f+%.0f", p.ReadAgentCPUus, p.ReadClientCPUus, p.ReadOwnersCPUus),
 			fmt.Sprintf("%.3f", p.RestartRowsPerSec/1e6), fmt.Sprintf("%.2f", p.RestartP99us/1e3), fmt.Sprint(p.RestartErrors), fmt.Sprintf("%.2f", p.RestartFailedSeconds), p.Load)
 	}
 	return t.Write(w)

@@ -41,13 +41,27 @@ func TestScaleDriver(t *testing.T) {
 	if len(rep.Points) != 2 {
 		t.Fatalf("%d points, want 2", len(rep.Points))
 	}
-	for _, p := range rep.Points {
+	// The same job meeting through a handshake directory.
+	hs := opts
+	hs.Nodes, hs.Meet, hs.Restart = []int{3}, "handshake", false
+	rep2, err := bench.RunScale(hs)
+	if err != nil {
+		t.Fatalf("RunScale with a handshake directory: %v\n%s", err, progress.String())
+	}
+	if rep2.Meet != "handshake" || len(rep2.Points) != 1 {
+		t.Fatalf("handshake run: meet %q, %d points", rep2.Meet, len(rep2.Points))
+	}
+	for _, p := range append(rep.Points, rep2.Points...) {
 		k, rpn := p.Nodes, opts.RanksPerNode
 		if p.Ranks != k*rpn {
 			t.Errorf("K=%d: %d ranks, want %d", k, p.Ranks, k*rpn)
 		}
-		if p.OpenSeconds <= 0 || p.AddSeconds <= 0 || p.FreeSeconds <= 0 || len(p.AddAll) != opts.Rounds {
-			t.Errorf("K=%d: open %v s, add %v s (%d rounds), free %v s: want all measured", k, p.OpenSeconds, p.AddSeconds, len(p.AddAll), p.FreeSeconds)
+		if p.OpenSeconds <= 0 || p.FirstAddSeconds <= 0 || p.AddSeconds <= 0 || p.FreeSeconds <= 0 || len(p.AddAll) != opts.Rounds {
+			t.Errorf("K=%d: open %v s, first add %v s, add %v s (%d rounds), free %v s: want all measured",
+				k, p.OpenSeconds, p.FirstAddSeconds, p.AddSeconds, len(p.AddAll), p.FreeSeconds)
+		}
+		if p.ReadAgentCPUus <= 0 || p.ReadOwnersCPUus <= 0 {
+			t.Errorf("K=%d: CPU per batch of the reading agent %v µs, of the owners %v µs: want both > 0", k, p.ReadAgentCPUus, p.ReadOwnersCPUus)
 		}
 		// Every rank off the coordinator's node publishes once per round,
 		// and each gets an answer.
@@ -68,12 +82,14 @@ func TestScaleDriver(t *testing.T) {
 		if p.ReadRowsPerSec <= 0 || p.ReadP99us < p.ReadP50us || p.ReadP50us <= 0 {
 			t.Errorf("K=%d: read %v rows/s, p50 %v µs, p99 %v µs", k, p.ReadRowsPerSec, p.ReadP50us, p.ReadP99us)
 		}
-		if k >= 3 && p.RestartBatches == 0 {
-			t.Errorf("K=%d: no batch read across the restart", k)
-		}
 		if p.Load == "" {
 			t.Errorf("K=%d: no load average", k)
 		}
+	}
+	// Reads went on across the restart of a node's agent (on 3 nodes: on
+	// 2, the only other node is the coordinator's).
+	if p := rep.Points[1]; p.RestartBatches == 0 || p.RestartRowsPerSec <= 0 || p.RestartUpSeconds <= 0 {
+		t.Errorf("K=3: %d batches (%v rows/s) read across the restart, agent up again in %v s", p.RestartBatches, p.RestartRowsPerSec, p.RestartUpSeconds)
 	}
 	if a, b := rep.Points[0].TableBytes, rep.Points[1].TableBytes; a <= 0 || b <= a {
 		t.Errorf("table bytes %d at 2 nodes, %d at 3: want > 0 and growing", a, b)

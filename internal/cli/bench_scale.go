@@ -36,6 +36,7 @@ func runBenchScale(args []string, stdout, stderr io.Writer) error {
 	rounds := fs.Int("rounds", 5, "Add/Free rounds timed per job")
 	dur := fs.Duration("duration", 2*time.Second, "time per GetBatch figure")
 	restart := fs.Bool("restart", true, "also read while one node's agent is killed and started again")
+	meet := fs.String("meet", "rendezvous", "how the agents find the coordinator: rendezvous (one address) or handshake (a handshake directory)")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of the table")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -54,7 +55,7 @@ func runBenchScale(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	opts.RanksPerNode, opts.RowsPerNode, opts.RowBytes, opts.Batch = *rpn, *rows, int(rb), *batch
-	opts.Rounds, opts.Duration, opts.Restart = *rounds, *dur, *restart
+	opts.Rounds, opts.Duration, opts.Restart, opts.Meet = *rounds, *dur, *restart, *meet
 	exe, err := os.Executable()
 	if err != nil {
 		return err

@@ -75,6 +75,13 @@ const (
 	OpPeerOffsets Op = 43
 	// OpPeerBarrier hands a rank's Barrier to the coordinator.
 	OpPeerBarrier Op = 44
+	// OpPeerRound hands a rank's shard to the coordinator, as
+	// PeerPublish, but answers with the table only to one request per
+	// node, and to most nodes with where to fetch it (PeerTable): the
+	// coordinator sends a round's table a few times, not once per rank.
+	OpPeerRound Op = 45
+	// OpPeerTable asks any agent for the table of a variable it holds.
+	OpPeerTable Op = 46
 )
 
 var opNames = map[Op]string{
@@ -83,7 +90,7 @@ var opNames = map[Op]string{
 	OpInfo: "info", OpPrefetch: "prefetch", OpJoin: "join", OpPeerPublish: "peer-publish", OpPeerLookup: "peer-lookup",
 	OpFetch: "fetch", OpPeerFree: "peer-free", OpPeerNodes: "peer-nodes", OpPeerInfo: "peer-info",
 	OpPeerDrop: "peer-drop", OpPeerWindow: "peer-window", OpPeerOffsets: "peer-offsets",
-	OpBarrier: "barrier", OpPeerBarrier: "peer-barrier",
+	OpBarrier: "barrier", OpPeerBarrier: "peer-barrier", OpPeerRound: "peer-round", OpPeerTable: "peer-table",
 }
 
 func (o Op) String() string {

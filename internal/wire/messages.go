@@ -152,6 +152,85 @@ func DecodeShard(b []byte) (m Shard, err error) {
 	return m, d.Done()
 }
 
+// What a Round asks back.
+const (
+	// RoundAck: the round's outcome only (no error: the variable exists);
+	// another request of the same node gets the table.
+	RoundAck uint8 = 0
+	// RoundTable: the table, or the node to fetch it from.
+	RoundTable uint8 = 1
+)
+
+// Round is a PeerRound request: what the reply is to carry (RoundAck,
+// RoundTable) and one rank's shard (node set), as in PeerPublish.
+type Round struct {
+	Shard Shard
+	Want  uint8
+}
+
+func (m *Round) Encode(e *Encoder) { e.U8(m.Want); m.Shard.Encode(e) }
+
+// DecodeRound reads a Round: the byte Want, then a Shard.
+func DecodeRound(b []byte) (m Round, err error) {
+	if len(b) < 1 {
+		return m, protoErr("round request of %d bytes", len(b))
+	}
+	m.Want = b[0]
+	if m.Want > RoundTable {
+		return m, protoErr("round request wants %d, want 0 or 1", m.Want)
+	}
+	m.Shard, err = DecodeShard(b[1:])
+	return m, err
+}
+
+// RoundReply kinds.
+const (
+	RoundReplyAck   uint8 = 0 // the round succeeded; nothing else
+	RoundReplyTable uint8 = 1 // the table follows
+	RoundReplyRelay uint8 = 2 // fetch table ID from Node at Addr (PeerTable)
+)
+
+// RoundReply answers a PeerRound: an acknowledgement, the table (without
+// paths), or the node that has it or soon will (its own round's reply).
+type RoundReply struct {
+	Kind       uint8
+	Table      Table
+	Node, Addr string
+	ID         int64
+}
+
+func (m *RoundReply) Encode(e *Encoder) {
+	e.U8(m.Kind)
+	switch m.Kind {
+	case RoundReplyTable:
+		m.Table.Encode(e)
+	case RoundReplyRelay:
+		e.String(m.Node)
+		e.String(m.Addr)
+		e.I64(m.ID)
+	}
+}
+
+func DecodeRoundReply(b []byte) (m RoundReply, err error) {
+	if len(b) < 1 {
+		return m, protoErr("round reply of %d bytes", len(b))
+	}
+	m.Kind = b[0]
+	switch m.Kind {
+	case RoundReplyAck:
+		d := NewDecoder(b[1:])
+		return m, d.Done()
+	case RoundReplyTable:
+		m.Table, err = DecodeTable(b[1:])
+		return m, err
+	case RoundReplyRelay:
+		d := NewDecoder(b[1:])
+		m.Node, m.Addr, m.ID = d.String(), d.String(), d.I64()
+		return m, d.Done()
+	}
+	return m, protoErr("round reply of kind %d, want 0, 1 or 2", m.Kind)
+}
+
 // Path is a reply holding one file path (Create).
 type Path struct{ Path string }
 

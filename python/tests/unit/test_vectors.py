@@ -57,6 +57,13 @@ def _body(message, f):
         return e.string(f["name"]).i64(f["id"]).i64s(np.array(f["globals"], dtype=np.int64))
     if message == "PeerOffsets":  # peer protocol, likewise
         return e.string(f["name"]).i64(f["id"], f["rank"], f["first"], f["count"])
+    if message == "Round":  # peer protocol, likewise: what is wanted back, then a Shard
+        e.u8(f["want"])
+        return _wire.shard(e, f["name"], f["node"], f["rank"], f["size"], f["rows"], f["disp"], f["itemsize"],
+                           f["timeout_ms"], f["attempt"], f["failed"], f["dtype"], f["backing"], f["total"],
+                           f["kind"], f["items"], f["shape"])
+    if message == "Drop":  # peer protocol, likewise (PeerDrop, PeerTable)
+        return e.string(f["name"]).i64(f["id"])
     assert message is None, message
     return e  # Info: empty body
 
