@@ -71,6 +71,14 @@ type ScalePoint struct {
 	AddSeconds  float64   `json:"add_s"`
 	FreeSeconds float64   `json:"free_s"`
 	AddAll      []float64 `json:"add_all_s"`
+	// CPU time per Add round, in ms: of the coordinator's agent, of the
+	// other agents together, and of the node helpers (the ranks)
+	// together; the same of the coordinator in the first Add and per Free.
+	AddCoordCPUms      float64 `json:"add_coord_cpu_ms"`
+	AddAgentsCPUms     float64 `json:"add_agents_cpu_ms"`
+	AddRanksCPUms      float64 `json:"add_ranks_cpu_ms"`
+	FirstAddCoordCPUms float64 `json:"first_add_coord_cpu_ms"`
+	FreeCoordCPUms     float64 `json:"free_coord_cpu_ms"`
 	// The coordinator's messages and bytes per Add round and per Free
 	// round, in and out (agent counters coord_*).
 	CoordAddMsgsIn   float64 `json:"coord_add_msgs_in"`
@@ -255,10 +263,14 @@ func runScaleJob(opts ScaleOptions, k int) (p ScalePoint, err error) {
 
 	// The variable read from, then the timed rounds.
 	t1 := time.Now()
+	c0 := j.roundCPU(coord)
 	if err := j.all(scaleCmd{Op: "add", Name: "data"}); err != nil {
 		return p, err
 	}
 	p.FirstAddSeconds = time.Since(t1).Seconds()
+	p.FirstAddCoordCPUms = ms(j.roundCPU(coord)[0] - c0[0])
+	var addCPU [3]time.Duration
+	var freeCPU time.Duration
 	var adds, frees []float64
 	var addDelta, freeDelta [4]int
 	for r := range opts.Rounds {
@@ -268,10 +280,15 @@ func runScaleJob(opts ScaleOptions, k int) (p ScalePoint, err error) {
 			return p, err
 		}
 		t := time.Now()
+		c0 := j.roundCPU(coord)
 		if err := j.all(scaleCmd{Op: "add", Name: name}); err != nil {
 			return p, err
 		}
 		adds = append(adds, time.Since(t).Seconds())
+		c1 := j.roundCPU(coord)
+		for i := range c1 {
+			addCPU[i] += c1[i] - c0[i]
+		}
 		mid, err := j.coordCounters(coord)
 		if err != nil {
 			return p, err
@@ -281,6 +298,7 @@ func runScaleJob(opts ScaleOptions, k int) (p ScalePoint, err error) {
 			return p, err
 		}
 		frees = append(frees, time.Since(t).Seconds())
+		freeCPU += j.roundCPU(coord)[0] - c1[0]
 		after, err := j.coordCounters(coord)
 		if err != nil {
 			return p, err
@@ -291,6 +309,8 @@ func runScaleJob(opts ScaleOptions, k int) (p ScalePoint, err error) {
 		}
 	}
 	n := float64(opts.Rounds)
+	p.AddCoordCPUms, p.AddAgentsCPUms, p.AddRanksCPUms = ms(addCPU[0])/n, ms(addCPU[1])/n, ms(addCPU[2])/n
+	p.FreeCoordCPUms = ms(freeCPU) / n
 	p.AddAll = adds
 	p.AddSeconds, p.FreeSeconds = Median(adds), Median(frees)
 	p.CoordAddMsgsIn, p.CoordAddBytesIn = float64(addDelta[0])/n, float64(addDelta[1])/n
@@ -592,6 +612,25 @@ func (j *scaleJob) cpu(reader int) [3]time.Duration {
 	return c
 }
 
+// roundCPU is the CPU time so far of the coordinator's agent, of the
+// other agents together and of the node helpers together.
+func (j *scaleJob) roundCPU(coord int) [3]time.Duration {
+	var c [3]time.Duration
+	for i, a := range j.agents {
+		if i == coord {
+			c[0] = procCPU(a.Process.Pid)
+		} else {
+			c[1] += procCPU(a.Process.Pid)
+		}
+	}
+	for _, n := range j.nodes {
+		c[2] += procCPU(n.cmd.Process.Pid)
+	}
+	return c
+}
+
+func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
+
 // procCPU is a process's user and system time, 0 if unknown.
 func procCPU(pid int) time.Duration {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
@@ -663,10 +702,11 @@ func toInt64(xs []int) []int64 {
 func (r *ScaleReport) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "ddstore bench scale: agents as processes on loopback meeting by %s, %d ranks per node, %d rows of %s per node, GetBatch of %d rows of the other nodes by one rank, %s per figure, %d CPUs, %s, %s\n\n",
 		r.Meet, r.RanksPerNode, r.RowsPerNode, sizeName(r.RowBytes), r.Batch, r.Duration, r.CPUs, r.Go, r.Date)
-	t := NewTable("K", "R", "open s", "1st add s", "add s", "free s", "coord msgs in/out per add", "coord KB out per add", "coord MiB", "agent MiB",
+	t := NewTable("K", "R", "open s", "1st add s", "add s", "free s", "cpu ms/add coord+agents+ranks", "coord msgs in/out per add", "coord KB out per add", "coord MiB", "agent MiB",
 		"coord gor", "agent gor", "coord conns", "agent conns", "reader conns", "table KB", "read Mrows/s", "p99 ms", "cpu µs/batch agent+client+owners", "restart Mrows/s", "p99 ms", "failed", "failing s", "load")
 	for _, p := range r.Points {
 		t.Row(fmt.Sprint(p.Nodes), fmt.Sprint(p.Ranks), fmt.Sprintf("%.2f", p.OpenSeconds), fmt.Sprintf("%.3f", p.FirstAddSeconds), fmt.Sprintf("%.3f", p.AddSeconds), fmt.Sprintf("%.3f", p.FreeSeconds),
+			fmt.Sprintf("%.0f+%.0f+%.0f", p.AddCoordCPUms, p.AddAgentsCPUms, p.AddRanksCPUms),
 			fmt.Sprintf("%.0f/%.0f", p.CoordAddMsgsIn, p.CoordAddMsgsOut), fmt.Sprintf("%.1f", p.CoordAddBytesOut/1e3),
 			fmt.Sprintf("%.1f", float64(p.CoordRSS)/(1<<20)), fmt.Sprintf("%.1f", float64(p.AgentRSS)/(1<<20)),
 			fmt.Sprint(p.CoordGoroutines), fmt.Sprint(p.AgentGoroutines), fmt.Sprint(p.CoordConns), fmt.Sprint(p.AgentConns), fmt.Sprint(p.ReaderConns),
