@@ -189,6 +189,9 @@ func vectorFrames(t *testing.T) obj {
 	roundFields["want"] = int(round.Want)
 	relay := wire.RoundReply{Kind: wire.RoundReplyRelay, Node: "n3", Addr: "10.0.0.3:7000", ID: 5}
 	peerTable := wire.Drop{Name: "x", ID: 5}
+	other := peerShard
+	other.Rank = 0
+	shards := wire.Shards{Shards: []wire.Shard{peerShard, other}}
 	frames := []vectorFrame{
 		helloFrame("hello", 1, wire.Hello{Namespace: "ns", Node: "n1", Rank: 0, Size: 2, LocalRank: 0, LocalSize: 2, Pid: 4242}),
 		// A reader that holds no shard says rank -1; a name of multi-byte
@@ -245,6 +248,9 @@ func vectorFrames(t *testing.T) obj {
 		{name: "peer_round_relay_reply", op: wire.OpPeerRound, id: 3, reply: true, message: "RoundReply",
 			fields: obj{"kind": int(relay.Kind), "node": relay.Node, "addr": relay.Addr, "id": relay.ID},
 			encode: relay.Encode, decode: func(b []byte) (any, error) { return wire.DecodeRoundReply(b) }, value: relay},
+		// The node's other ranks' shards, in one batch.
+		{name: "peer_shards", op: wire.OpPeerShards, id: 5, message: "Shards", fields: obj{"shards": []obj{vShard(peerShard), vShard(other)}},
+			encode: shards.Encode, decode: func(b []byte) (any, error) { return wire.DecodeShards(b) }, value: shards},
 		{name: "peer_table", op: wire.OpPeerTable, id: 4, message: "Drop", fields: obj{"name": peerTable.Name, "id": peerTable.ID},
 			encode: peerTable.Encode, decode: func(b []byte) (any, error) { return wire.DecodeDrop(b) }, value: peerTable},
 	}

@@ -157,8 +157,10 @@ type Agent struct {
 	manifestMu sync.Mutex // first of the agent's; lock order: internal/LOCKS.md
 	// saves batches the saves asked for at once (persist.go).
 	saves manifestSaves
-	// leads: the node's rank that brings each round's table (coordRound).
-	leads roundLeads
+	// leads: the node's rank that brings each round's table; outbox: the
+	// other ranks' shards on their way to the coordinator (coordRound).
+	leads  roundLeads
+	outbox outbox
 
 	// inflight counts client requests being served; once draining is set
 	// (a stop), sessions take no new ones and the stop waits for these.

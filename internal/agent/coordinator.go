@@ -134,6 +134,48 @@ func (c *coordinator) publishRound(ctx context.Context, sh wire.Shard, tree bool
 	return r.Table, r.relay, r.Err
 }
 
+// submit adds shards to their rounds without waiting for the rounds: the
+// node's ranks other than the one whose PeerRound waits for each round
+// (and brings its table). It returns per shard nil (recorded, or its
+// round complete) or the error its round failed with. A shard recorded
+// in a round that never completes is expired at its deadline, as a
+// waiting request would be (the round fails for every rank).
+func (c *coordinator) submit(shards []wire.Shard, timeout func(wire.Shard) time.Duration) []error {
+	errs := make([]error, len(shards))
+	now := time.Now()
+	var reqs []uint64
+	var longest time.Duration
+	c.mu.Lock()
+	for i, sh := range shards {
+		c.mu.next++
+		req := c.mu.next
+		c.mu.waiting[req] = &waiter{ch: make(chan reply, 1)} // its reply is nobody's
+		d := timeout(sh)
+		replies := c.mu.core.Publish(now, req, sh, now.Add(d))
+		for _, r := range replies {
+			if r.Req == req && r.Err != nil {
+				errs[i] = r.Err
+			}
+		}
+		c.deliverLocked(replies)
+		if _, waits := c.mu.waiting[req]; waits {
+			reqs = append(reqs, req)
+			longest = max(longest, d)
+		}
+	}
+	c.mu.Unlock()
+	if len(reqs) > 0 {
+		time.AfterFunc(longest, func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			for _, req := range reqs {
+				c.deliverLocked(c.mu.core.Expire(time.Now(), req))
+			}
+		})
+	}
+	return errs
+}
+
 // barrier adds one rank's arrival at a fence and waits until every rank of
 // it has come, the ranks disagree (an error for all), or timeout has
 // passed or ctx ended (the fence fails with ErrTimeout for every rank).
@@ -337,11 +379,12 @@ func (a *Agent) coordPublish(ctx context.Context, m wire.Shard) (*wire.Table, er
 }
 
 // roundLeads are the rounds in which a rank of this node waits for the
-// coordinator's table (PeerRound with wire.RoundTable): the node's other
-// ranks of the round ask for no table and take the one it brings.
+// coordinator's table (PeerRound): the node's other ranks of the round
+// hand their shards over in batches (PeerShards) and take the table, or
+// the error, that it brings.
 type roundLeads struct {
 	mu sync.Mutex // a leaf (lock order: internal/LOCKS.md)
-	m  map[roundLead]chan struct{}
+	m  map[roundLead]*lead
 }
 
 type roundLead struct {
@@ -349,34 +392,44 @@ type roundLead struct {
 	attempt int64
 }
 
-// lead makes the caller the rank of this node that brings round k's table,
-// unless one does already; done (the leader's: the table is set on the
-// variable, or it failed) closes the channel the others wait on.
-func (l *roundLeads) lead(k roundLead) (leader bool, led <-chan struct{}, done func()) {
+// lead is one round's leading request on this node: done is closed once
+// it has set the table on the variable, or failed with err.
+type lead struct {
+	done chan struct{}
+	err  error // set before done is closed
+}
+
+// lead makes the caller the rank of this node that brings round k's
+// table, unless one does already; finish (the leader's) records its error
+// and releases the others.
+func (l *roundLeads) lead(k roundLead) (leader bool, ld *lead, finish func(error)) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if ch, ok := l.m[k]; ok {
-		return false, ch, func() {}
+	if ld, ok := l.m[k]; ok {
+		return false, ld, func(error) {}
 	}
 	if l.m == nil {
-		l.m = make(map[roundLead]chan struct{})
+		l.m = make(map[roundLead]*lead)
 	}
-	ch := make(chan struct{})
-	l.m[k] = ch
-	return true, ch, func() {
+	ld = &lead{done: make(chan struct{})}
+	l.m[k] = ld
+	return true, ld, func(err error) {
 		l.mu.Lock()
 		delete(l.m, k)
 		l.mu.Unlock()
-		close(ch)
+		ld.err = err
+		close(ld.done)
 	}
 }
 
 // coordRound hands a rank's shard of v to the coordinator and waits for
 // its round's table, which the caller sets on v. On the coordinator's
-// node it is coordPublish. Elsewhere (PeerRound) only the node's first rank of a
-// round asks for the table; the coordinator gives it to a few nodes and
-// tells the others which node to fetch it from (PeerTable), so that it
-// sends a round's table a bounded number of times, not once per rank
+// node it is coordPublish. Elsewhere only the node's first rank of a
+// round sends its shard with PeerRound, which waits for the round and
+// brings the table — or the node to fetch it from: the coordinator
+// passes a round's table on along a tree of nodes (PeerTable); the
+// node's other ranks hand their shards over in batches (PeerShards,
+// answered at once) and take the table from v, or the leader's error
 // (docs/design.md, Publish rounds at scale).
 func (a *Agent) coordRound(ctx context.Context, v *variable, m wire.Shard) (*wire.Table, error) {
 	addr, err := a.coordinatorAddr(ctx)
@@ -386,12 +439,43 @@ func (a *Agent) coordRound(ctx context.Context, v *variable, m wire.Shard) (*wir
 	if addr == "" {
 		return a.coord.Load().publish(ctx, m, a.roundTimeout(m))
 	}
-	leader, led, done := a.leads.lead(roundLead{m.Name, m.Attempt})
-	defer done()
-	r := wire.Round{Shard: m, Want: wire.RoundAck}
-	if leader {
-		r.Want = wire.RoundTable
+	leader, ld, finish := a.leads.lead(roundLead{m.Name, m.Attempt})
+	if !leader {
+		if err := a.outbox.submit(ctx, a, addr, m); err != nil {
+			return nil, err
+		}
+		select {
+		case <-ld.done:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: variable %q: waiting for the table another rank of node %q fetches: %w", base.ErrTimeout, m.Name, a.cfg.Node, ctx.Err())
+		}
+		if ld.err != nil {
+			return nil, ld.err
+		}
+		v.mu.RLock()
+		t := v.table
+		v.mu.RUnlock()
+		if t == nil { // the leader's table did not fit this node (setTable failed): the caller says why
+			return a.coordTable(ctx, addr, m.Name, 0)
+		}
+		return t, nil
 	}
+	t, err := a.leadRound(ctx, addr, m)
+	if err == nil {
+		// Before finish: the node's other ranks take it from v. An error
+		// is the caller's to report (setTable gives it again).
+		v.mu.Lock()
+		v.setTable(a, t)
+		v.mu.Unlock()
+	}
+	finish(err)
+	return t, err
+}
+
+// leadRound sends the leader's shard (PeerRound) and returns the round's
+// table: in the reply, or from the node it names.
+func (a *Agent) leadRound(ctx context.Context, addr string, m wire.Shard) (*wire.Table, error) {
+	r := wire.Round{Shard: m, Want: wire.RoundTable}
 	body, err := a.pool.Call(ctx, addr, wire.OpPeerRound, r.Encode)
 	if err != nil {
 		return nil, err
@@ -400,38 +484,99 @@ func (a *Agent) coordRound(ctx context.Context, v *variable, m wire.Shard) (*wir
 	if err != nil {
 		return nil, err
 	}
-	var t *wire.Table
 	switch rep.Kind {
 	case wire.RoundReplyTable:
-		t = &rep.Table
+		return &rep.Table, nil
 	case wire.RoundReplyRelay:
-		t, err = a.relayedTable(ctx, addr, m.Name, rep)
-	default: // the leader brings the table
-		select {
-		case <-led:
-		case <-ctx.Done():
-			return nil, fmt.Errorf("%w: variable %q: waiting for the table another rank of node %q fetches: %w", base.ErrTimeout, m.Name, a.cfg.Node, ctx.Err())
+		return a.relayedTable(ctx, addr, m.Name, rep)
+	}
+	// Only a request that wants no table is answered so.
+	return a.coordTable(ctx, addr, m.Name, 0)
+}
+
+// outbox batches the shards of this node's ranks that wait for another
+// rank's PeerRound: one PeerShards request at a time carries every shard
+// that came while the previous one was on its way, so a node of many
+// ranks sends few messages per round.
+type outbox struct {
+	mu      sync.Mutex // a leaf (lock order: internal/LOCKS.md)
+	queue   []*outShard
+	sending bool
+}
+
+type outShard struct {
+	sh   wire.Shard
+	addr string
+	done chan error // one slot: the coordinator's answer
+}
+
+// submit queues sh for the coordinator at addr and returns its answer.
+func (o *outbox) submit(ctx context.Context, a *Agent, addr string, sh wire.Shard) error {
+	p := &outShard{sh: sh, addr: addr, done: make(chan error, 1)}
+	o.mu.Lock()
+	o.queue = append(o.queue, p)
+	start := !o.sending
+	o.sending = true
+	o.mu.Unlock()
+	if start {
+		a.go_(func() { o.send(a) })
+	}
+	select {
+	case err := <-p.done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("%w: variable %q: handing rank %d's shard to the coordinator: %w", base.ErrTimeout, sh.Name, sh.Rank, ctx.Err())
+	}
+}
+
+// send sends what is queued, a batch per coordinator address at a time,
+// until the queue is empty.
+func (o *outbox) send(a *Agent) {
+	for {
+		o.mu.Lock()
+		batch := o.queue
+		o.queue = nil
+		if len(batch) == 0 {
+			o.sending = false
+			o.mu.Unlock()
+			return
 		}
-		v.mu.RLock()
-		t = v.table
-		v.mu.RUnlock()
-		if t == nil {
-			// The round succeeded but the leader did not get the table
-			// (its connection failed): the coordinator keeps every table.
-			t, err = a.coordTable(ctx, addr, m.Name, 0)
+		o.mu.Unlock()
+		// The coordinator is one address; a batch queued across a change
+		// of coordinator goes to each address its shards name.
+		for len(batch) > 0 {
+			addr := batch[0].addr
+			var now, later []*outShard
+			for _, p := range batch {
+				if p.addr == addr {
+					now = append(now, p)
+				} else {
+					later = append(later, p)
+				}
+			}
+			batch = later
+			m := wire.Shards{Shards: make([]wire.Shard, len(now))}
+			for i, p := range now {
+				m.Shards[i] = p.sh
+			}
+			ctx, cancel := context.WithTimeout(a.ctx, a.cfg.Timeout)
+			body, err := a.pool.Call(ctx, addr, wire.OpPeerShards, m.Encode)
+			cancel()
+			var res wire.ShardResults
+			if err == nil {
+				if res, err = wire.DecodeShardResults(body); err == nil && len(res.Errs) != len(now) {
+					err = base.Errorf(base.ErrProtocol, "coordinator answered %d of %d shards", len(res.Errs), len(now))
+				}
+			}
+			for i, p := range now {
+				if err != nil {
+					p.done <- err
+				} else {
+					p.done <- res.Errs[i]
+				}
+			}
 		}
 	}
-	if err != nil {
-		return nil, err
-	}
-	if leader {
-		// Before done: the node's other ranks take it from v. An error
-		// is the caller's to report (setTable gives it again).
-		v.mu.Lock()
-		v.setTable(a, t)
-		v.mu.Unlock()
-	}
-	return t, nil
 }
 
 // relayedTable fetches a round's table from the node the coordinator
@@ -525,7 +670,7 @@ func (a *Agent) coordBarrier(ctx context.Context, m wire.Barrier) error {
 // isCoordinatorOp says whether only the coordinator answers op.
 func isCoordinatorOp(op wire.Op) bool {
 	switch op {
-	case wire.OpJoin, wire.OpPeerPublish, wire.OpPeerRound, wire.OpPeerLookup, wire.OpPeerFree, wire.OpPeerNodes, wire.OpPeerBarrier:
+	case wire.OpJoin, wire.OpPeerPublish, wire.OpPeerRound, wire.OpPeerShards, wire.OpPeerLookup, wire.OpPeerFree, wire.OpPeerNodes, wire.OpPeerBarrier:
 		return true
 	}
 	return false
@@ -583,6 +728,13 @@ func (a *Agent) coordinatorOp(ctx context.Context, op wire.Op, body []byte) (fun
 			rep = wire.RoundReply{Kind: wire.RoundReplyTable, Table: *t}
 		}
 		return rep.Encode, nil
+	case wire.OpPeerShards:
+		m, err := wire.DecodeShards(body)
+		if err != nil {
+			return nil, err
+		}
+		res := wire.ShardResults{Errs: c.submit(m.Shards, a.roundTimeout)}
+		return res.Encode, nil
 	case wire.OpPeerBarrier:
 		m, err := wire.DecodeBarrier(body)
 		if err != nil {

@@ -63,10 +63,10 @@ func TestScaleDriver(t *testing.T) {
 		if p.ReadAgentCPUus <= 0 || p.ReadOwnersCPUus <= 0 {
 			t.Errorf("K=%d: CPU per batch of the reading agent %v µs, of the owners %v µs: want both > 0", k, p.ReadAgentCPUus, p.ReadOwnersCPUus)
 		}
-		// Every rank off the coordinator's node publishes once per round,
-		// and each gets an answer.
-		if want := float64((k - 1) * rpn); p.CoordAddMsgsIn != want || p.CoordAddMsgsOut != want {
-			t.Errorf("K=%d: coordinator messages per Add %v in, %v out; want %v each", k, p.CoordAddMsgsIn, p.CoordAddMsgsOut, want)
+		// Every node off the coordinator's sends its leading rank's shard
+		// and its other ranks' in one batch or more; each is answered.
+		if lo, hi := float64(k-1), float64((k-1)*rpn); p.CoordAddMsgsIn < lo || p.CoordAddMsgsIn > hi || p.CoordAddMsgsOut != p.CoordAddMsgsIn {
+			t.Errorf("K=%d: coordinator messages per Add %v in, %v out; want as many out as in, %v to %v", k, p.CoordAddMsgsIn, p.CoordAddMsgsOut, lo, hi)
 		}
 		if p.CoordAddBytesIn <= 0 || p.CoordAddBytesOut <= 0 || p.CoordFreeMsgs <= 0 || p.CoordFreeBytes <= 0 {
 			t.Errorf("K=%d: coordinator bytes per Add %v in, %v out, per Free %v messages, %v bytes: want all > 0",

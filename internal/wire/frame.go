@@ -82,6 +82,10 @@ const (
 	OpPeerRound Op = 45
 	// OpPeerTable asks any agent for the table of a variable it holds.
 	OpPeerTable Op = 46
+	// OpPeerShards hands the coordinator shards of several ranks of one
+	// node at once, answered as soon as they are recorded: the node's
+	// ranks but one of each round (whose PeerRound waits for the round).
+	OpPeerShards Op = 47
 )
 
 var opNames = map[Op]string{
@@ -91,6 +95,7 @@ var opNames = map[Op]string{
 	OpFetch: "fetch", OpPeerFree: "peer-free", OpPeerNodes: "peer-nodes", OpPeerInfo: "peer-info",
 	OpPeerDrop: "peer-drop", OpPeerWindow: "peer-window", OpPeerOffsets: "peer-offsets",
 	OpBarrier: "barrier", OpPeerBarrier: "peer-barrier", OpPeerRound: "peer-round", OpPeerTable: "peer-table",
+	OpPeerShards: "peer-shards",
 }
 
 func (o Op) String() string {

@@ -148,6 +148,10 @@ func FuzzDecodeJoin(f *testing.F)       { fuzzCodec(f, joinSamples, DecodeJoin) 
 func FuzzDecodeDrop(f *testing.F)       { fuzzCodec(f, dropSamples, DecodeDrop) }
 func FuzzDecodeRound(f *testing.F)      { fuzzCodec(f, roundSamples, DecodeRound) }
 func FuzzDecodeRoundReply(f *testing.F) { fuzzCodec(f, roundReplySamples, DecodeRoundReply) }
+func FuzzDecodeShards(f *testing.F)     { fuzzCodec(f, shardsSamples, DecodeShards) }
+func FuzzDecodeShardResults(f *testing.F) {
+	fuzzCodec(f, shardResultsSamples, DecodeShardResults)
+}
 func FuzzDecodeWindow(f *testing.F)     { fuzzCodec(f, windowSamples, DecodeWindow) }
 func FuzzDecodePeerWindow(f *testing.F) { fuzzCodec(f, peerWindowSamples, DecodePeerWindow) }
 func FuzzDecodePeerNodes(f *testing.F)  { fuzzCodec(f, peerNodesSamples, DecodePeerNodes) }

@@ -1,6 +1,10 @@
 package wire
 
-import "math"
+import (
+	"math"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+)
 
 // Messages are the bodies of frames. Each has Encode, appending its fields,
 // and a Decode function that reads them and rejects anything else.
@@ -132,6 +136,14 @@ func (m *Shard) Encode(e *Encoder) {
 
 func DecodeShard(b []byte) (m Shard, err error) {
 	d := NewDecoder(b)
+	if m, err = decodeShard(d); err != nil {
+		return m, err
+	}
+	return m, d.Done()
+}
+
+// decodeShard reads one Shard from d; the caller checks what follows.
+func decodeShard(d *Decoder) (m Shard, err error) {
 	m.Name, m.Node = d.String(), d.String()
 	m.Rank, m.Size, m.Rows, m.Disp, m.ItemSize, m.TimeoutMs = d.I64(), d.I64(), d.I64(), d.I64(), d.I64(), d.I64()
 	m.Attempt = d.I64()
@@ -149,7 +161,7 @@ func DecodeShard(b []byte) (m Shard, err error) {
 	if d.err == nil && (m.Kind > KindRagged || len(m.Shape) > MaxShape) {
 		return m, protoErr("shard of %q: kind %d with %d trailing dimensions", m.Name, m.Kind, len(m.Shape))
 	}
-	return m, d.Done()
+	return m, d.Err()
 }
 
 // What a Round asks back.
@@ -181,6 +193,81 @@ func DecodeRound(b []byte) (m Round, err error) {
 	}
 	m.Shard, err = DecodeShard(b[1:])
 	return m, err
+}
+
+// Shards is a PeerShards request: shards of several ranks of one node,
+// each as in PeerPublish (node set), possibly of several rounds.
+type Shards struct{ Shards []Shard }
+
+// minShardBytes is the least a Shard takes on the wire: a bound on the
+// count a decoder believes.
+const minShardBytes = 2 + 2 + 7*8 + 1 + 2 + 4 + 8 + 1 + 8 + 4
+
+func (m *Shards) Encode(e *Encoder) {
+	e.U32(uint32(len(m.Shards)))
+	for i := range m.Shards {
+		m.Shards[i].Encode(e)
+	}
+}
+
+func DecodeShards(b []byte) (m Shards, err error) {
+	d := NewDecoder(b)
+	n := d.U32()
+	if d.err == nil && int64(n) > int64(len(b))/minShardBytes {
+		return m, protoErr("%d shards in %d bytes", n, len(b))
+	}
+	m.Shards = make([]Shard, 0, n)
+	for range n {
+		sh, err := decodeShard(d)
+		if err != nil {
+			return m, err
+		}
+		m.Shards = append(m.Shards, sh)
+	}
+	return m, d.Done()
+}
+
+// ShardResults answers PeerShards: per shard, in order, nil (recorded in
+// its round) or the error its round failed with.
+type ShardResults struct{ Errs []error }
+
+func (m *ShardResults) Encode(e *Encoder) {
+	e.U32(uint32(len(m.Errs)))
+	for _, err := range m.Errs {
+		if err == nil {
+			e.U16(0)
+			e.String32("")
+			continue
+		}
+		e.U16(base.Code(err))
+		e.String32(err.Error())
+	}
+}
+
+func DecodeShardResults(b []byte) (m ShardResults, err error) {
+	d := NewDecoder(b)
+	n := d.U32()
+	if d.err == nil && int64(n) > int64(len(b))/6 {
+		return m, protoErr("%d shard results in %d bytes", n, len(b))
+	}
+	m.Errs = make([]error, 0, n)
+	for range n {
+		code, text := d.U16(), d.String32()
+		if d.err != nil {
+			break
+		}
+		var err error
+		switch {
+		case code == 0 && text != "":
+			return m, protoErr("shard result of status 0 with a message")
+		case code != 0:
+			if err = base.FromCode(code, text); base.Code(err) != code {
+				return m, protoErr("shard result of unknown status %d", code)
+			}
+		}
+		m.Errs = append(m.Errs, err)
+	}
+	return m, d.Done()
 }
 
 // RoundReply kinds.

@@ -165,6 +165,17 @@ var (
 		{Kind: RoundReplyTable, Table: tableSamples[1]},
 		{Kind: RoundReplyRelay, Node: "n7", Addr: "10.0.0.7:4000", ID: 9},
 	}
+	shardsSamples = []Shards{
+		{},
+		{Shards: []Shard{{Name: "features", Node: "n0", Rank: 1, Size: 4, Rows: 1000, Disp: 3, ItemSize: 4, TimeoutMs: 30000}}},
+		{Shards: []Shard{{Name: "a", Node: "n1", Rank: 2, Size: 8, Rows: 1, Disp: 1, ItemSize: 1, Attempt: 1},
+			{Name: "positions", Node: "n1", Rank: 3, Size: 8, Rows: 3, Disp: 3, ItemSize: 4, Dtype: "float32", Kind: KindRagged, Items: 41, Shape: []int64{3}}}},
+	}
+	shardResultsSamples = []ShardResults{
+		{},
+		{Errs: []error{nil}},
+		{Errs: []error{nil, base.FromCode(base.Code(base.ErrGeometry), `variable "a": rank 3 says disp 2, rank 0 says 1`), nil}},
+	}
 	dropSamples = []Drop{
 		{},
 		{Name: "x", ID: 7},
@@ -282,6 +293,8 @@ func TestMessageRoundTrip(t *testing.T) {
 	t.Run("Join", func(t *testing.T) { testCodec(t, joinSamples, DecodeJoin) })
 	t.Run("Drop", func(t *testing.T) { testCodec(t, dropSamples, DecodeDrop) })
 	t.Run("Round", func(t *testing.T) { testCodec(t, roundSamples, DecodeRound) })
+	t.Run("Shards", func(t *testing.T) { testCodec(t, shardsSamples, DecodeShards) })
+	t.Run("ShardResults", func(t *testing.T) { testCodec(t, shardResultsSamples, DecodeShardResults) })
 	t.Run("RoundReply", func(t *testing.T) { testCodec(t, roundReplySamples, DecodeRoundReply) })
 	t.Run("Fetch", func(t *testing.T) { testCodec(t, fetchSamples, decodeFetch) })
 	t.Run("Window", func(t *testing.T) { testCodec(t, windowSamples, DecodeWindow) })

@@ -62,6 +62,13 @@ def _body(message, f):
         return _wire.shard(e, f["name"], f["node"], f["rank"], f["size"], f["rows"], f["disp"], f["itemsize"],
                            f["timeout_ms"], f["attempt"], f["failed"], f["dtype"], f["backing"], f["total"],
                            f["kind"], f["items"], f["shape"])
+    if message == "Shards":  # peer protocol, likewise: a count, then each Shard
+        e.u32(len(f["shards"]))
+        for s in f["shards"]:
+            _wire.shard(e, s["name"], s["node"], s["rank"], s["size"], s["rows"], s["disp"], s["itemsize"],
+                        s["timeout_ms"], s["attempt"], s["failed"], s["dtype"], s["backing"], s["total"],
+                        s["kind"], s["items"], s["shape"])
+        return e
     if message == "Drop":  # peer protocol, likewise (PeerDrop, PeerTable)
         return e.string(f["name"]).i64(f["id"])
     assert message is None, message
