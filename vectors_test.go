@@ -192,6 +192,7 @@ func vectorFrames(t *testing.T) obj {
 	other := peerShard
 	other.Rank = 0
 	shards := wire.Shards{Shards: []wire.Shard{peerShard, other}}
+	frees := wire.Names{Names: []wire.Name{{Name: "x", Node: "n1", Rank: 1}, {Name: "x", Node: "n1", Rank: 0}}}
 	frames := []vectorFrame{
 		helloFrame("hello", 1, wire.Hello{Namespace: "ns", Node: "n1", Rank: 0, Size: 2, LocalRank: 0, LocalSize: 2, Pid: 4242}),
 		// A reader that holds no shard says rank -1; a name of multi-byte
@@ -251,6 +252,8 @@ func vectorFrames(t *testing.T) obj {
 		// The node's other ranks' shards, in one batch.
 		{name: "peer_shards", op: wire.OpPeerShards, id: 5, message: "Shards", fields: obj{"shards": []obj{vShard(peerShard), vShard(other)}},
 			encode: shards.Encode, decode: func(b []byte) (any, error) { return wire.DecodeShards(b) }, value: shards},
+		{name: "peer_frees", op: wire.OpPeerFrees, id: 6, message: "Names", fields: obj{"names": []obj{vName(frees.Names[0]), vName(frees.Names[1])}},
+			encode: frees.Encode, decode: func(b []byte) (any, error) { return wire.DecodeNames(b) }, value: frees},
 		{name: "peer_table", op: wire.OpPeerTable, id: 4, message: "Drop", fields: obj{"name": peerTable.Name, "id": peerTable.ID},
 			encode: peerTable.Encode, decode: func(b []byte) (any, error) { return wire.DecodeDrop(b) }, value: peerTable},
 	}

@@ -157,10 +157,12 @@ type Agent struct {
 	manifestMu sync.Mutex // first of the agent's; lock order: internal/LOCKS.md
 	// saves batches the saves asked for at once (persist.go).
 	saves manifestSaves
-	// leads: the node's rank that brings each round's table; outbox: the
-	// other ranks' shards on their way to the coordinator (coordRound).
-	leads  roundLeads
-	outbox outbox
+	// leads: the node's rank that brings each round's table; shardBatch:
+	// the other ranks' shards on their way to the coordinator (coordRound);
+	// freeBatch: the ranks' frees.
+	leads      roundLeads
+	shardBatch batcher[wire.Shard]
+	freeBatch  batcher[wire.Name]
 
 	// inflight counts client requests being served; once draining is set
 	// (a stop), sessions take no new ones and the stop waits for these.
@@ -268,6 +270,7 @@ func (a *Agent) start() error {
 	// The peer pool and the transport go before re-adoption, which
 	// exposes the adopted shards in the MPI window.
 	a.pool = transport.NewPool(transport.Options{ConnsPerPeer: cfg.ConnsPerPeer, Timeout: cfg.Timeout, Key: a.peerKey})
+	a.initBatchers()
 	if err := a.startTransport(); err != nil {
 		return err
 	}

@@ -441,8 +441,8 @@ func (a *Agent) coordRound(ctx context.Context, v *variable, m wire.Shard) (*wir
 	}
 	leader, ld, finish := a.leads.lead(roundLead{m.Name, m.Attempt})
 	if !leader {
-		if err := a.outbox.submit(ctx, a, addr, m); err != nil {
-			return nil, err
+		if err := a.shardBatch.submit(ctx, a, addr, m); err != nil {
+			return nil, fmt.Errorf("variable %q: rank %d's shard: %w", m.Name, m.Rank, err)
 		}
 		select {
 		case <-ld.done:
@@ -494,59 +494,60 @@ func (a *Agent) leadRound(ctx context.Context, addr string, m wire.Shard) (*wire
 	return a.coordTable(ctx, addr, m.Name, 0)
 }
 
-// outbox batches the shards of this node's ranks that wait for another
-// rank's PeerRound: one PeerShards request at a time carries every shard
-// that came while the previous one was on its way, so a node of many
-// ranks sends few messages per round.
-type outbox struct {
+// batcher sends this node's ranks' requests to the coordinator in
+// batches: one request at a time carries every item that came while the
+// previous one was on its way, so a node of many ranks sends few
+// messages per round. The shards of ranks that wait for another rank's
+// PeerRound go so (PeerShards), and the ranks' frees (PeerFrees).
+type batcher[T any] struct {
 	mu      sync.Mutex // a leaf (lock order: internal/LOCKS.md)
-	queue   []*outShard
+	queue   []*batchItem[T]
 	sending bool
+	// send sends one batch to addr and returns each item's error.
+	send func(ctx context.Context, addr string, items []T) []error
 }
 
-type outShard struct {
-	sh   wire.Shard
+type batchItem[T any] struct {
+	v    T
 	addr string
 	done chan error // one slot: the coordinator's answer
 }
 
-// submit queues sh for the coordinator at addr and returns its answer.
-func (o *outbox) submit(ctx context.Context, a *Agent, addr string, sh wire.Shard) error {
-	p := &outShard{sh: sh, addr: addr, done: make(chan error, 1)}
-	o.mu.Lock()
-	o.queue = append(o.queue, p)
-	start := !o.sending
-	o.sending = true
-	o.mu.Unlock()
+// submit queues v for the coordinator at addr and returns its answer.
+func (b *batcher[T]) submit(ctx context.Context, a *Agent, addr string, v T) error {
+	p := &batchItem[T]{v: v, addr: addr, done: make(chan error, 1)}
+	b.mu.Lock()
+	b.queue = append(b.queue, p)
+	start := !b.sending
+	b.sending = true
+	b.mu.Unlock()
 	if start {
-		a.go_(func() { o.send(a) })
+		a.go_(func() { b.run(a) })
 	}
 	select {
 	case err := <-p.done:
 		return err
 	case <-ctx.Done():
-		return fmt.Errorf("%w: variable %q: handing rank %d's shard to the coordinator: %w", base.ErrTimeout, sh.Name, sh.Rank, ctx.Err())
+		return fmt.Errorf("%w: waiting for the coordinator's answer: %w", base.ErrTimeout, ctx.Err())
 	}
 }
 
-// send sends what is queued, a batch per coordinator address at a time,
-// until the queue is empty.
-func (o *outbox) send(a *Agent) {
+// run sends what is queued until the queue is empty, a batch per
+// coordinator address (one, unless the coordinator changed meanwhile).
+func (b *batcher[T]) run(a *Agent) {
 	for {
-		o.mu.Lock()
-		batch := o.queue
-		o.queue = nil
+		b.mu.Lock()
+		batch := b.queue
+		b.queue = nil
 		if len(batch) == 0 {
-			o.sending = false
-			o.mu.Unlock()
+			b.sending = false
+			b.mu.Unlock()
 			return
 		}
-		o.mu.Unlock()
-		// The coordinator is one address; a batch queued across a change
-		// of coordinator goes to each address its shards name.
+		b.mu.Unlock()
 		for len(batch) > 0 {
 			addr := batch[0].addr
-			var now, later []*outShard
+			var now, later []*batchItem[T]
 			for _, p := range batch {
 				if p.addr == addr {
 					now = append(now, p)
@@ -555,27 +556,52 @@ func (o *outbox) send(a *Agent) {
 				}
 			}
 			batch = later
-			m := wire.Shards{Shards: make([]wire.Shard, len(now))}
+			items := make([]T, len(now))
 			for i, p := range now {
-				m.Shards[i] = p.sh
+				items[i] = p.v
 			}
-			ctx, cancel := context.WithTimeout(a.ctx, a.cfg.Timeout)
-			body, err := a.pool.Call(ctx, addr, wire.OpPeerShards, m.Encode)
+			// A free that completes a variable waits for its drop on every
+			// node, each bounded by the timeout.
+			ctx, cancel := context.WithTimeout(a.ctx, 2*a.cfg.Timeout)
+			errs := b.send(ctx, addr, items)
 			cancel()
-			var res wire.ShardResults
-			if err == nil {
-				if res, err = wire.DecodeShardResults(body); err == nil && len(res.Errs) != len(now) {
-					err = base.Errorf(base.ErrProtocol, "coordinator answered %d of %d shards", len(res.Errs), len(now))
-				}
-			}
 			for i, p := range now {
-				if err != nil {
-					p.done <- err
-				} else {
-					p.done <- res.Errs[i]
-				}
+				p.done <- errs[i]
 			}
 		}
+	}
+}
+
+// callBatch sends one batch request and returns each item's result: the
+// request's error for all when it failed as a whole.
+func (a *Agent) callBatch(ctx context.Context, addr string, op wire.Op, fill func(*wire.Encoder), n int) []error {
+	errs := make([]error, n)
+	body, err := a.pool.Call(ctx, addr, op, fill)
+	var res wire.Results
+	if err == nil {
+		if res, err = wire.DecodeResults(body); err == nil && len(res.Errs) != n {
+			err = base.Errorf(base.ErrProtocol, "coordinator answered %d of %d items of a %s", len(res.Errs), n, op)
+		}
+	}
+	for i := range errs {
+		if err != nil {
+			errs[i] = err
+		} else {
+			errs[i] = res.Errs[i]
+		}
+	}
+	return errs
+}
+
+// initBatchers sets what the agent's batchers send.
+func (a *Agent) initBatchers() {
+	a.shardBatch.send = func(ctx context.Context, addr string, items []wire.Shard) []error {
+		m := wire.Shards{Shards: items}
+		return a.callBatch(ctx, addr, wire.OpPeerShards, m.Encode, len(items))
+	}
+	a.freeBatch.send = func(ctx context.Context, addr string, items []wire.Name) []error {
+		m := wire.Names{Names: items}
+		return a.callBatch(ctx, addr, wire.OpPeerFrees, m.Encode, len(items))
 	}
 }
 
@@ -670,7 +696,7 @@ func (a *Agent) coordBarrier(ctx context.Context, m wire.Barrier) error {
 // isCoordinatorOp says whether only the coordinator answers op.
 func isCoordinatorOp(op wire.Op) bool {
 	switch op {
-	case wire.OpJoin, wire.OpPeerPublish, wire.OpPeerRound, wire.OpPeerShards, wire.OpPeerLookup, wire.OpPeerFree, wire.OpPeerNodes, wire.OpPeerBarrier:
+	case wire.OpJoin, wire.OpPeerPublish, wire.OpPeerRound, wire.OpPeerShards, wire.OpPeerFrees, wire.OpPeerLookup, wire.OpPeerFree, wire.OpPeerNodes, wire.OpPeerBarrier:
 		return true
 	}
 	return false
@@ -733,7 +759,20 @@ func (a *Agent) coordinatorOp(ctx context.Context, op wire.Op, body []byte) (fun
 		if err != nil {
 			return nil, err
 		}
-		res := wire.ShardResults{Errs: c.submit(m.Shards, a.roundTimeout)}
+		res := wire.Results{Errs: c.submit(m.Shards, a.roundTimeout)}
+		return res.Encode, nil
+	case wire.OpPeerFrees:
+		m, err := wire.DecodeNames(body)
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range m.Names {
+			if t := c.free(n.Name, n.Rank); t != nil {
+				a.dropEverywhere(t)
+			}
+		}
+		a.saveManifest()
+		res := wire.Results{Errs: make([]error, len(m.Names))}
 		return res.Encode, nil
 	case wire.OpPeerBarrier:
 		m, err := wire.DecodeBarrier(body)

@@ -635,9 +635,12 @@ func (a *Agent) free(ctx context.Context, name string, rank int) error {
 		a.saveManifest()
 		return nil
 	}
+	// With the node's other ranks' frees (PeerFrees).
 	m := wire.Name{Name: name, Node: a.cfg.Node, Rank: int64(rank)}
-	_, err = a.pool.Call(ctx, addr, wire.OpPeerFree, m.Encode)
-	return err
+	if err := a.freeBatch.submit(ctx, a, addr, m); err != nil {
+		return fmt.Errorf("variable %q: rank %d's free: %w", name, rank, err)
+	}
+	return nil
 }
 
 // dropEverywhere tells every node of a freed variable to drop its shards,

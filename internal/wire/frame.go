@@ -86,6 +86,9 @@ const (
 	// node at once, answered as soon as they are recorded: the node's
 	// ranks but one of each round (whose PeerRound waits for the round).
 	OpPeerShards Op = 47
+	// OpPeerFrees hands the coordinator the frees of several ranks of
+	// one node at once (each as PeerFree).
+	OpPeerFrees Op = 48
 )
 
 var opNames = map[Op]string{
@@ -95,7 +98,7 @@ var opNames = map[Op]string{
 	OpFetch: "fetch", OpPeerFree: "peer-free", OpPeerNodes: "peer-nodes", OpPeerInfo: "peer-info",
 	OpPeerDrop: "peer-drop", OpPeerWindow: "peer-window", OpPeerOffsets: "peer-offsets",
 	OpBarrier: "barrier", OpPeerBarrier: "peer-barrier", OpPeerRound: "peer-round", OpPeerTable: "peer-table",
-	OpPeerShards: "peer-shards",
+	OpPeerShards: "peer-shards", OpPeerFrees: "peer-frees",
 }
 
 func (o Op) String() string {

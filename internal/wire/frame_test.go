@@ -437,8 +437,8 @@ func TestOpString(t *testing.T) {
 		{OpPeerNodes, "peer-nodes"}, {OpPeerInfo, "peer-info"}, {OpPeerDrop, "peer-drop"},
 		{OpAuth, "auth"}, {OpAuthProof, "auth-proof"}, {OpPeerAuth, "peer-auth"}, {OpPeerAuthProof, "peer-auth-proof"},
 		{OpPeerWindow, "peer-window"}, {OpPeerOffsets, "peer-offsets"}, {OpBarrier, "barrier"}, {OpPeerBarrier, "peer-barrier"},
-		{OpPeerRound, "peer-round"}, {OpPeerTable, "peer-table"}, {OpPeerShards, "peer-shards"},
-		{Op(0), "op0"}, {Op(14), "op14"}, {Op(31), "op31"}, {Op(48), "op48"},
+		{OpPeerRound, "peer-round"}, {OpPeerTable, "peer-table"}, {OpPeerShards, "peer-shards"}, {OpPeerFrees, "peer-frees"},
+		{Op(0), "op0"}, {Op(14), "op14"}, {Op(31), "op31"}, {Op(49), "op49"},
 		{Op(100), "op100"}, {Op(255), "op255"},
 	} {
 		if got := c.op.String(); got != c.want {

@@ -149,8 +149,9 @@ func FuzzDecodeDrop(f *testing.F)       { fuzzCodec(f, dropSamples, DecodeDrop) 
 func FuzzDecodeRound(f *testing.F)      { fuzzCodec(f, roundSamples, DecodeRound) }
 func FuzzDecodeRoundReply(f *testing.F) { fuzzCodec(f, roundReplySamples, DecodeRoundReply) }
 func FuzzDecodeShards(f *testing.F)     { fuzzCodec(f, shardsSamples, DecodeShards) }
-func FuzzDecodeShardResults(f *testing.F) {
-	fuzzCodec(f, shardResultsSamples, DecodeShardResults)
+func FuzzDecodeNames(f *testing.F)      { fuzzCodec(f, namesSamples, DecodeNames) }
+func FuzzDecodeResults(f *testing.F) {
+	fuzzCodec(f, resultsSamples, DecodeResults)
 }
 func FuzzDecodeWindow(f *testing.F)     { fuzzCodec(f, windowSamples, DecodeWindow) }
 func FuzzDecodePeerWindow(f *testing.F) { fuzzCodec(f, peerWindowSamples, DecodePeerWindow) }

@@ -227,11 +227,39 @@ func DecodeShards(b []byte) (m Shards, err error) {
 	return m, d.Done()
 }
 
-// ShardResults answers PeerShards: per shard, in order, nil (recorded in
-// its round) or the error its round failed with.
-type ShardResults struct{ Errs []error }
+// Results answers a batch (PeerShards, PeerFrees): per item, in order,
+// nil or the error it failed with.
+type Results struct{ Errs []error }
 
-func (m *ShardResults) Encode(e *Encoder) {
+// Names is a PeerFrees request: the frees of several ranks of one node,
+// each as in PeerFree (name, node, rank).
+type Names struct{ Names []Name }
+
+func (m *Names) Encode(e *Encoder) {
+	e.U32(uint32(len(m.Names)))
+	for i := range m.Names {
+		m.Names[i].Encode(e)
+	}
+}
+
+func DecodeNames(b []byte) (m Names, err error) {
+	d := NewDecoder(b)
+	n := d.U32()
+	if d.err == nil && int64(n) > int64(len(b))/12 { // a Name: two Strings and an i64
+		return m, protoErr("%d names in %d bytes", n, len(b))
+	}
+	m.Names = make([]Name, 0, n)
+	for range n {
+		x := Name{Name: d.String(), Node: d.String(), Rank: d.I64()}
+		if d.err != nil {
+			break
+		}
+		m.Names = append(m.Names, x)
+	}
+	return m, d.Done()
+}
+
+func (m *Results) Encode(e *Encoder) {
 	e.U32(uint32(len(m.Errs)))
 	for _, err := range m.Errs {
 		if err == nil {
@@ -244,11 +272,11 @@ func (m *ShardResults) Encode(e *Encoder) {
 	}
 }
 
-func DecodeShardResults(b []byte) (m ShardResults, err error) {
+func DecodeResults(b []byte) (m Results, err error) {
 	d := NewDecoder(b)
 	n := d.U32()
 	if d.err == nil && int64(n) > int64(len(b))/6 {
-		return m, protoErr("%d shard results in %d bytes", n, len(b))
+		return m, protoErr("%d results in %d bytes", n, len(b))
 	}
 	m.Errs = make([]error, 0, n)
 	for range n {
@@ -259,10 +287,10 @@ func DecodeShardResults(b []byte) (m ShardResults, err error) {
 		var err error
 		switch {
 		case code == 0 && text != "":
-			return m, protoErr("shard result of status 0 with a message")
+			return m, protoErr("result of status 0 with a message")
 		case code != 0:
 			if err = base.FromCode(code, text); base.Code(err) != code {
-				return m, protoErr("shard result of unknown status %d", code)
+				return m, protoErr("result of unknown status %d", code)
 			}
 		}
 		m.Errs = append(m.Errs, err)

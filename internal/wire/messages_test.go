@@ -171,7 +171,12 @@ var (
 		{Shards: []Shard{{Name: "a", Node: "n1", Rank: 2, Size: 8, Rows: 1, Disp: 1, ItemSize: 1, Attempt: 1},
 			{Name: "positions", Node: "n1", Rank: 3, Size: 8, Rows: 3, Disp: 3, ItemSize: 4, Dtype: "float32", Kind: KindRagged, Items: 41, Shape: []int64{3}}}},
 	}
-	shardResultsSamples = []ShardResults{
+	namesSamples = []Names{
+		{},
+		{Names: []Name{{Name: "x", Node: "n1", Rank: 3}}},
+		{Names: []Name{{Name: "a", Node: "n1", Rank: 2}, {Name: "変数", Node: "n1", Rank: math.MaxInt64}}},
+	}
+	resultsSamples = []Results{
 		{},
 		{Errs: []error{nil}},
 		{Errs: []error{nil, base.FromCode(base.Code(base.ErrGeometry), `variable "a": rank 3 says disp 2, rank 0 says 1`), nil}},
@@ -294,7 +299,8 @@ func TestMessageRoundTrip(t *testing.T) {
 	t.Run("Drop", func(t *testing.T) { testCodec(t, dropSamples, DecodeDrop) })
 	t.Run("Round", func(t *testing.T) { testCodec(t, roundSamples, DecodeRound) })
 	t.Run("Shards", func(t *testing.T) { testCodec(t, shardsSamples, DecodeShards) })
-	t.Run("ShardResults", func(t *testing.T) { testCodec(t, shardResultsSamples, DecodeShardResults) })
+	t.Run("Results", func(t *testing.T) { testCodec(t, resultsSamples, DecodeResults) })
+	t.Run("Names", func(t *testing.T) { testCodec(t, namesSamples, DecodeNames) })
 	t.Run("RoundReply", func(t *testing.T) { testCodec(t, roundReplySamples, DecodeRoundReply) })
 	t.Run("Fetch", func(t *testing.T) { testCodec(t, fetchSamples, decodeFetch) })
 	t.Run("Window", func(t *testing.T) { testCodec(t, windowSamples, DecodeWindow) })

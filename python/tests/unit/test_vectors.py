@@ -69,6 +69,11 @@ def _body(message, f):
                         s["timeout_ms"], s["attempt"], s["failed"], s["dtype"], s["backing"], s["total"],
                         s["kind"], s["items"], s["shape"])
         return e
+    if message == "Names":  # peer protocol, likewise: a count, then each Name
+        e.u32(len(f["names"]))
+        for n in f["names"]:
+            e.string(n["name"]).string(n["node"]).i64(n["rank"])
+        return e
     if message == "Drop":  # peer protocol, likewise (PeerDrop, PeerTable)
         return e.string(f["name"]).i64(f["id"])
     assert message is None, message
