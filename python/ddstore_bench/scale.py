@@ -114,7 +114,7 @@ def fit_reads(points, batch, key="read_rows_per_s"):
     return coef, model
 
 
-def plot(out, name, title, ks, ys, model, unit, scale, rpn, label):
+def plot(out, name, title, ks, ys, model, unit, scale, rpn, label, before=None):
     import numpy as np
     import matplotlib
     matplotlib.use("Agg")
@@ -123,6 +123,11 @@ def plot(out, name, title, ks, ys, model, unit, scale, rpn, label):
     grid = np.unique(np.geomspace(2, KMAX, 200).round())
     ax.plot(grid, model(grid) * scale, "-", color="tab:blue", label=f"model: {label}")
     ax.plot(ks, np.asarray(ys) * scale, "o", color="tab:red", label="measured (this machine)")
+    if before:
+        bk = [p["nodes"] for p in before if p.get(name)]
+        if bk:
+            ax.plot(bk, np.asarray([p[name] for p in before if p.get(name)]) * scale, "x", color="grey",
+                    label="measured before the fixes (same run)")
     ax.axvline(max(ks), color="grey", lw=0.6, ls=":")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -135,7 +140,7 @@ def plot(out, name, title, ks, ys, model, unit, scale, rpn, label):
     plt.close(fig)
 
 
-def analyse(rep, out):
+def analyse(rep, out, before=None):
     points = [p for p in rep["points"]]
     rpn = rep["ranks_per_node"]
     batch = rep["batch"]
@@ -155,7 +160,7 @@ def analyse(rep, out):
         if target and a and b:
             ok = " ✓" if b / a <= target * 1.15 else " ✗"  # 15%: the noise of one run on a loaded machine
         label = f"{c * scale:.3g}·K^{a_exp:.2f}"
-        plot(out, key, title, ks, ys, model, unit, scale, rpn, label)
+        plot(out, key, title, ks, ys, model, unit, scale, rpn, label, before)
         u = f" {unit}" if unit else ""
         lines.append(f"| {title} | {label}{u} | {order(a_exp)} | {pred:.3g}{u} | {ratio} | {what}{ok} |")
         rows.append({"cost": key, "c": c, "exponent": a_exp, "log_rms": err, "at_1024": pred / scale,
@@ -168,7 +173,7 @@ def analyse(rep, out):
         kk = [p["nodes"] for p in points if p.get(key)]
         ys = [p[key] for p in points if p.get(key)]
         label = f"{batch}/({coef[0] * 1e6:.0f} µs + {coef[1] * 1e6:.1f} µs·f(K))"
-        plot(out, key, title, kk, ys, model, "Mrows/s", 1e-6, rpn, label)
+        plot(out, key, title, kk, ys, model, "Mrows/s", 1e-6, rpn, label, before)
         a2, b = at(points, key, 2), at(points, key, 128)
         ratio = f"{b / a2:.2f}× of K=2" if a2 and b else "—"
         ok = ""
@@ -237,6 +242,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="directory for scale.json, model.md and the PNGs")
     ap.add_argument("--replot", action="store_true", help="fit and plot OUT/scale.json again, measure nothing")
+    ap.add_argument("--before", help="a scale.json of an earlier build, plotted beside (grey crosses)")
     ap.add_argument("--args", default="", help="flags for ddstore bench scale, e.g. '--nodes 2,4,8 --duration 1s'")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
@@ -249,7 +255,11 @@ def main(argv=None):
             f.write(res.stdout)
     with open(path) as f:
         rep = json.load(f)
-    analyse(rep, a.out)
+    before = None
+    if a.before:
+        with open(a.before) as f:
+            before = json.load(f)["points"]
+    analyse(rep, a.out, before)
 
 
 if __name__ == "__main__":
