@@ -631,8 +631,36 @@ func (j *scaleJob) roundCPU(coord int) [3]time.Duration {
 
 func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
 
-// procCPU is a process's user and system time, 0 if unknown.
+// procCPU is a process's CPU time: the sum of its threads' run time
+// (/proc/PID/task/*/schedstat, in ns), else its user and system time in
+// clock ticks (/proc/PID/stat, 10 ms: coarse for a round of a few ms); 0
+// if unknown.
 func procCPU(pid int) time.Duration {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	var sum int64
+	n := 0
+	for _, t := range tasks {
+		b, err := os.ReadFile(t)
+		if err != nil {
+			continue // the thread ended
+		}
+		f := strings.Fields(string(b))
+		if len(f) == 0 {
+			continue
+		}
+		if ns, err := strconv.ParseInt(f[0], 10, 64); err == nil {
+			sum += ns
+			n++
+		}
+	}
+	if n > 0 {
+		return time.Duration(sum)
+	}
+	return procTicks(pid)
+}
+
+// procTicks is a process's user and system time from /proc/PID/stat.
+func procTicks(pid int) time.Duration {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0
