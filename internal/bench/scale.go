@@ -14,11 +14,13 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -27,6 +29,10 @@ import (
 	"github.com/ddstore-go/ddstore/internal/naming"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
+
+// scaleChildEnv is set in the environment of every process the driver
+// starts: a driver started there refuses to run.
+const scaleChildEnv = "DDSTORE_SCALE_CHILD"
 
 // ScaleOptions size a scale run.
 type ScaleOptions struct {
@@ -48,6 +54,8 @@ type ScaleOptions struct {
 	// with ScaleNodeEnv set).
 	Command  func(env []string, args ...string) *exec.Cmd
 	Progress io.Writer
+
+	started func(*scaleJob) // RunScale's: the job a signal stops
 }
 
 // DefaultScaleOptions: 8 ranks per node, 2,048 rows of 4 KiB per node.
@@ -140,6 +148,11 @@ type ScaleReport struct {
 
 // RunScale runs one job per K in opts.Nodes, one after the other.
 func RunScale(opts ScaleOptions) (*ScaleReport, error) {
+	if os.Getenv(scaleChildEnv) != "" {
+		// A Command that runs the driver again instead of what it was
+		// asked would start jobs without end.
+		return nil, fmt.Errorf("bench: scale: this process is an agent or a node of a scale driver's job (%s is set): it starts no job of its own", scaleChildEnv)
+	}
 	if opts.RanksPerNode < 1 || opts.RowsPerNode < int64(opts.RanksPerNode) || opts.RowsPerNode%int64(opts.RanksPerNode) != 0 ||
 		opts.RowBytes < 8 || opts.Batch < 1 || opts.Rounds < 1 || opts.Command == nil {
 		return nil, fmt.Errorf("bench: scale: %d ranks per node, %d rows per node, rows of %d bytes, batch %d, %d rounds: want ranks ≥ 1, rows a multiple of the ranks, rows ≥ 8 bytes, batch and rounds ≥ 1",
@@ -164,6 +177,34 @@ func RunScale(opts ScaleOptions) (*ScaleReport, error) {
 	}
 	rep := &ScaleReport{Meet: opts.Meet, RanksPerNode: opts.RanksPerNode, RowsPerNode: opts.RowsPerNode, RowBytes: opts.RowBytes, Batch: opts.Batch,
 		Duration: opts.Duration.String(), CPUs: runtime.NumCPU(), Go: runtime.Version(), Date: time.Now().UTC().Format(time.RFC3339)}
+	// SIGINT or SIGTERM stops the job's processes; the job then fails and
+	// cleans up as on any error (no agent or segment is left).
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	var cur struct {
+		sync.Mutex
+		j *scaleJob
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		select {
+		case s := <-sig:
+			fmt.Fprintf(opts.Progress, "\n%v: stopping the job\n", s)
+			cur.Lock()
+			if cur.j != nil {
+				cur.j.abort()
+			}
+			cur.Unlock()
+		case <-stop:
+		}
+	}()
+	opts.started = func(j *scaleJob) {
+		cur.Lock()
+		cur.j = j
+		cur.Unlock()
+	}
 	for _, k := range opts.Nodes {
 		fmt.Fprintf(opts.Progress, "K=%d R=%d: ", k, k*opts.RanksPerNode)
 		p, err := runScaleJob(opts, k)
@@ -178,14 +219,18 @@ func RunScale(opts ScaleOptions) (*ScaleReport, error) {
 
 // scaleJob is one running job of the driver.
 type scaleJob struct {
-	opts   ScaleOptions
-	k      int
-	ns     string
-	dir    string
-	runDir string
-	rdv    string
-	agents []*exec.Cmd
-	nodes  []*nodeProc
+	// mu guards agents and nodes against abort (a signal) while the job
+	// starts or restarts a process.
+	mu      sync.Mutex
+	aborted bool
+	opts    ScaleOptions
+	k       int
+	ns      string
+	dir     string
+	runDir  string
+	rdv     string
+	agents  []*exec.Cmd
+	nodes   []*nodeProc
 }
 
 type nodeProc struct {
@@ -211,6 +256,10 @@ func runScaleJob(opts ScaleOptions, k int) (p ScalePoint, err error) {
 		return p, err
 	}
 	defer j.close()
+	if opts.started != nil {
+		opts.started(j)
+		defer opts.started(nil)
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return p, err
@@ -226,7 +275,9 @@ func runScaleJob(opts ScaleOptions, k int) (p ScalePoint, err error) {
 		if err != nil {
 			return p, err
 		}
-		j.agents = append(j.agents, cmd)
+		if err := j.keep(func() { j.agents = append(j.agents, cmd) }, cmd); err != nil {
+			return p, err
+		}
 	}
 	for i := range k {
 		if err := j.startNode(i); err != nil {
@@ -394,7 +445,9 @@ func (j *scaleJob) restartRead(p *ScalePoint, reader, victim int) error {
 	if err != nil {
 		return err
 	}
-	j.agents[victim] = cmd
+	if err := j.keep(func() { j.agents[victim] = cmd }, cmd); err != nil {
+		return err
+	}
 	for {
 		if _, err := client.QueryAgent(j.socket(victim), j.ns, j.node(victim)); err == nil {
 			break
@@ -431,7 +484,7 @@ func (j *scaleJob) startAgent(i int) (*exec.Cmd, error) {
 	}
 	args := append([]string{"agent", "--namespace", j.ns, "--node", j.node(i), "--run-dir", j.runDir,
 		"--peer-listen", "127.0.0.1:0", "--timeout", "10s"}, meet...)
-	cmd := j.opts.Command(nil, args...)
+	cmd := j.opts.Command([]string{scaleChildEnv + "=1"}, args...)
 	f, err := os.OpenFile(filepath.Join(j.dir, j.node(i)+".agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
@@ -448,7 +501,7 @@ func (j *scaleJob) startNode(i int) error {
 	a := scaleNodeArgs{Namespace: j.ns, Node: j.node(i), NodeIndex: i, Nodes: j.k, RanksPerNode: j.opts.RanksPerNode,
 		RunDir: j.runDir, RowsPerNode: j.opts.RowsPerNode, RowBytes: j.opts.RowBytes, Batch: j.opts.Batch}
 	b, _ := json.Marshal(a)
-	cmd := j.opts.Command([]string{ScaleNodeEnv + "=" + string(b)}, "bench")
+	cmd := j.opts.Command([]string{ScaleNodeEnv + "=" + string(b), scaleChildEnv + "=1"}, "bench")
 	f, err := os.OpenFile(filepath.Join(j.dir, j.node(i)+".node.log"), os.O_CREATE|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
@@ -468,8 +521,34 @@ func (j *scaleJob) startNode(i int) error {
 	}
 	sc := bufio.NewScanner(out)
 	sc.Buffer(make([]byte, 64<<10), 64<<20)
-	j.nodes = append(j.nodes, &nodeProc{cmd: cmd, in: in, out: sc})
+	return j.keep(func() { j.nodes = append(j.nodes, &nodeProc{cmd: cmd, in: in, out: sc}) }, cmd)
+}
+
+// keep records a started process (add, under j.mu), unless the job was
+// aborted meanwhile: then it stops it and says so.
+func (j *scaleJob) keep(add func(), cmd *exec.Cmd) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	add()
+	if j.aborted {
+		cmd.Process.Signal(syscall.SIGTERM)
+		return errors.New("stopped by a signal")
+	}
 	return nil
+}
+
+// abort stops every process of the job (SIGTERM: agents remove their
+// segments); the job's next step fails and close waits for them.
+func (j *scaleJob) abort() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.aborted = true
+	for _, n := range j.nodes {
+		n.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, a := range j.agents {
+		a.Process.Signal(syscall.SIGTERM)
+	}
 }
 
 func (j *scaleJob) send(i int, c scaleCmd) error {

@@ -1,11 +1,14 @@
 package bench_test
 
 import (
+	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -105,6 +108,99 @@ func TestScaleDriver(t *testing.T) {
 		b, _ := os.ReadFile(f)
 		if strings.Contains(string(b), prefix) && f != "/proc/"+strconv.Itoa(os.Getpid())+"/environ" {
 			t.Errorf("a process of the driver's job still runs: %s", f)
+		}
+	}
+}
+
+// helperCommand runs this test binary as the ddstore command with args,
+// as testutil.HelperCmd does, from a process that has no testing.T (a
+// driver in a helper role): the role and its arguments replace the ones
+// this process was given.
+func helperCommand(env []string, args ...string) *exec.Cmd {
+	b, _ := json.Marshal(args)
+	exe, _ := os.Executable()
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), testutil.HelperEnv+"=ddstore", testutil.HelperArgsEnv+"="+string(b), testutil.NoRaceExitPause)
+	cmd.Env = append(cmd.Env, env...)
+	return cmd
+}
+
+// A driver in a process of its own, whose agents and ranks are this test
+// binary too.
+var _ = testutil.Helper("scale-driver", func(nodes []int) int {
+	opts := bench.ScaleOptions{Nodes: nodes, RanksPerNode: 2, RowsPerNode: 64, RowBytes: 256, Batch: 16,
+		Rounds: 1, Duration: time.Minute, Restart: false, Command: helperCommand, Progress: os.Stderr}
+	if _, err := bench.RunScale(opts); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+})
+
+// TestScaleDriverRefusesToNest: a process the driver started (an agent,
+// a node) that runs the driver again gets an error, not a job.
+func TestScaleDriverRefusesToNest(t *testing.T) {
+	t.Setenv("DDSTORE_SCALE_CHILD", "1")
+	_, err := bench.RunScale(bench.ScaleOptions{Nodes: []int{2}, RanksPerNode: 1, RowsPerNode: 8, RowBytes: 8, Batch: 1, Rounds: 1,
+		Command: func([]string, ...string) *exec.Cmd { t.Fatal("a nested driver started a process"); return nil }})
+	if err == nil || !strings.Contains(err.Error(), "DDSTORE_SCALE_CHILD") {
+		t.Fatalf("a nested driver: %v, want an error naming DDSTORE_SCALE_CHILD", err)
+	}
+}
+
+// TestScaleDriverSignal: a driver stopped by SIGTERM in the middle of a
+// job stops that job's agents and ranks and removes their segments.
+func TestScaleDriverSignal(t *testing.T) {
+	cmd := testutil.HelperCmd(t, "scale-driver", []int{3})
+	var stderr testutil.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	stopped := false
+	t.Cleanup(func() {
+		if stopped {
+			return
+		}
+		cmd.Process.Signal(syscall.SIGTERM) // the driver stops its job
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			cmd.Process.Kill()
+		}
+	})
+	// Into the reads, which would go on for a minute.
+	testutil.WaitFor(t, 60*time.Second, func() error {
+		if !strings.Contains(stderr.String(), "free ") {
+			return fmt.Errorf("the driver has not timed its rounds yet: %q", stderr.String())
+		}
+		return nil
+	})
+	cmd.Process.Signal(syscall.SIGTERM)
+	stopped = true
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Errorf("the driver stopped by SIGTERM exited 0")
+		}
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("the driver did not stop within a minute of SIGTERM:\n%s", stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "stopping the job") {
+		t.Errorf("the driver did not say it stopped the job:\n%s", stderr.String())
+	}
+	prefix := "scale-" + strconv.Itoa(cmd.Process.Pid) + "-"
+	if m, _ := filepath.Glob("/dev/shm/ddstore." + prefix + "*"); len(m) > 0 {
+		t.Errorf("segments left: %v", m)
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/environ")
+	for _, f := range procs {
+		b, _ := os.ReadFile(f)
+		if strings.Contains(string(b), prefix) {
+			t.Errorf("a process of the stopped job still runs: %s", f)
 		}
 	}
 }
