@@ -442,7 +442,7 @@ func (a *Agent) coordRound(ctx context.Context, v *variable, m wire.Shard) (*wir
 	leader, ld, finish := a.leads.lead(roundLead{m.Name, m.Attempt})
 	if !leader {
 		if err := a.shardBatch.submit(ctx, a, addr, m); err != nil {
-			return nil, fmt.Errorf("variable %q: rank %d's shard: %w", m.Name, m.Rank, err)
+			return nil, err // the round's error names the variable, a transport's the peer
 		}
 		select {
 		case <-ld.done:

@@ -637,10 +637,7 @@ func (a *Agent) free(ctx context.Context, name string, rank int) error {
 	}
 	// With the node's other ranks' frees (PeerFrees).
 	m := wire.Name{Name: name, Node: a.cfg.Node, Rank: int64(rank)}
-	if err := a.freeBatch.submit(ctx, a, addr, m); err != nil {
-		return fmt.Errorf("variable %q: rank %d's free: %w", name, rank, err)
-	}
-	return nil
+	return a.freeBatch.submit(ctx, a, addr, m)
 }
 
 // dropEverywhere tells every node of a freed variable to drop its shards,
