@@ -86,9 +86,9 @@ def power_fit(ks, ys, kmin=8):
 def order(a):
     """The exponent, read as an order of growth."""
     for name, e in (("1", 0), ("K^0.5", 0.5), ("K", 1), ("K^1.5", 1.5), ("K²", 2)):
-        if abs(a - e) <= 0.25:
+        if abs(a - e) <= 0.12:
             return name
-    return f"K^{a:.2f}"
+    return f"K^{a:.1f}"
 
 
 def at(points, key, k):

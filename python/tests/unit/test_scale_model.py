@@ -48,7 +48,7 @@ def test_power_fit_recovers_the_exponent(exponent):
 
 
 def test_order_names():
-    assert [scale.order(a) for a in (0.04, 0.56, 1.03, 1.9, 3.0)] == ["1", "K^0.5", "K", "K²", "K^3.00"]
+    assert [scale.order(a) for a in (0.04, 0.56, 0.71, 1.03, 1.9, 3.0)] == ["1", "K^0.5", "K^0.7", "K", "K²", "K^3.0"]
 
 
 def test_analyse_writes_the_table_and_the_plots(tmp_path, capsys):
