@@ -30,7 +30,7 @@ DEB_PACKAGES := gcc python3 python3-numpy python3-pytest python3-venv python3-se
 	libfabric-dev pkg-config mpich libmpich-dev python3-ase
 PYTHON   := /usr/bin/python3
 
-.PHONY: help build build-mpi build-mpich build-fabric bench-mpi deps test gotest pytest python fuzz-short soak bench bench-quick cosmoflow cosmoflow-io gnn micro micro-mpi report gobench clean
+.PHONY: help build build-mpi build-mpich build-fabric bench-mpi deps test gotest pytest python fuzz-short soak bench bench-quick cosmoflow cosmoflow-io gnn micro micro-mpi report scale gobench clean
 
 help: ## list the targets
 	@echo 'Usage: make TARGET'
@@ -131,6 +131,15 @@ micro-mpi: build ## the same cross-node, 2 ranks of mpirun: through the agents a
 	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore_bench.microbench --mpi
 
 # REPORT_ARGS: e.g. --replot (plot the saved JSON again) or --quick.
+# make scale: the scale driver on 2 to 128 simulated nodes of this machine,
+# 8 ranks each, the model to 1,024 nodes and a plot per cost
+# (docs/scale.md). SCALE_ARGS are ddstore bench scale's flags;
+# SCALE_BEFORE a scale.json of an earlier build to plot beside.
+SCALE_ARGS   ?= --nodes 2,4,8,16,32,64,128 --rounds 3 --duration 1s
+SCALE_BEFORE ?=
+scale: build ## the scale driver (2 to 128 simulated nodes), the model to 1,024 nodes and its plots in docs/scale/ (a few minutes)
+	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore_bench.scale --out $(CURDIR)/docs/scale --args '$(SCALE_ARGS)' $(if $(SCALE_BEFORE),--before $(SCALE_BEFORE))
+
 report: build ## measure, then plot docs/figures/*.png (loading time, hit rate, throughput); needs python3-matplotlib
 	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore_bench.report --out $(CURDIR)/docs/figures $(REPORT_ARGS)
 

@@ -122,7 +122,7 @@ func vShard(m wire.Shard) obj {
 	return obj{"name": m.Name, "node": m.Node, "rank": m.Rank, "size": m.Size, "rows": m.Rows, "disp": m.Disp,
 		"itemsize": m.ItemSize, "timeout_ms": m.TimeoutMs, "attempt": m.Attempt, "failed": m.Failed, "dtype": m.Dtype,
 		"backing": m.Backing, "total": m.Total, "kind": m.Kind, "items": m.Items, "shape": nonNil(m.Shape),
-		"group": m.Group, "client": m.Client, "client_age_ms": m.ClientAgeMs}
+		"group": m.Group, "client": m.Client, "client_age_ms": m.ClientAgeMs, "why": m.Why}
 }
 
 // nonNil writes an empty list as [], not null, as Python decodes it.
@@ -188,6 +188,15 @@ func vectorFrames(t *testing.T) obj {
 	peerShard := shard
 	peerShard.Node, peerShard.Client, peerShard.ClientAgeMs = "n1", 0x0123456789abcdef, 61250
 	gone := wire.Gone{Node: "n1", Client: 0x0123456789abcdef, Pid: 4242, Rank: 1, Size: 2}
+	round := wire.Round{Shard: peerShard, Want: wire.RoundTable}
+	roundFields := vShard(peerShard)
+	roundFields["want"] = int(round.Want)
+	relay := wire.RoundReply{Kind: wire.RoundReplyRelay, Node: "n3", Addr: "10.0.0.3:7000", ID: 5}
+	peerTable := wire.Drop{Name: "x", ID: 5}
+	other := peerShard
+	other.Rank = 0
+	shards := wire.Shards{Shards: []wire.Shard{peerShard, other}}
+	frees := wire.Names{Names: []wire.Name{{Name: "x", Node: "n1", Rank: 1}, {Name: "x", Node: "n1", Rank: 0}}}
 	frames := []vectorFrame{
 		helloFrame("hello", 1, wire.Hello{Namespace: "ns", Node: "n1", Rank: 0, Size: 2, LocalRank: 0, LocalSize: 2, Pid: 4242}),
 		// A reader that holds no shard says rank -1; a name of multi-byte
@@ -265,6 +274,21 @@ func vectorFrames(t *testing.T) obj {
 		{name: "peer_gone", op: wire.OpPeerGone, id: 5, message: "Gone", fields: obj{"node": gone.Node, "client": gone.Client,
 			"pid": gone.Pid, "rank": gone.Rank, "size": gone.Size},
 			encode: gone.Encode, decode: func(b []byte) (any, error) { return wire.DecodeGone(b) }, value: gone},
+		// A node's first rank of a round hands its shard to the coordinator
+		// and asks for the table; the coordinator answers with the node to
+		// fetch it from, which it then asks (PeerTable) by name and id.
+		{name: "peer_round", op: wire.OpPeerRound, id: 3, message: "Round", fields: roundFields,
+			encode: round.Encode, decode: func(b []byte) (any, error) { return wire.DecodeRound(b) }, value: round},
+		{name: "peer_round_relay_reply", op: wire.OpPeerRound, id: 3, reply: true, message: "RoundReply",
+			fields: obj{"kind": int(relay.Kind), "node": relay.Node, "addr": relay.Addr, "id": relay.ID},
+			encode: relay.Encode, decode: func(b []byte) (any, error) { return wire.DecodeRoundReply(b) }, value: relay},
+		// The node's other ranks' shards, in one batch.
+		{name: "peer_shards", op: wire.OpPeerShards, id: 5, message: "Shards", fields: obj{"shards": []obj{vShard(peerShard), vShard(other)}},
+			encode: shards.Encode, decode: func(b []byte) (any, error) { return wire.DecodeShards(b) }, value: shards},
+		{name: "peer_frees", op: wire.OpPeerFrees, id: 6, message: "Names", fields: obj{"names": []obj{vName(frees.Names[0]), vName(frees.Names[1])}},
+			encode: frees.Encode, decode: func(b []byte) (any, error) { return wire.DecodeNames(b) }, value: frees},
+		{name: "peer_table", op: wire.OpPeerTable, id: 4, message: "Drop", fields: obj{"name": peerTable.Name, "id": peerTable.ID},
+			encode: peerTable.Encode, decode: func(b []byte) (any, error) { return wire.DecodeDrop(b) }, value: peerTable},
 	}
 	out := obj{}
 	for _, f := range frames {

@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,6 +56,10 @@ type Config struct {
 	// started on demand use it); zero: never.
 	IdleExit     time.Duration
 	ConnsPerPeer int
+	// RelayFanout is how many nodes the coordinator sends a round's table
+	// to, and each of them on to (docs/design.md, Publish rounds at
+	// scale); zero: 8.
+	RelayFanout int
 	// MemoryBytes caps what the agent holds: the data of its shards plus
 	// the receive regions its clients register. A Create or Register that
 	// would go beyond it is refused before anything is allocated. Zero:
@@ -155,6 +160,14 @@ type Agent struct {
 	// saving the manifest (reading the state, then writing the file).
 	restored   *coord.State
 	manifestMu sync.Mutex // first of the agent's; lock order: internal/LOCKS.md
+	// saves batches the saves asked for at once (persist.go).
+	saves manifestSaves
+	// leads: the node's rank that brings each round's table; shardBatch:
+	// the other ranks' shards on their way to the coordinator (coordRound);
+	// freeBatch: the ranks' frees.
+	leads      roundLeads
+	shardBatch batcher[wire.Shard]
+	freeBatch  batcher[wire.Name]
 
 	// inflight counts client requests being served; once draining is set
 	// (a stop), sessions take no new ones and the stop waits for these.
@@ -179,8 +192,21 @@ type stats struct {
 	// addrRefreshes, tables refreshed after a node's address went stale.
 	adopted       atomic.Int64
 	addrRefreshes atomic.Int64
+	// tablesRelayed counts tables this agent gave other nodes (PeerTable).
+	tablesRelayed atomic.Int64
 	// errorKinds counts errors answered to clients by kind.
 	errorKinds errorKinds
+	// coord counts what the coordinator receives and sends over the peer
+	// protocol (zero on other agents).
+	coord coordCounters
+}
+
+// coordCounters are the coordinator's messages and their bytes (frame
+// headers included): requests from other agents in, their replies and the
+// coordinator's own requests (PeerDrop) out. Ranks on the coordinator's
+// own node reach it without a message and are not counted.
+type coordCounters struct {
+	in, inBytes, out, outBytes atomic.Int64
 }
 
 // Start runs an agent until Close (or its idle exit).
@@ -251,6 +277,7 @@ func (a *Agent) start() error {
 	// The peer pool and the transport go before re-adoption, which
 	// exposes the adopted shards in the MPI window.
 	a.pool = transport.NewPool(transport.Options{ConnsPerPeer: cfg.ConnsPerPeer, Timeout: cfg.Timeout, Key: a.peerKey})
+	a.initBatchers()
 	if err := a.startTransport(); err != nil {
 		return err
 	}
@@ -507,7 +534,11 @@ func (a *Agent) info() Info {
 		"prefetch_dropped": int(s.tier.Dropped.Load()), "prefetch_evicted": int(s.tier.Evicted.Load()),
 		"prefetch_late":      int(s.tier.Late.Load()),
 		"peer_fallback_rows": int(s.peerFallbackRows.Load()), "adopted_variables": int(s.adopted.Load()),
-		"addr_refreshes": int(s.addrRefreshes.Load()),
+		"addr_refreshes":    int(s.addrRefreshes.Load()),
+		"coord_messages_in": int(s.coord.in.Load()), "coord_bytes_in": int(s.coord.inBytes.Load()),
+		"coord_messages_out": int(s.coord.out.Load()), "coord_bytes_out": int(s.coord.outBytes.Load()),
+		"manifest_writes": int(a.saves.written.Load()), "tables_relayed": int(s.tablesRelayed.Load()),
+		"goroutines": runtime.NumGoroutine(), "peer_conns_out": a.pool.Conns(), "peer_conns_in": a.peer.Conns(),
 	}
 	s.errorKinds.counters(in.Counters)
 	in.MemoryBytes += a.stagingBytes.Load()

@@ -6,11 +6,13 @@ package agent
 // the coordinator and joining it, and the coordinator's peer ops.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -28,43 +30,157 @@ type coordinator struct {
 	mu struct {
 		sync.Mutex
 		core    *coord.Coordinator
-		next    uint64                      // the last request id
-		waiting map[uint64]chan coord.Reply // requests whose reply is due
+		next    uint64             // the last request id
+		waiting map[uint64]*waiter // requests whose reply is due
 	}
+	fanout int // relayFanout, unless configured
 }
 
+// waiter is a request waiting for its reply.
+type waiter struct {
+	ch chan reply
+	// tree: a PeerRound request that wants the table (wire.RoundTable)
+	// from node; it is given the table itself or a node to fetch it from.
+	tree bool
+	node string
+}
+
+// reply is the core's reply, and for a tree request the node to fetch the
+// table from ("": the table itself).
+type reply struct {
+	coord.Reply
+	relay string
+}
+
+// relayFanout is how many nodes of a round get its table from the
+// coordinator, and from each of those nodes, by default (Config.RelayFanout): the coordinator sends a
+// round's table relayFanout times whatever the job's size, and a node at
+// most relayFanout times more than it receives it; the table reaches the
+// K nodes of a round in log_relayFanout(K) steps.
+const relayFanout = 8
+
 func newCoordinator() *coordinator {
-	c := &coordinator{}
+	c := &coordinator{fanout: relayFanout}
 	c.mu.core = coord.New()
-	c.mu.waiting = make(map[uint64]chan coord.Reply)
+	c.mu.waiting = make(map[uint64]*waiter)
 	return c
 }
 
 // deliverLocked hands replies to their requests; the caller holds c.mu.
 func (c *coordinator) deliverLocked(replies []coord.Reply) {
+	relays := c.relaysLocked(replies)
 	for _, r := range replies {
-		if ch, ok := c.mu.waiting[r.Req]; ok {
+		if w, ok := c.mu.waiting[r.Req]; ok {
 			delete(c.mu.waiting, r.Req)
-			ch <- r
+			w.ch <- reply{Reply: r, relay: relays[r.Req]}
 		}
 	}
+}
+
+// relaysLocked arranges the tree requests among replies that carry a
+// table — one per node of a round, as PeerRound asks — in a tree of
+// fanout c.fanout (f), in node order: the first f get the table, and the
+// one at place p after them fetches it from the node at place p/f - 1,
+// which got it (or fetches it) a step earlier. It
+// returns the relay node by request; nil when no request needs one.
+func (c *coordinator) relaysLocked(replies []coord.Reply) map[uint64]string {
+	type member struct {
+		req  uint64
+		node string
+	}
+	var rounds map[*wire.Table][]member
+	for _, r := range replies {
+		if w := c.mu.waiting[r.Req]; w != nil && w.tree && r.Err == nil && r.Table != nil {
+			if rounds == nil {
+				rounds = make(map[*wire.Table][]member)
+			}
+			rounds[r.Table] = append(rounds[r.Table], member{r.Req, w.node})
+		}
+	}
+	var relays map[uint64]string
+	for _, ms := range rounds {
+		f := max(1, c.fanout)
+		if len(ms) <= f {
+			continue
+		}
+		slices.SortFunc(ms, func(x, y member) int { return cmp.Or(cmp.Compare(x.node, y.node), cmp.Compare(x.req, y.req)) })
+		if relays == nil {
+			relays = make(map[uint64]string)
+		}
+		for p := f; p < len(ms); p++ {
+			relays[ms[p].req] = ms[p/f-1].node
+		}
+	}
+	return relays
 }
 
 // publish adds one rank's shard and waits until every rank's is there (the
 // table), a rank disagrees (an error for all), or timeout has passed or ctx
 // ended (the round fails with ErrTimeout for every rank).
 func (c *coordinator) publish(ctx context.Context, sh wire.Shard, timeout time.Duration) (*wire.Table, error) {
-	r := c.await(ctx, timeout, func(now time.Time, req uint64) []coord.Reply {
+	r := c.await(ctx, timeout, &waiter{}, func(now time.Time, req uint64) []coord.Reply {
 		return c.mu.core.Publish(now, req, sh, now.Add(timeout))
 	})
 	return r.Table, r.Err
+}
+
+// publishRound is publish for a PeerRound request: with tree (the request
+// wants the table), it also returns the node to fetch the table from, ""
+// when the table is for this request itself (relaysLocked).
+func (c *coordinator) publishRound(ctx context.Context, sh wire.Shard, tree bool, timeout time.Duration) (*wire.Table, string, error) {
+	r := c.await(ctx, timeout, &waiter{tree: tree, node: sh.Node}, func(now time.Time, req uint64) []coord.Reply {
+		return c.mu.core.Publish(now, req, sh, now.Add(timeout))
+	})
+	return r.Table, r.relay, r.Err
+}
+
+// submit adds shards to their rounds without waiting for the rounds: the
+// node's ranks other than the one whose PeerRound waits for each round
+// (and brings its table). It returns per shard nil (recorded, or its
+// round complete) or the error its round failed with. A shard recorded
+// in a round that never completes is expired at its deadline, as a
+// waiting request would be (the round fails for every rank).
+func (c *coordinator) submit(shards []wire.Shard, timeout func(wire.Shard) time.Duration) []error {
+	errs := make([]error, len(shards))
+	now := time.Now()
+	var reqs []uint64
+	var longest time.Duration
+	c.mu.Lock()
+	for i, sh := range shards {
+		c.mu.next++
+		req := c.mu.next
+		c.mu.waiting[req] = &waiter{ch: make(chan reply, 1)} // its reply is nobody's
+		d := timeout(sh)
+		replies := c.mu.core.Publish(now, req, sh, now.Add(d))
+		for _, r := range replies {
+			if r.Req == req && r.Err != nil {
+				errs[i] = r.Err
+			}
+		}
+		c.deliverLocked(replies)
+		if _, waits := c.mu.waiting[req]; waits {
+			reqs = append(reqs, req)
+			longest = max(longest, d)
+		}
+	}
+	c.mu.Unlock()
+	if len(reqs) > 0 {
+		time.AfterFunc(longest, func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			for _, req := range reqs {
+				c.deliverLocked(c.mu.core.Expire(time.Now(), req))
+			}
+		})
+	}
+	return errs
 }
 
 // barrier adds one rank's arrival at a fence and waits until every rank of
 // it has come, the ranks disagree (an error for all), or timeout has
 // passed or ctx ended (the fence fails with ErrTimeout for every rank).
 func (c *coordinator) barrier(ctx context.Context, m wire.Barrier, timeout time.Duration) error {
-	return c.await(ctx, timeout, func(now time.Time, req uint64) []coord.Reply {
+	return c.await(ctx, timeout, &waiter{}, func(now time.Time, req uint64) []coord.Reply {
 		return c.mu.core.Barrier(now, req, m, now.Add(timeout))
 	}).Err
 }
@@ -73,13 +189,14 @@ func (c *coordinator) barrier(ctx context.Context, m wire.Barrier, timeout time.
 // with the time and the request's id) and waits for its reply. When
 // timeout passes or ctx ends first, the core expires the request, so its
 // round fails for every rank rather than leaving the others waiting.
-func (c *coordinator) await(ctx context.Context, timeout time.Duration, enter func(now time.Time, req uint64) []coord.Reply) coord.Reply {
-	ch := make(chan coord.Reply, 1)
+func (c *coordinator) await(ctx context.Context, timeout time.Duration, w *waiter, enter func(now time.Time, req uint64) []coord.Reply) reply {
+	ch := make(chan reply, 1)
+	w.ch = ch
 	now := time.Now()
 	c.mu.Lock()
 	c.mu.next++
 	req := c.mu.next
-	c.mu.waiting[req] = ch
+	c.mu.waiting[req] = w
 	c.deliverLocked(enter(now, req))
 	c.mu.Unlock()
 	t := time.NewTimer(timeout)
@@ -169,6 +286,9 @@ func (c *coordinator) restore(s *coord.State) {
 // coordinator of the job left on this node, if any.
 func (a *Agent) newCoordinator() *coordinator {
 	c := newCoordinator()
+	if a.cfg.RelayFanout > 0 {
+		c.fanout = a.cfg.RelayFanout
+	}
 	c.restore(a.restored)
 	return c
 }
@@ -303,7 +423,7 @@ func (a *Agent) coordBarrier(ctx context.Context, m wire.Barrier) error {
 // isCoordinatorOp says whether only the coordinator answers op.
 func isCoordinatorOp(op wire.Op) bool {
 	switch op {
-	case wire.OpJoin, wire.OpPeerPublish, wire.OpPeerLookup, wire.OpPeerFree, wire.OpPeerNodes, wire.OpPeerBarrier, wire.OpPeerGone:
+	case wire.OpJoin, wire.OpPeerPublish, wire.OpPeerRound, wire.OpPeerShards, wire.OpPeerFrees, wire.OpPeerLookup, wire.OpPeerFree, wire.OpPeerNodes, wire.OpPeerBarrier, wire.OpPeerGone:
 		return true
 	}
 	return false
@@ -339,6 +459,48 @@ func (a *Agent) coordinatorOp(ctx context.Context, op wire.Op, body []byte) (fun
 		}
 		a.saveManifest()
 		return t.Encode, nil
+	case wire.OpPeerRound:
+		m, err := wire.DecodeRound(body)
+		if err != nil {
+			return nil, err
+		}
+		t, relay, err := c.publishRound(ctx, m.Shard, m.Want == wire.RoundTable, a.roundTimeout(m.Shard))
+		if err != nil {
+			return nil, err
+		}
+		a.saveManifest()
+		rep := wire.RoundReply{Kind: wire.RoundReplyAck}
+		switch {
+		case m.Want == wire.RoundAck:
+		case relay != "":
+			rep = wire.RoundReply{Kind: wire.RoundReplyRelay, Node: relay, ID: t.ID}
+			if i := slices.Index(t.Nodes, relay); i >= 0 {
+				rep.Addr = t.Addrs[i]
+			}
+		default:
+			rep = wire.RoundReply{Kind: wire.RoundReplyTable, Table: *t}
+		}
+		return rep.Encode, nil
+	case wire.OpPeerShards:
+		m, err := wire.DecodeShards(body)
+		if err != nil {
+			return nil, err
+		}
+		res := wire.Results{Errs: c.submit(m.Shards, a.roundTimeout)}
+		return res.Encode, nil
+	case wire.OpPeerFrees:
+		m, err := wire.DecodeNames(body)
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range m.Names {
+			if t := c.free(n.Name, n.Rank); t != nil {
+				a.dropEverywhere(t)
+			}
+		}
+		a.saveManifest()
+		res := wire.Results{Errs: make([]error, len(m.Names))}
+		return res.Encode, nil
 	case wire.OpPeerBarrier:
 		m, err := wire.DecodeBarrier(body)
 		if err != nil {

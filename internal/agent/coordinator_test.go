@@ -196,3 +196,71 @@ func TestCoordinatorPeerNodes(t *testing.T) {
 		t.Errorf("PeerWindow of an unknown variable: %v, want ErrUnknown", err)
 	}
 }
+
+// TestCoordinatorRelayTree: a round's requests that want the table (one
+// per node) are arranged in a tree of the coordinator's fanout, in node
+// order: the first nodes get the table, each later one the node to fetch
+// it from; requests that want no table, and rounds of few nodes, get no
+// relay.
+func TestCoordinatorRelayTree(t *testing.T) {
+	c := newCoordinator()
+	c.fanout = 3
+	const nodes = 10
+	for i := range nodes {
+		c.join(fmt.Sprintf("n%d", i), fmt.Sprintf("addr-%d", i))
+	}
+	type result struct {
+		node  string
+		tree  bool
+		t     *wire.Table
+		relay string
+		err   error
+	}
+	out := make(chan result, 2*nodes)
+	// Nodes arrive in reverse order: the tree follows node ids, not
+	// arrival.
+	for i := nodes - 1; i >= 0; i-- {
+		for l := range 2 {
+			node := fmt.Sprintf("n%d", i)
+			sh := shard("v", int64(2*i+l), 2*nodes, node)
+			go func() {
+				tb, relay, err := c.publishRound(context.Background(), sh, l == 0, longWait)
+				out <- result{node, l == 0, tb, relay, err}
+			}()
+		}
+	}
+	want := map[string]string{"n0": "", "n1": "", "n2": "", "n3": "n0", "n4": "n0", "n5": "n0", "n6": "n1", "n7": "n1", "n8": "n1", "n9": "n2"}
+	var table *wire.Table
+	for range 2 * nodes {
+		r := <-out
+		if r.err != nil {
+			t.Fatalf("node %s: %v", r.node, r.err)
+		}
+		if table == nil {
+			table = r.t
+		}
+		if r.t != table {
+			t.Errorf("node %s got another table", r.node)
+		}
+		switch {
+		case !r.tree && r.relay != "":
+			t.Errorf("node %s: a request wanting no table was told to fetch it from %s", r.node, r.relay)
+		case r.tree && r.relay != want[r.node]:
+			t.Errorf("node %s: fetch the table from %q, want %q", r.node, r.relay, want[r.node])
+		}
+	}
+
+	// A round of no more nodes than the fanout: the table for each.
+	for i := range 3 {
+		go func() {
+			node := fmt.Sprintf("n%d", i)
+			tb, relay, err := c.publishRound(context.Background(), shard("w", int64(i), 3, node), true, longWait)
+			out <- result{node, true, tb, relay, err}
+		}()
+	}
+	for range 3 {
+		if r := <-out; r.err != nil || r.relay != "" || r.t == nil {
+			t.Errorf("node %s of a small round: table %v, relay %q, err %v", r.node, r.t != nil, r.relay, r.err)
+		}
+	}
+}

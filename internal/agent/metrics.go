@@ -56,6 +56,9 @@ func newMetrics(a *Agent) *metrics {
 		Namespace: "ddstore", Subsystem: "agent", Name: "read_duration_seconds", ConstLabels: labels, Buckets: readBuckets,
 		Help: "Time to serve a client's Read request, from its decoding to its answer (failed reads included).",
 	})
+	coordMsgs := opts("coordinator_messages_total", "Messages the coordinator received from other agents (in) and sent them (out: replies and its own requests); 0 on other agents.")
+	coordBytes := opts("coordinator_bytes_total", "Bytes of the coordinator's messages, frame headers included, by direction.")
+	peerConns := opts("peer_connections", "TCP connections to other agents (out: dialed by this one) and from them (in).")
 	byKind := opts("client_errors_total", "Client requests answered with an error, by kind (the error's sentinel: index, geometry, unknown, timeout, peer, ...).")
 	s.errorKinds.each(func(kind string, n func() int64) { m.reg.MustRegister(counter(with(byKind, "kind", kind), n)) })
 	m.reg.MustRegister(
@@ -122,6 +125,23 @@ func newMetrics(a *Agent) *metrics {
 				return 1
 			}
 			return 0
+		}),
+		counter(with(coordMsgs, "direction", "in"), s.coord.in.Load),
+		counter(with(coordMsgs, "direction", "out"), s.coord.out.Load),
+		counter(with(coordBytes, "direction", "in"), s.coord.inBytes.Load),
+		counter(with(coordBytes, "direction", "out"), s.coord.outBytes.Load),
+		counter(opts("manifest_writes_total", "Manifests written (saves asked for at once share one)."), a.saves.written.Load),
+		gauge(with(peerConns, "direction", "out"), func() int64 {
+			if a.pool == nil {
+				return 0
+			}
+			return int64(a.pool.Conns())
+		}),
+		gauge(with(peerConns, "direction", "in"), func() int64 {
+			if a.peer == nil {
+				return 0
+			}
+			return int64(a.peer.Conns())
 		}),
 		m.readSeconds,
 		collectors.NewGoCollector(),

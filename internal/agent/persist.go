@@ -7,6 +7,8 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"sync"
+	"sync/atomic"
 
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/coord"
@@ -44,12 +46,57 @@ type manifestVar struct {
 
 func (a *Agent) manifestPath() string { return a.cfg.Socket + ".manifest.json" }
 
-// saveManifest writes the manifest of what the agent holds now. Callers
-// hold no lock of the agent's. The state is read and written under
-// manifestMu, so that of two saves at once (a rank's Publish and the
-// coordinator's round, which end together) the later state is the one
-// left on disk, never an earlier snapshot written last.
+// manifestSaves batches saves of the manifest: a round's ranks all ask for
+// one as the round ends (the coordinator once per rank of the job), and
+// one save that starts after they asked serves them all, so a round
+// writes the manifest twice at most, not once per rank. mu is a leaf
+// (never held while another lock is taken; lock order:
+// internal/LOCKS.md).
+type manifestSaves struct {
+	mu      sync.Mutex
+	cond    sync.Cond // on mu: a save ended
+	asked   uint64    // saves asked for so far
+	done    uint64    // the saves asked for up to done are on disk
+	running bool      // a save is being written
+	// written counts the manifests written (tests, ddstore info).
+	written atomic.Int64
+}
+
+// saveManifest returns once the manifest on disk holds what the agent held
+// when it was called. Callers hold no lock of the agent's. Whoever finds
+// no save running writes one, which covers every caller that asked before
+// it started; the others wait for it, or for the next one.
 func (a *Agent) saveManifest() {
+	s := &a.saves
+	s.mu.Lock()
+	if s.cond.L == nil {
+		s.cond.L = &s.mu
+	}
+	s.asked++
+	mine := s.asked
+	for s.done < mine {
+		if s.running {
+			s.cond.Wait()
+			continue
+		}
+		s.running = true
+		upTo := s.asked
+		s.mu.Unlock()
+		a.writeManifest()
+		s.mu.Lock()
+		s.running = false
+		s.done = upTo
+		s.cond.Broadcast()
+	}
+	s.mu.Unlock()
+}
+
+// writeManifest writes the manifest of what the agent holds now. The state
+// is read and written under manifestMu, so that of two saves at once the
+// later state is the one left on disk, never an earlier snapshot written
+// last.
+func (a *Agent) writeManifest() {
+	a.saves.written.Add(1)
 	a.manifestMu.Lock()
 	defer a.manifestMu.Unlock()
 	m := manifest{Version: manifestVersion, Namespace: a.cfg.Namespace, Node: a.cfg.Node}

@@ -131,7 +131,7 @@ func (a *Agent) served(name string, id int64) (*variable, error) {
 func (h *peerHandler) Control(ctx context.Context, op wire.Op, body []byte) (func(*wire.Encoder), error) {
 	a := (*Agent)(h)
 	if isCoordinatorOp(op) {
-		return a.coordinatorOp(ctx, op, body)
+		return a.countCoordinatorOp(ctx, op, body)
 	}
 	switch op {
 	case wire.OpPeerDrop:
@@ -141,6 +141,12 @@ func (h *peerHandler) Control(ctx context.Context, op wire.Op, body []byte) (fun
 		}
 		a.drop(m.Name, m.ID)
 		return nil, nil
+	case wire.OpPeerTable:
+		m, err := wire.DecodeDrop(body)
+		if err != nil {
+			return nil, err
+		}
+		return a.peerTable(ctx, m)
 	case wire.OpPeerInfo:
 		t := wire.Text{Text: a.infoJSON()}
 		return t.Encode, nil

@@ -618,10 +618,11 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) 
 	// gives up on a round the coordinator completes.
 	pctx, cancel := context.WithTimeout(ctx, timeout+a.cfg.Timeout)
 	defer cancel()
-	t, err := a.coordPublish(pctx, m)
+	t, err := a.coordRound(pctx, v, m)
 	if err != nil {
-		// The variable does not exist: take this rank's shard back so that
-		// a corrected retry can create it again.
+		// The variable does not exist (or this node could not get its
+		// table): take this rank's shard back so that a corrected retry
+		// can create it again.
 		a.takeBack(v, int(m.Rank), seg)
 		return nil, err
 	}
@@ -770,9 +771,9 @@ func (a *Agent) free(ctx context.Context, name string, rank int) error {
 		a.saveManifest()
 		return nil
 	}
+	// With the node's other ranks' frees (PeerFrees).
 	m := wire.Name{Name: name, Node: a.cfg.Node, Rank: int64(rank)}
-	_, err = a.pool.Call(ctx, addr, wire.OpPeerFree, m.Encode)
-	return err
+	return a.freeBatch.submit(ctx, a, addr, m)
 }
 
 // dropEverywhere tells every node of a freed variable to drop its shards,
@@ -793,7 +794,15 @@ func (a *Agent) dropEverywhere(t *wire.Table) {
 			ctx, cancel := context.WithTimeout(a.ctx, a.cfg.Timeout)
 			defer cancel()
 			m := wire.Drop{Name: t.Name, ID: t.ID}
-			if _, err := a.pool.Call(ctx, addr, wire.OpPeerDrop, m.Encode); err != nil {
+			var e wire.Encoder
+			m.Encode(&e)
+			cc := &a.stats.coord
+			cc.out.Add(1)
+			cc.outBytes.Add(int64(wire.HeaderSize + len(e.Bytes())))
+			_, err := a.pool.Call(ctx, addr, wire.OpPeerDrop, m.Encode)
+			cc.in.Add(1)
+			cc.inBytes.Add(wire.HeaderSize)
+			if err != nil {
 				a.log.Warn("could not drop a freed variable on a node", "variable", t.Name, "node", node, "err", err)
 			}
 		}(t.Addrs[i])

@@ -213,6 +213,7 @@ func (v *variable) info() VarInfo {
 			vi.Owners = append(vi.Owners, t.Nodes[n])
 		}
 		vi.Kind = t.Kind.String()
+		vi.TableBytes = tableBytes(t, len(v.byRank))
 		if t.Ragged() {
 			vi.Shape, vi.ShardItems = t.Shape, t.ShardItems
 			for _, n := range t.ShardItems {
@@ -231,6 +232,21 @@ func (v *variable) info() VarInfo {
 		vi.RowBytes = 0 // rows have sizes of their own
 	}
 	return vi
+}
+
+// tableBytes is the memory a variable's table takes on this node, the
+// part that grows with the job: its per-rank and per-node slices with
+// their strings, the layout's prefix sums and the segment per rank.
+func tableBytes(t *wire.Table, byRank int) int64 {
+	const word, str = 8, 16 // an int64; a string header
+	n := word * int64(len(t.ShardRows)+len(t.RankNode)+len(t.ShardItems)+len(t.Shape))
+	for _, ss := range [][]string{t.Nodes, t.Addrs, t.Paths} {
+		for _, s := range ss {
+			n += str + int64(len(s))
+		}
+	}
+	n += word * int64(len(t.ShardRows)+1) // layout prefix sums
+	return n + word*int64(byRank)
 }
 
 func sortVarInfos(vs []VarInfo) {

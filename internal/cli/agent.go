@@ -59,7 +59,8 @@ func runAgent(args []string, stdout, stderr io.Writer) error {
 	idle := fs.Duration("idle-exit", 0, "stop after this long without a client (0: never)")
 	transportName := fs.String("transport", envOr("DDSTORE_TRANSPORT", "tcp"), "how rows of other nodes are read: tcp, mpi (one-sided gets; the agents are the ranks of one MPI launch, one per node; needs a build with -tags mpi), or fabric (libfabric RMA reads; provider from DDSTORE_FABRIC; needs a build with -tags fabric) (DDSTORE_TRANSPORT)")
 	persist := fs.Bool("persist", false, "keep the shards when stopping: the next agent of this namespace on this node re-adopts them (split mode, restarts)")
-	conns := fs.Int("conns-per-peer", 4, "TCP connections kept to each other agent")
+	conns := fs.Int("conns-per-peer", 4, "TCP connections kept to each other agent for reads of its rows (control messages take one more), each dialed when first needed")
+	fanout := fs.Int("relay-fanout", 8, "on the coordinator: how many nodes it sends a round's table to, and each of them on to (a tree over the round's nodes)")
 	memory := fs.String("memory", envOr("DDSTORE_MEMORY", ""), "cap on the shards and receive regions the agent holds, e.g. 64G, 512M, 1048576 (DDSTORE_MEMORY; default or 0: none)")
 	staging := fs.String("staging", envOr("DDSTORE_STAGING", ""), "memory each variable with a backing file may use for rows read ahead of use, e.g. 256M (DDSTORE_STAGING; default 256M), counted in --memory")
 	metricsAddr := fs.String("metrics-addr", envOr("DDSTORE_METRICS_ADDR", ""), "HOST:PORT to serve the agent's counters on at /metrics, in the Prometheus text format (DDSTORE_METRICS_ADDR; default: not served)")
@@ -101,7 +102,7 @@ func runAgent(args []string, stdout, stderr io.Writer) error {
 	a, err := agent.Start(agent.Config{
 		Namespace: *ns, Node: *node, Socket: *socket, PeerListen: *peer, Advertise: *adv,
 		Rendezvous: *rdv, HandshakeDir: *hs, Timeout: *timeout, JoinTimeout: *joinTimeout,
-		IdleExit: *idle, ConnsPerPeer: *conns, MemoryBytes: budget, StagingBytes: stagingBytes, Persist: *persist, MetricsAddr: *metricsAddr, Logger: log,
+		IdleExit: *idle, ConnsPerPeer: *conns, RelayFanout: *fanout, MemoryBytes: budget, StagingBytes: stagingBytes, Persist: *persist, MetricsAddr: *metricsAddr, Logger: log,
 		Transport: *transportName,
 	})
 	if err != nil {

@@ -20,7 +20,8 @@ the limits they compare with: a single-thread gather of random rows from one
 buffer, and raw loopback TCP. Agents are started as processes unless
 --in-process. With --transports tcp,mpi the cross-node figures are measured
 over each transport (mpi: a build with -tags mpi, agents run by mpirun),
-next to DDStore's figures for the same cases.`
+next to DDStore's figures for the same cases. "ddstore bench scale" measures
+what grows with the number of nodes (ddstore bench scale --help).`
 
 func runBench(args []string, stdout, stderr io.Writer) error {
 	// `ddstore bench --transports ...,mpi` runs this binary under mpirun
@@ -31,6 +32,13 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	// ... and as the ranks of its Store with Method "mpi".
 	if ok, err := bench.MPITrainerRank(); ok {
 		return err
+	}
+	// ... and as the ranks of one node of `ddstore bench scale`.
+	if ok, err := bench.ScaleNodeRole(); ok {
+		return err
+	}
+	if len(args) > 0 && args[0] == "scale" {
+		return runBenchScale(args[1:], stdout, stderr)
 	}
 	fs := newFlags("bench", benchSynopsis, stderr)
 	quick := fs.Bool("quick", false, "small shards and short figures (under 30 s)")

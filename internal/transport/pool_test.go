@@ -42,7 +42,7 @@ func TestFetchConcurrent(t *testing.T) {
 						dst := newRowBuffers(n, size, byte(w))
 						name := fmt.Sprintf("v%d", size)
 						if it%4 == 3 {
-							// Interleave control calls on the same connections.
+							// Interleave control calls (on their own connection).
 							body, err := p.Call(context.Background(), s.Addr(), opEcho, (&wire.Text{Text: name}).Encode)
 							if err != nil {
 								errs <- fmt.Errorf("worker %d: Call: %w", w, err)
@@ -76,8 +76,8 @@ func TestFetchConcurrent(t *testing.T) {
 			for err := range errs {
 				t.Error(err)
 			}
-			if got := ln.accepted.Load(); got != int64(conns) {
-				t.Errorf("server accepted %d connections, want %d (ConnsPerPeer)", got, conns)
+			if got := ln.accepted.Load(); got != int64(conns)+1 {
+				t.Errorf("server accepted %d connections, want %d (ConnsPerPeer for fetches, one for control calls)", got, conns+1)
 			}
 		})
 	}
@@ -181,8 +181,8 @@ func TestHandlerErrors(t *testing.T) {
 			ok()
 		})
 	}
-	if got := ln.accepted.Load(); got != 1 {
-		t.Errorf("server accepted %d connections, want 1: error replies must not cost the connection", got)
+	if got := ln.accepted.Load(); got != 2 {
+		t.Errorf("server accepted %d connections, want 2 (one for fetches, one for control calls): error replies must not cost the connection", got)
 	}
 }
 
@@ -560,5 +560,38 @@ func TestFetchRange(t *testing.T) {
 	}
 	if got := ln.accepted.Load(); got != 1 {
 		t.Errorf("server accepted %d connections, want 1", got)
+	}
+}
+
+// TestControlConnection: control calls take one connection of their own,
+// dialed when first needed, and never a fetch connection: a node that
+// only speaks to a peer (the coordinator) holds one connection to it,
+// whatever ConnsPerPeer.
+func TestControlConnection(t *testing.T) {
+	h := newFakeHandler()
+	v := h.addVar("v", 50, 16, false)
+	s, ln := startServer(t, h)
+	p := newPool(t, Options{ConnsPerPeer: 4})
+	ctx := context.Background()
+	for i := range 20 {
+		if _, err := p.Call(ctx, s.Addr(), opEcho, (&wire.Text{Text: fmt.Sprint(i)}).Encode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := ln.accepted.Load(); got != 1 || p.Conns() != 1 {
+		t.Errorf("after 20 control calls: %d connections accepted, %d held; want 1", got, p.Conns())
+	}
+	for range 8 {
+		dst := newRowBuffers(2, 16, 0)
+		g := []int64{3, 7}
+		if err := p.Fetch(ctx, s.Addr(), "v", 0, g, dst.rows); err != nil {
+			t.Fatal(err)
+		}
+		if err := checkRows(v, g, dst.rows); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := ln.accepted.Load(); got != 5 || p.Conns() != 5 {
+		t.Errorf("after fetches too: %d connections accepted, %d held; want 5 (4 for fetches, 1 for control)", got, p.Conns())
 	}
 }

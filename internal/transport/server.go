@@ -77,6 +77,13 @@ func NewServer(ln net.Listener, h Handler, log *slog.Logger, writeTimeout time.D
 	return s
 }
 
+// Conns is how many connections from peers the server holds open.
+func (s *Server) Conns() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.mu.conns)
+}
+
 // Addr is where the server listens.
 func (s *Server) Addr() string { return s.ln.Addr().String() }
 

@@ -19,8 +19,12 @@ import (
 
 // Options tune the TCP transport.
 type Options struct {
-	// ConnsPerPeer is how many connections a pool keeps to each peer; calls
-	// are spread over them so that a large reply does not hold up the rest.
+	// ConnsPerPeer is how many connections a pool keeps to each peer for
+	// Fetch; fetches are spread over them so that a large reply does not
+	// hold up the rest. Control calls (Call) go over one more connection
+	// of their own, so that a node that only speaks to a peer (the
+	// coordinator) holds one connection to it, and no control reply
+	// waits behind rows. Each is dialed on first use.
 	ConnsPerPeer int
 	// Timeout bounds a call: a peer that has not answered by then fails it
 	// with ErrTimeout, naming the peer. Zero means 30 s.
@@ -57,12 +61,16 @@ type Pool struct {
 		peers  map[string]*peerConns
 		closed bool
 	}
-	wg sync.WaitGroup // read loops
+	wg   sync.WaitGroup // read loops
+	open atomic.Int64   // connections whose read loop runs
 }
+
+// Conns is how many connections to peers the pool holds open.
+func (p *Pool) Conns() int { return int(p.open.Load()) }
 
 type peerConns struct {
 	next  atomic.Uint32
-	conns []*conn    // slots; nil or dead ones are redialed
+	conns []*conn    // slots, the control connection last; nil or dead ones are redialed
 	mu    sync.Mutex // guards conns, held while dialing one; lock order: internal/LOCKS.md
 }
 
@@ -95,7 +103,9 @@ func (p *Pool) Close() error {
 	return nil
 }
 
-func (p *Pool) get(ctx context.Context, addr string) (*conn, error) {
+// get returns a live connection to addr: the control one for control
+// calls, else one of the ConnsPerPeer fetch connections in turn.
+func (p *Pool) get(ctx context.Context, addr string, control bool) (*conn, error) {
 	p.mu.Lock()
 	if p.mu.closed {
 		p.mu.Unlock()
@@ -103,11 +113,14 @@ func (p *Pool) get(ctx context.Context, addr string) (*conn, error) {
 	}
 	pc := p.mu.peers[addr]
 	if pc == nil {
-		pc = &peerConns{conns: make([]*conn, p.opts.ConnsPerPeer)}
+		pc = &peerConns{conns: make([]*conn, p.opts.ConnsPerPeer+1)}
 		p.mu.peers[addr] = pc
 	}
 	p.mu.Unlock()
-	i := int(pc.next.Add(1)) % len(pc.conns)
+	i := len(pc.conns) - 1 // the control connection
+	if !control {
+		i = int(pc.next.Add(1)) % (len(pc.conns) - 1)
+	}
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
 	if c := pc.conns[i]; c != nil && !c.dead.Load() {
@@ -138,8 +151,10 @@ func (p *Pool) get(ctx context.Context, addr string) (*conn, error) {
 	}
 	p.wg.Add(1)
 	p.mu.Unlock()
+	p.open.Add(1)
 	go func() {
 		defer p.wg.Done()
+		defer p.open.Add(-1)
 		c.readLoop()
 	}()
 	pc.conns[i] = c
@@ -201,7 +216,7 @@ func (p *Pool) Call(ctx context.Context, addr string, op wire.Op, fill func(*wir
 }
 
 func (p *Pool) call(ctx context.Context, addr string, op wire.Op, fill func(*wire.Encoder), dst [][]byte, want uint64) ([]byte, error) {
-	c, err := p.get(ctx, addr)
+	c, err := p.get(ctx, addr, op != wire.OpFetch)
 	if err != nil {
 		return nil, err
 	}

@@ -83,6 +83,20 @@ const (
 	OpFetchRange Op = 45
 	// OpPeerGone tells the coordinator a client process went away.
 	OpPeerGone Op = 46
+	// OpPeerRound hands a rank's shard to the coordinator, as
+	// PeerPublish, but answers with the table only to one request per
+	// node, and to most nodes with where to fetch it (PeerTable): the
+	// coordinator sends a round's table a few times, not once per rank.
+	OpPeerRound Op = 47
+	// OpPeerTable asks any agent for the table of a variable it holds.
+	OpPeerTable Op = 48
+	// OpPeerShards hands the coordinator shards of several ranks of one
+	// node at once, answered as soon as they are recorded: the node's
+	// ranks but one of each round (whose PeerRound waits for the round).
+	OpPeerShards Op = 49
+	// OpPeerFrees hands the coordinator the frees of several ranks of
+	// one node at once (each as PeerFree).
+	OpPeerFrees Op = 50
 )
 
 var opNames = map[Op]string{
@@ -92,6 +106,7 @@ var opNames = map[Op]string{
 	OpFetch: "fetch", OpPeerFree: "peer-free", OpPeerNodes: "peer-nodes", OpPeerInfo: "peer-info",
 	OpPeerDrop: "peer-drop", OpPeerWindow: "peer-window", OpPeerOffsets: "peer-offsets",
 	OpBarrier: "barrier", OpPeerBarrier: "peer-barrier", OpReadRange: "read-range", OpFetchRange: "fetch-range", OpPeerGone: "peer-gone",
+	OpPeerRound: "peer-round", OpPeerTable: "peer-table", OpPeerShards: "peer-shards", OpPeerFrees: "peer-frees",
 }
 
 func (o Op) String() string {

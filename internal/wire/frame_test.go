@@ -438,7 +438,8 @@ func TestOpString(t *testing.T) {
 		{OpAuth, "auth"}, {OpAuthProof, "auth-proof"}, {OpPeerAuth, "peer-auth"}, {OpPeerAuthProof, "peer-auth-proof"},
 		{OpPeerWindow, "peer-window"}, {OpPeerOffsets, "peer-offsets"}, {OpBarrier, "barrier"}, {OpPeerBarrier, "peer-barrier"},
 		{OpReadRange, "read-range"}, {OpFetchRange, "fetch-range"}, {OpPeerGone, "peer-gone"},
-		{Op(0), "op0"}, {Op(15), "op15"}, {Op(31), "op31"}, {Op(47), "op47"},
+		{OpPeerRound, "peer-round"}, {OpPeerTable, "peer-table"}, {OpPeerShards, "peer-shards"}, {OpPeerFrees, "peer-frees"},
+		{Op(0), "op0"}, {Op(15), "op15"}, {Op(31), "op31"}, {Op(51), "op51"},
 		{Op(100), "op100"}, {Op(255), "op255"},
 	} {
 		if got := c.op.String(); got != c.want {

@@ -146,6 +146,13 @@ func FuzzDecodeRegion(f *testing.F)     { fuzzCodec(f, regionSamples, DecodeRegi
 func FuzzDecodeText(f *testing.F)       { fuzzCodec(f, textSamples, DecodeText) }
 func FuzzDecodeJoin(f *testing.F)       { fuzzCodec(f, joinSamples, DecodeJoin) }
 func FuzzDecodeDrop(f *testing.F)       { fuzzCodec(f, dropSamples, DecodeDrop) }
+func FuzzDecodeRound(f *testing.F)      { fuzzCodec(f, roundSamples, DecodeRound) }
+func FuzzDecodeRoundReply(f *testing.F) { fuzzCodec(f, roundReplySamples, DecodeRoundReply) }
+func FuzzDecodeShards(f *testing.F)     { fuzzCodec(f, shardsSamples, DecodeShards) }
+func FuzzDecodeNames(f *testing.F)      { fuzzCodec(f, namesSamples, DecodeNames) }
+func FuzzDecodeResults(f *testing.F) {
+	fuzzCodec(f, resultsSamples, DecodeResults)
+}
 func FuzzDecodeWindow(f *testing.F)     { fuzzCodec(f, windowSamples, DecodeWindow) }
 func FuzzDecodePeerWindow(f *testing.F) { fuzzCodec(f, peerWindowSamples, DecodePeerWindow) }
 func FuzzDecodePeerNodes(f *testing.F)  { fuzzCodec(f, peerNodesSamples, DecodePeerNodes) }

@@ -69,4 +69,8 @@ type AgentVariable struct {
 	ShardItems []int64 `json:"shard_items,omitempty"`
 	TotalBytes int64   `json:"total_bytes"`
 	IndexBytes int64   `json:"index_bytes,omitempty"`
+	// TableBytes is the memory the variable's table takes on this node
+	// (per-rank and per-node entries, prefix sums): what grows with the
+	// job's ranks and nodes.
+	TableBytes int64 `json:"table_bytes,omitempty"`
 }

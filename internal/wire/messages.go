@@ -3,6 +3,8 @@ package wire
 import (
 	"math"
 	"strings"
+
+	"github.com/ddstore-go/ddstore/internal/base"
 )
 
 // Messages are the bodies of frames. Each has Encode, appending its fields,
@@ -99,9 +101,8 @@ type Shard struct {
 	ClientAgeMs int64
 	// Why says why a Failed rank could not create its shard (the error
 	// its agent met: no room in /dev/shm, above the memory budget), for
-	// the other ranks' error; "" for none. An optional last field, sent
-	// only when set (by an agent, on PeerPublish), so every other Shard
-	// encodes as before.
+	// the other ranks' error; "" for none (always, unless Failed). Set by
+	// an agent on PeerPublish; clients send "".
 	Why string
 }
 
@@ -156,17 +157,25 @@ func (m *Shard) Encode(e *Encoder) {
 	e.String(m.Group)
 	e.U64(m.Client)
 	e.I64(m.ClientAgeMs)
-	if m.Failed && m.Why != "" {
-		why := m.Why
-		if len(why) > MaxWhy {
-			why = why[:MaxWhy]
-		}
-		e.String32(why)
+	why := m.Why
+	if !m.Failed {
+		why = ""
+	} else if len(why) > MaxWhy {
+		why = why[:MaxWhy]
 	}
+	e.String32(why)
 }
 
 func DecodeShard(b []byte) (m Shard, err error) {
 	d := NewDecoder(b)
+	if m, err = decodeShard(d); err != nil {
+		return m, err
+	}
+	return m, d.Done()
+}
+
+// decodeShard reads one Shard from d; the caller checks what follows.
+func decodeShard(d *Decoder) (m Shard, err error) {
 	m.Name, m.Node = d.String(), d.String()
 	m.Rank, m.Size, m.Rows, m.Disp, m.ItemSize, m.TimeoutMs = d.I64(), d.I64(), d.I64(), d.I64(), d.I64(), d.I64()
 	m.Attempt = d.I64()
@@ -185,13 +194,193 @@ func DecodeShard(b []byte) (m Shard, err error) {
 	if d.err == nil && (m.Kind > KindRagged || len(m.Shape) > MaxShape) {
 		return m, protoErr("shard of %q: kind %d with %d trailing dimensions", m.Name, m.Kind, len(m.Shape))
 	}
-	if d.err == nil && m.Failed && len(d.b) > 0 {
-		m.Why = d.String32()
-		if d.err == nil && (m.Why == "" || len(m.Why) > MaxWhy) {
-			return m, protoErr("shard of %q: a reason of %d bytes: want 1 to %d", m.Name, len(m.Why), MaxWhy)
+	m.Why = d.String32()
+	if d.err == nil && (len(m.Why) > MaxWhy || (!m.Failed && m.Why != "")) {
+		return m, protoErr("shard of %q: a reason of %d bytes with failed %v: want at most %d, and none unless failed", m.Name, len(m.Why), m.Failed, MaxWhy)
+	}
+	return m, d.Err()
+}
+
+// What a Round asks back.
+const (
+	// RoundAck: the round's outcome only (no error: the variable exists);
+	// another request of the same node gets the table.
+	RoundAck uint8 = 0
+	// RoundTable: the table, or the node to fetch it from.
+	RoundTable uint8 = 1
+)
+
+// Round is a PeerRound request: what the reply is to carry (RoundAck,
+// RoundTable) and one rank's shard (node set), as in PeerPublish.
+type Round struct {
+	Shard Shard
+	Want  uint8
+}
+
+func (m *Round) Encode(e *Encoder) { e.U8(m.Want); m.Shard.Encode(e) }
+
+// DecodeRound reads a Round: the byte Want, then a Shard.
+func DecodeRound(b []byte) (m Round, err error) {
+	if len(b) < 1 {
+		return m, protoErr("round request of %d bytes", len(b))
+	}
+	m.Want = b[0]
+	if m.Want > RoundTable {
+		return m, protoErr("round request wants %d, want 0 or 1", m.Want)
+	}
+	m.Shard, err = DecodeShard(b[1:])
+	return m, err
+}
+
+// Shards is a PeerShards request: shards of several ranks of one node,
+// each as in PeerPublish (node set), possibly of several rounds.
+type Shards struct{ Shards []Shard }
+
+// minShardBytes is the least a Shard takes on the wire: a bound on the
+// count a decoder believes.
+const minShardBytes = 2 + 2 + 7*8 + 1 + 2 + 4 + 8 + 1 + 8 + 4 + 2 + 8 + 8 + 4
+
+func (m *Shards) Encode(e *Encoder) {
+	e.U32(uint32(len(m.Shards)))
+	for i := range m.Shards {
+		m.Shards[i].Encode(e)
+	}
+}
+
+func DecodeShards(b []byte) (m Shards, err error) {
+	d := NewDecoder(b)
+	n := d.U32()
+	if d.err == nil && int64(n) > int64(len(b))/minShardBytes {
+		return m, protoErr("%d shards in %d bytes", n, len(b))
+	}
+	m.Shards = make([]Shard, 0, n)
+	for range n {
+		sh, err := decodeShard(d)
+		if err != nil {
+			return m, err
 		}
+		m.Shards = append(m.Shards, sh)
 	}
 	return m, d.Done()
+}
+
+// Results answers a batch (PeerShards, PeerFrees): per item, in order,
+// nil or the error it failed with.
+type Results struct{ Errs []error }
+
+// Names is a PeerFrees request: the frees of several ranks of one node,
+// each as in PeerFree (name, node, rank).
+type Names struct{ Names []Name }
+
+func (m *Names) Encode(e *Encoder) {
+	e.U32(uint32(len(m.Names)))
+	for i := range m.Names {
+		m.Names[i].Encode(e)
+	}
+}
+
+func DecodeNames(b []byte) (m Names, err error) {
+	d := NewDecoder(b)
+	n := d.U32()
+	if d.err == nil && int64(n) > int64(len(b))/12 { // a Name: two Strings and an i64
+		return m, protoErr("%d names in %d bytes", n, len(b))
+	}
+	m.Names = make([]Name, 0, n)
+	for range n {
+		x := Name{Name: d.String(), Node: d.String(), Rank: d.I64()}
+		if d.err != nil {
+			break
+		}
+		m.Names = append(m.Names, x)
+	}
+	return m, d.Done()
+}
+
+func (m *Results) Encode(e *Encoder) {
+	e.U32(uint32(len(m.Errs)))
+	for _, err := range m.Errs {
+		if err == nil {
+			e.U16(0)
+			e.String32("")
+			continue
+		}
+		e.U16(base.Code(err))
+		e.String32(err.Error())
+	}
+}
+
+func DecodeResults(b []byte) (m Results, err error) {
+	d := NewDecoder(b)
+	n := d.U32()
+	if d.err == nil && int64(n) > int64(len(b))/6 {
+		return m, protoErr("%d results in %d bytes", n, len(b))
+	}
+	m.Errs = make([]error, 0, n)
+	for range n {
+		code, text := d.U16(), d.String32()
+		if d.err != nil {
+			break
+		}
+		var err error
+		switch {
+		case code == 0 && text != "":
+			return m, protoErr("result of status 0 with a message")
+		case code != 0:
+			if err = base.FromCode(code, text); base.Code(err) != code {
+				return m, protoErr("result of unknown status %d", code)
+			}
+		}
+		m.Errs = append(m.Errs, err)
+	}
+	return m, d.Done()
+}
+
+// RoundReply kinds.
+const (
+	RoundReplyAck   uint8 = 0 // the round succeeded; nothing else
+	RoundReplyTable uint8 = 1 // the table follows
+	RoundReplyRelay uint8 = 2 // fetch table ID from Node at Addr (PeerTable)
+)
+
+// RoundReply answers a PeerRound: an acknowledgement, the table (without
+// paths), or the node that has it or soon will (its own round's reply).
+type RoundReply struct {
+	Kind       uint8
+	Table      Table
+	Node, Addr string
+	ID         int64
+}
+
+func (m *RoundReply) Encode(e *Encoder) {
+	e.U8(m.Kind)
+	switch m.Kind {
+	case RoundReplyTable:
+		m.Table.Encode(e)
+	case RoundReplyRelay:
+		e.String(m.Node)
+		e.String(m.Addr)
+		e.I64(m.ID)
+	}
+}
+
+func DecodeRoundReply(b []byte) (m RoundReply, err error) {
+	if len(b) < 1 {
+		return m, protoErr("round reply of %d bytes", len(b))
+	}
+	m.Kind = b[0]
+	switch m.Kind {
+	case RoundReplyAck:
+		d := NewDecoder(b[1:])
+		return m, d.Done()
+	case RoundReplyTable:
+		m.Table, err = DecodeTable(b[1:])
+		return m, err
+	case RoundReplyRelay:
+		d := NewDecoder(b[1:])
+		m.Node, m.Addr, m.ID = d.String(), d.String(), d.I64()
+		return m, d.Done()
+	}
+	return m, protoErr("round reply of kind %d, want 0, 1 or 2", m.Kind)
 }
 
 // Path is a reply holding one file path (Create).

@@ -35,8 +35,11 @@ func normalize(v any) any {
 	c := reflect.New(rv.Type()).Elem()
 	c.Set(rv)
 	for i := 0; i < c.NumField(); i++ {
-		if f := c.Field(i); f.Kind() == reflect.Slice && f.Len() == 0 && f.CanSet() {
+		switch f := c.Field(i); {
+		case f.Kind() == reflect.Slice && f.Len() == 0 && f.CanSet():
 			f.Set(reflect.Zero(f.Type()))
+		case f.Kind() == reflect.Struct && f.CanSet(): // a message inside one (RoundReply's Table)
+			f.Set(reflect.ValueOf(normalize(f.Interface())))
 		}
 	}
 	return c.Interface()
@@ -152,6 +155,32 @@ var (
 		{},
 		{Node: "node-1", Addr: "10.0.0.1:4000"},
 		{Node: "ノード", Addr: "[fe80::1%eth0]:1"},
+	}
+	roundSamples = []Round{
+		{},
+		{Shard: Shard{Name: "features", Node: "n0", Rank: 1, Size: 4, Rows: 1000, Disp: 3, ItemSize: 4, TimeoutMs: 30000}, Want: RoundTable},
+		{Shard: Shard{Name: "positions", Rank: 0, Size: 2, Rows: 3, Disp: 3, ItemSize: 4, Dtype: "float32", Kind: KindRagged, Items: 41, Shape: []int64{3}}, Want: RoundAck},
+	}
+	roundReplySamples = []RoundReply{
+		{},
+		{Kind: RoundReplyTable, Table: tableSamples[1]},
+		{Kind: RoundReplyRelay, Node: "n7", Addr: "10.0.0.7:4000", ID: 9},
+	}
+	shardsSamples = []Shards{
+		{},
+		{Shards: []Shard{{Name: "features", Node: "n0", Rank: 1, Size: 4, Rows: 1000, Disp: 3, ItemSize: 4, TimeoutMs: 30000}}},
+		{Shards: []Shard{{Name: "a", Node: "n1", Rank: 2, Size: 8, Rows: 1, Disp: 1, ItemSize: 1, Attempt: 1},
+			{Name: "positions", Node: "n1", Rank: 3, Size: 8, Rows: 3, Disp: 3, ItemSize: 4, Dtype: "float32", Kind: KindRagged, Items: 41, Shape: []int64{3}}}},
+	}
+	namesSamples = []Names{
+		{},
+		{Names: []Name{{Name: "x", Node: "n1", Rank: 3}}},
+		{Names: []Name{{Name: "a", Node: "n1", Rank: 2}, {Name: "変数", Node: "n1", Rank: math.MaxInt64}}},
+	}
+	resultsSamples = []Results{
+		{},
+		{Errs: []error{nil}},
+		{Errs: []error{nil, base.FromCode(base.Code(base.ErrGeometry), `variable "a": rank 3 says disp 2, rank 0 says 1`), nil}},
 	}
 	dropSamples = []Drop{
 		{},
@@ -286,6 +315,11 @@ func TestMessageRoundTrip(t *testing.T) {
 	t.Run("Join", func(t *testing.T) { testCodec(t, joinSamples, DecodeJoin) })
 	t.Run("Gone", func(t *testing.T) { testCodec(t, goneSamples, DecodeGone) })
 	t.Run("Drop", func(t *testing.T) { testCodec(t, dropSamples, DecodeDrop) })
+	t.Run("Round", func(t *testing.T) { testCodec(t, roundSamples, DecodeRound) })
+	t.Run("Shards", func(t *testing.T) { testCodec(t, shardsSamples, DecodeShards) })
+	t.Run("Results", func(t *testing.T) { testCodec(t, resultsSamples, DecodeResults) })
+	t.Run("Names", func(t *testing.T) { testCodec(t, namesSamples, DecodeNames) })
+	t.Run("RoundReply", func(t *testing.T) { testCodec(t, roundReplySamples, DecodeRoundReply) })
 	t.Run("Fetch", func(t *testing.T) { testCodec(t, fetchSamples, decodeFetch) })
 	t.Run("Window", func(t *testing.T) { testCodec(t, windowSamples, DecodeWindow) })
 	t.Run("PeerWindow", func(t *testing.T) { testCodec(t, peerWindowSamples, DecodePeerWindow) })

@@ -144,13 +144,13 @@ def read_range(e, name, region, table_id, start, count, offset):
 
 
 def shard(e, name, node, rank, size, rows, disp, itemsize, timeout_ms, attempt, failed, dtype, backing="", total=0,
-          kind=KIND_ROWS, items=0, shape=(), group="", client=0, client_age_ms=0):
+          kind=KIND_ROWS, items=0, shape=(), group="", client=0, client_age_ms=0, why=""):
     """A Shard body; group is the round's group, the variable's replica
-    suffix ("" for the whole job); client and client_age_ms are the
-    agent's fields: a client sends 0."""
+    suffix ("" for the whole job); client, client_age_ms and why are the
+    agent's fields: a client sends 0, 0 and ""."""
     e.string(name).string(node).i64(rank, size, rows, disp, itemsize, timeout_ms, attempt).u8(1 if failed else 0)
     e.string(dtype).string32(backing).i64(total).u8(kind).i64(items).i64s(np.asarray(shape, dtype=np.int64))
-    return e.string(group).u64(client).i64(client_age_ms)
+    return e.string(group).u64(client).i64(client_age_ms).string32(why)
 
 
 class Table:

@@ -34,6 +34,12 @@ def _ids(cases):
 # ---- frames -------------------------------------------------------------------
 
 
+def _shard(e, f):
+    return _wire.shard(e, f["name"], f["node"], f["rank"], f["size"], f["rows"], f["disp"], f["itemsize"],
+                       f["timeout_ms"], f["attempt"], f["failed"], f["dtype"], f["backing"], f["total"],
+                       f["kind"], f["items"], f["shape"], f["group"], f["client"], f["client_age_ms"], f["why"])
+
+
 def _body(message, f):
     """The request body of a message, built the way ddstore/store.py builds it."""
     e = _wire.Encoder()
@@ -41,9 +47,7 @@ def _body(message, f):
         return e.string(f["namespace"]).string(f["node"]).i64(f["rank"], f["size"], f["local_rank"],
                                                               f["local_size"], f["pid"])
     if message == "Shard":  # Store.add
-        return _wire.shard(e, f["name"], f["node"], f["rank"], f["size"], f["rows"], f["disp"], f["itemsize"],
-                           f["timeout_ms"], f["attempt"], f["failed"], f["dtype"], f["backing"], f["total"],
-                           f["kind"], f["items"], f["shape"], f["group"], f["client"], f["client_age_ms"])
+        return _shard(e, f)
     if message == "Name":  # Lookup, Free
         return e.string(f["name"]).string(f["node"]).i64(f["rank"])
     if message == "Read":  # Store._fetch
@@ -64,6 +68,21 @@ def _body(message, f):
         return e.string(f["node"]).u64(f["client"]).i64(f["pid"], f["rank"], f["size"])
     if message == "PeerOffsets":  # peer protocol, likewise
         return e.string(f["name"]).i64(f["id"], f["rank"], f["first"], f["count"])
+    if message == "Round":  # peer protocol, likewise: what is wanted back, then a Shard
+        e.u8(f["want"])
+        return _shard(e, f)
+    if message == "Shards":  # peer protocol, likewise: a count, then each Shard
+        e.u32(len(f["shards"]))
+        for s in f["shards"]:
+            _shard(e, s)
+        return e
+    if message == "Names":  # peer protocol, likewise: a count, then each Name
+        e.u32(len(f["names"]))
+        for n in f["names"]:
+            e.string(n["name"]).string(n["node"]).i64(n["rank"])
+        return e
+    if message == "Drop":  # peer protocol, likewise (PeerDrop, PeerTable)
+        return e.string(f["name"]).i64(f["id"])
     assert message is None, message
     return e  # Info: empty body
 

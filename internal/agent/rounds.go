@@ -1,0 +1,333 @@
+package agent
+
+// Publish rounds at scale, on the requesting side (docs/design.md): a
+// node's first rank of a round waits for it and brings the table, or
+// fetches it from the node the coordinator names; the node's other ranks
+// hand their shards, and all ranks their frees, over in batches; any
+// agent gives a table it holds to the nodes below it in the tree. And the
+// coordinator's counters of what it receives and sends.
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
+
+// roundLeads are the rounds in which a rank of this node waits for the
+// coordinator's table (PeerRound): the node's other ranks of the round
+// hand their shards over in batches (PeerShards) and take the table, or
+// the error, that it brings.
+type roundLeads struct {
+	mu sync.Mutex // a leaf (lock order: internal/LOCKS.md)
+	m  map[roundLead]*lead
+}
+
+type roundLead struct {
+	name    string
+	attempt int64
+}
+
+// lead is one round's leading request on this node: done is closed once
+// it has set the table on the variable, or failed with err.
+type lead struct {
+	done chan struct{}
+	err  error // set before done is closed
+}
+
+// lead makes the caller the rank of this node that brings round k's
+// table, unless one does already; finish (the leader's) records its error
+// and releases the others.
+func (l *roundLeads) lead(k roundLead) (leader bool, ld *lead, finish func(error)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if ld, ok := l.m[k]; ok {
+		return false, ld, func(error) {}
+	}
+	if l.m == nil {
+		l.m = make(map[roundLead]*lead)
+	}
+	ld = &lead{done: make(chan struct{})}
+	l.m[k] = ld
+	return true, ld, func(err error) {
+		l.mu.Lock()
+		delete(l.m, k)
+		l.mu.Unlock()
+		ld.err = err
+		close(ld.done)
+	}
+}
+
+// coordRound hands a rank's shard of v to the coordinator and waits for
+// its round's table, which the caller sets on v. On the coordinator's
+// node it is coordPublish. Elsewhere only the node's first rank of a
+// round sends its shard with PeerRound, which waits for the round and
+// brings the table — or the node to fetch it from: the coordinator
+// passes a round's table on along a tree of nodes (PeerTable); the
+// node's other ranks hand their shards over in batches (PeerShards,
+// answered at once) and take the table from v, or the leader's error
+// (docs/design.md, Publish rounds at scale).
+func (a *Agent) coordRound(ctx context.Context, v *variable, m wire.Shard) (*wire.Table, error) {
+	addr, err := a.coordinatorAddr(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if addr == "" {
+		return a.coord.Load().publish(ctx, m, a.roundTimeout(m))
+	}
+	leader, ld, finish := a.leads.lead(roundLead{m.Name, m.Attempt})
+	if !leader {
+		if err := a.shardBatch.submit(ctx, a, addr, m); err != nil {
+			return nil, err // the round's error names the variable, a transport's the peer
+		}
+		select {
+		case <-ld.done:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: variable %q: waiting for the table another rank of node %q fetches: %w", base.ErrTimeout, m.Name, a.cfg.Node, ctx.Err())
+		}
+		if ld.err != nil {
+			return nil, ld.err
+		}
+		v.mu.RLock()
+		t := v.table
+		v.mu.RUnlock()
+		if t == nil { // the leader's table did not fit this node (setTable failed): the caller says why
+			return a.coordTable(ctx, addr, m.Name, 0)
+		}
+		return t, nil
+	}
+	t, err := a.leadRound(ctx, addr, m)
+	if err == nil {
+		// Before finish: the node's other ranks take it from v. An error
+		// is the caller's to report (setTable gives it again).
+		v.mu.Lock()
+		v.setTable(a, t)
+		v.mu.Unlock()
+	}
+	finish(err)
+	return t, err
+}
+
+// leadRound sends the leader's shard (PeerRound) and returns the round's
+// table: in the reply, or from the node it names.
+func (a *Agent) leadRound(ctx context.Context, addr string, m wire.Shard) (*wire.Table, error) {
+	r := wire.Round{Shard: m, Want: wire.RoundTable}
+	body, err := a.pool.Call(ctx, addr, wire.OpPeerRound, r.Encode)
+	if err != nil {
+		return nil, err
+	}
+	rep, err := wire.DecodeRoundReply(body)
+	if err != nil {
+		return nil, err
+	}
+	switch rep.Kind {
+	case wire.RoundReplyTable:
+		return &rep.Table, nil
+	case wire.RoundReplyRelay:
+		return a.relayedTable(ctx, addr, m.Name, rep)
+	}
+	// Only a request that wants no table is answered so.
+	return a.coordTable(ctx, addr, m.Name, 0)
+}
+
+// batcher sends this node's ranks' requests to the coordinator in
+// batches: one request at a time carries every item that came while the
+// previous one was on its way, so a node of many ranks sends few
+// messages per round. The shards of ranks that wait for another rank's
+// PeerRound go so (PeerShards), and the ranks' frees (PeerFrees).
+type batcher[T any] struct {
+	mu      sync.Mutex // a leaf (lock order: internal/LOCKS.md)
+	queue   []*batchItem[T]
+	sending bool
+	// send sends one batch to addr and returns each item's error.
+	send func(ctx context.Context, addr string, items []T) []error
+}
+
+type batchItem[T any] struct {
+	v    T
+	addr string
+	done chan error // one slot: the coordinator's answer
+}
+
+// submit queues v for the coordinator at addr and returns its answer.
+func (b *batcher[T]) submit(ctx context.Context, a *Agent, addr string, v T) error {
+	p := &batchItem[T]{v: v, addr: addr, done: make(chan error, 1)}
+	b.mu.Lock()
+	b.queue = append(b.queue, p)
+	start := !b.sending
+	b.sending = true
+	b.mu.Unlock()
+	if start {
+		a.go_(func() { b.run(a) })
+	}
+	select {
+	case err := <-p.done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("%w: waiting for the coordinator's answer: %w", base.ErrTimeout, ctx.Err())
+	}
+}
+
+// run sends what is queued until the queue is empty, a batch per
+// coordinator address (one, unless the coordinator changed meanwhile).
+func (b *batcher[T]) run(a *Agent) {
+	for {
+		b.mu.Lock()
+		batch := b.queue
+		b.queue = nil
+		if len(batch) == 0 {
+			b.sending = false
+			b.mu.Unlock()
+			return
+		}
+		b.mu.Unlock()
+		for len(batch) > 0 {
+			addr := batch[0].addr
+			var now, later []*batchItem[T]
+			for _, p := range batch {
+				if p.addr == addr {
+					now = append(now, p)
+				} else {
+					later = append(later, p)
+				}
+			}
+			batch = later
+			items := make([]T, len(now))
+			for i, p := range now {
+				items[i] = p.v
+			}
+			// A free that completes a variable waits for its drop on every
+			// node, each bounded by the timeout.
+			ctx, cancel := context.WithTimeout(a.ctx, 2*a.cfg.Timeout)
+			errs := b.send(ctx, addr, items)
+			cancel()
+			for i, p := range now {
+				p.done <- errs[i]
+			}
+		}
+	}
+}
+
+// callBatch sends one batch request and returns each item's result: the
+// request's error for all when it failed as a whole.
+func (a *Agent) callBatch(ctx context.Context, addr string, op wire.Op, fill func(*wire.Encoder), n int) []error {
+	errs := make([]error, n)
+	body, err := a.pool.Call(ctx, addr, op, fill)
+	var res wire.Results
+	if err == nil {
+		if res, err = wire.DecodeResults(body); err == nil && len(res.Errs) != n {
+			err = base.Errorf(base.ErrProtocol, "coordinator answered %d of %d items of a %s", len(res.Errs), n, op)
+		}
+	}
+	for i := range errs {
+		if err != nil {
+			errs[i] = err
+		} else {
+			errs[i] = res.Errs[i]
+		}
+	}
+	return errs
+}
+
+// initBatchers sets what the agent's batchers send.
+func (a *Agent) initBatchers() {
+	a.shardBatch.send = func(ctx context.Context, addr string, items []wire.Shard) []error {
+		m := wire.Shards{Shards: items}
+		return a.callBatch(ctx, addr, wire.OpPeerShards, m.Encode, len(items))
+	}
+	a.freeBatch.send = func(ctx context.Context, addr string, items []wire.Name) []error {
+		m := wire.Names{Names: items}
+		return a.callBatch(ctx, addr, wire.OpPeerFrees, m.Encode, len(items))
+	}
+}
+
+// relayedTable fetches a round's table from the node the coordinator
+// named, or from the coordinator when that node cannot give it.
+func (a *Agent) relayedTable(ctx context.Context, coordAddr, name string, rep wire.RoundReply) (*wire.Table, error) {
+	m := wire.Drop{Name: name, ID: rep.ID}
+	body, err := a.pool.Call(ctx, rep.Addr, wire.OpPeerTable, m.Encode)
+	if err == nil {
+		var t wire.Table
+		if t, err = wire.DecodeTable(body); err == nil && t.ID == rep.ID {
+			return &t, nil
+		}
+		if err == nil {
+			err = fmt.Errorf("table id %d, want %d", t.ID, rep.ID)
+		}
+	}
+	a.log.Info("could not fetch a table from the node relaying it; asking the coordinator", "variable", name, "node", rep.Node, "err", err)
+	return a.coordTable(ctx, coordAddr, name, rep.ID)
+}
+
+// coordTable asks the coordinator for a variable's table (PeerLookup);
+// with id != 0 it must be that table.
+func (a *Agent) coordTable(ctx context.Context, addr, name string, id int64) (*wire.Table, error) {
+	m := wire.Name{Name: name}
+	body, err := a.pool.Call(ctx, addr, wire.OpPeerLookup, m.Encode)
+	if err != nil {
+		return nil, err
+	}
+	t, err := wire.DecodeTable(body)
+	if err != nil {
+		return nil, err
+	}
+	if id != 0 && t.ID != id {
+		return nil, base.Errorf(base.ErrFreed, "variable %q: the coordinator has table %d, the round made %d", name, t.ID, id)
+	}
+	return &t, nil
+}
+
+// peerTable answers PeerTable: the table of a variable this node holds,
+// waiting (boundedly) for it while this node's own round's reply is on
+// its way.
+func (a *Agent) peerTable(ctx context.Context, m wire.Drop) (func(*wire.Encoder), error) {
+	a.mu.Lock()
+	v := a.mu.vars[m.Name]
+	a.mu.Unlock()
+	if v == nil {
+		return nil, base.Errorf(base.ErrUnknown, "node %q holds no variable %q", a.cfg.Node, m.Name)
+	}
+	t := time.NewTimer(a.cfg.Timeout)
+	defer t.Stop()
+	select {
+	case <-v.ready:
+	case <-t.C:
+		return nil, base.Errorf(base.ErrTimeout, "node %q: variable %q has no table after %v", a.cfg.Node, m.Name, a.cfg.Timeout)
+	case <-ctx.Done():
+		return nil, base.Errorf(base.ErrClosed, "node %q stopping", a.cfg.Node)
+	}
+	v.mu.RLock()
+	tab := v.table
+	v.mu.RUnlock()
+	if tab == nil || tab.ID != m.ID {
+		return nil, base.Errorf(base.ErrUnknown, "node %q holds no table %d of variable %q", a.cfg.Node, m.ID, m.Name)
+	}
+	a.stats.tablesRelayed.Add(1)
+	return tab.Encode, nil // a set table is never changed
+}
+
+// countCoordinatorOp is coordinatorOp, with the request and its reply
+// counted in the coordinator's counters (a.stats.coord).
+func (a *Agent) countCoordinatorOp(ctx context.Context, op wire.Op, body []byte) (func(*wire.Encoder), error) {
+	cc := &a.stats.coord
+	cc.in.Add(1)
+	cc.inBytes.Add(int64(wire.HeaderSize + len(body)))
+	cc.out.Add(1)
+	fill, err := a.coordinatorOp(ctx, op, body)
+	if err != nil {
+		cc.outBytes.Add(int64(len(wire.AppendError(nil, op, 0, err))))
+		return nil, err
+	}
+	if fill == nil {
+		cc.outBytes.Add(wire.HeaderSize)
+		return nil, nil
+	}
+	return func(e *wire.Encoder) {
+		n := len(e.Bytes())
+		fill(e)
+		cc.outBytes.Add(int64(wire.HeaderSize + len(e.Bytes()) - n))
+	}, nil
+}

@@ -1,0 +1,104 @@
+package ddstore_test
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ddstore-go/ddstore"
+	"github.com/ddstore-go/ddstore/agent"
+	"github.com/ddstore-go/ddstore/internal/testutil"
+)
+
+// TestClusterTableRelay: with a relay fanout of 1 the coordinator gives a
+// round's table to one node and each node to the next, so the tables of
+// a five-node job pass along a chain of relays (PeerTable); every rank
+// still gets the variable, reads every row, frees it and adds it again.
+func TestClusterTableRelay(t *testing.T) {
+	c := startCluster(t, []int{2, 2, 2, 2, 2}, viaRendezvous, func(cfg *agent.Config) { cfg.RelayFanout = 1 })
+	rows := []int64{3, 1, 4, 1, 5, 9, 2, 6, 5, 3}
+	var total int64
+	for _, n := range rows {
+		total += n
+	}
+	for round := 1; round <= 2; round++ {
+		c.addPattern(t, "relay", rows, 2, 8)
+		readAllRanks(t, c, "relay", total, 16)
+		if clusterTransport != "mpi" { // the mpirun agents take their flags, not this Config
+			relayed := 0
+			for i, a := range c.agents {
+				in, err := ddstore.QueryAgent(a.Socket(), c.ns, fmt.Sprintf("node%d", i))
+				if err != nil {
+					t.Fatal(err)
+				}
+				relayed += in.Counters["tables_relayed"]
+			}
+			// Four nodes off the coordinator's: one gets the table from
+			// it, three from the node before them.
+			if relayed != 3*round {
+				t.Errorf("round %d: %d tables relayed by the nodes, want %d", round, relayed, 3*round)
+			}
+		}
+		c.mustEach(t, func(_ int, s *ddstore.Store) error { return s.Free("relay") })
+	}
+}
+
+// TestClusterRoundFollowerMismatch: a node's ranks other than the one
+// that waits for the round hand their shards over in batches; when one
+// of them declares another geometry, the round fails for every rank of
+// every node with the coordinator's error naming both, and a corrected
+// retry by all ranks works.
+func TestClusterRoundFollowerMismatch(t *testing.T) {
+	c := startCluster(t, []int{4, 4, 4}, viaRendezvous)
+	coordMsgs := func() int {
+		in, err := ddstore.QueryAgent(c.agents[0].Socket(), c.ns, "node0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !in.Coordinator {
+			t.Fatal("node0's agent does not coordinate")
+		}
+		return in.Counters["coord_messages_in"]
+	}
+	const bad = 9 // node2's local rank 1
+	errs := make([]error, len(c.stores))
+	var wg sync.WaitGroup
+	add := func(r int) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			disp := int64(2)
+			if r == bad {
+				disp = 1
+			}
+			errs[r] = c.stores[r].Add("mismatch", make([]byte, 16*disp), disp, 8)
+		}()
+	}
+	// Node2's other ranks first: once the coordinator has heard from
+	// node2, one of them leads its round there, so rank 9's shard goes in
+	// a batch (PeerShards).
+	before := coordMsgs()
+	for _, r := range []int{8, 10, 11} {
+		add(r)
+	}
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if n := coordMsgs(); n <= before {
+			return fmt.Errorf("the coordinator has %d messages, none from node2 yet", n)
+		}
+		return nil
+	})
+	for r := range c.stores {
+		if r < 8 || r == bad {
+			add(r)
+		}
+	}
+	wg.Wait()
+	for r, err := range errs {
+		wantErr(t, fmt.Sprintf("rank %d", r), err, ddstore.ErrGeometry, "disp")
+	}
+	// All ranks again, each with the same geometry.
+	rows := []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
+	c.addPattern(t, "mismatch", rows, 2, 8)
+	readAllRanks(t, c, "mismatch", 78, 16)
+}
