@@ -51,17 +51,31 @@ func TestClusterTableRelay(t *testing.T) {
 // retry by all ranks works.
 func TestClusterRoundFollowerMismatch(t *testing.T) {
 	c := startCluster(t, []int{4, 4, 4}, viaRendezvous)
-	coordMsgs := func() int {
-		in, err := ddstore.QueryAgent(c.agents[0].Socket(), c.ns, "node0")
+	// The coordinator is whichever agent took the rendezvous (under
+	// mpirun, any of them); the node of the batched shards is another.
+	coord := -1
+	for i, a := range c.agents {
+		in, err := ddstore.QueryAgent(a.Socket(), c.ns, fmt.Sprintf("node%d", i))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !in.Coordinator {
-			t.Fatal("node0's agent does not coordinate")
+		if in.Coordinator {
+			coord = i
+		}
+	}
+	if coord < 0 {
+		t.Fatal("no agent coordinates")
+	}
+	coordMsgs := func() int {
+		in, err := ddstore.QueryAgent(c.agents[coord].Socket(), c.ns, fmt.Sprintf("node%d", coord))
+		if err != nil {
+			t.Fatal(err)
 		}
 		return in.Counters["coord_messages_in"]
 	}
-	const bad = 9 // node2's local rank 1
+	node := (coord + 1) % 3
+	first := 4 * node
+	bad := first + 1 // the node's local rank 1
 	errs := make([]error, len(c.stores))
 	var wg sync.WaitGroup
 	add := func(r int) {
@@ -75,21 +89,21 @@ func TestClusterRoundFollowerMismatch(t *testing.T) {
 			errs[r] = c.stores[r].Add("mismatch", make([]byte, 16*disp), disp, 8)
 		}()
 	}
-	// Node2's other ranks first: once the coordinator has heard from
-	// node2, one of them leads its round there, so rank 9's shard goes in
-	// a batch (PeerShards).
+	// That node's other ranks first: once the coordinator has heard from
+	// the node, one of them leads its round there, so the bad rank's shard
+	// goes in a batch (PeerShards).
 	before := coordMsgs()
-	for _, r := range []int{8, 10, 11} {
+	for _, r := range []int{first, first + 2, first + 3} {
 		add(r)
 	}
 	testutil.WaitFor(t, 10*time.Second, func() error {
 		if n := coordMsgs(); n <= before {
-			return fmt.Errorf("the coordinator has %d messages, none from node2 yet", n)
+			return fmt.Errorf("the coordinator has %d messages, none from node%d yet", n, node)
 		}
 		return nil
 	})
 	for r := range c.stores {
-		if r < 8 || r == bad {
+		if r < first || r >= first+4 || r == bad {
 			add(r)
 		}
 	}
