@@ -329,6 +329,7 @@ func TestAgentRestartReadoptsRagged(t *testing.T) {
 	dir := t.TempDir()
 	ns := fmt.Sprintf("rrestart%d", os.Getpid())
 	runDir := filepath.Join(dir, "run")
+	removeSegmentsAtEnd(t, ns)
 	p := startRestartableAgent(t, "--namespace", ns, "--node", "n0", "--run-dir", runDir, "--timeout", "5s")
 	open := func(rank, size int) *ddstore.Store { return openLocal(t, ns, "n0", runDir, rank, size, rank, size) }
 	c := &cluster{ns: ns, stores: []*ddstore.Store{open(0, 2), open(1, 2)}}

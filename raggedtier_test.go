@@ -406,6 +406,7 @@ func TestAgentRestartReadoptsRaggedBacked(t *testing.T) {
 	dir := t.TempDir()
 	ns := fmt.Sprintf("rbrestart%d", os.Getpid())
 	runDir := filepath.Join(dir, "run")
+	removeSegmentsAtEnd(t, ns)
 	f := newRaggedFile(6, 60, 12, 8)
 	values, offsets := f.writeNPYPair(t, dir)
 	p := startRestartableAgent(t, "--namespace", ns, "--node", "n0", "--run-dir", runDir, "--timeout", "5s")

@@ -88,6 +88,7 @@ func TestAgentRestartReadopts(t *testing.T) {
 	dir := t.TempDir()
 	ns := fmt.Sprintf("restart%d", os.Getpid())
 	runDir := filepath.Join(dir, "run")
+	removeSegmentsAtEnd(t, ns)
 	args := []string{"--namespace", ns, "--node", "n0", "--run-dir", runDir, "--timeout", "5s"}
 	p := startRestartableAgent(t, args...)
 	open := func(rank, size int) *ddstore.Store { return openLocal(t, ns, "n0", runDir, rank, size, rank, size) }
@@ -197,6 +198,17 @@ func TestAgentRestartReadopts(t *testing.T) {
 	}
 }
 
+// removeSegmentsAtEnd removes the namespace's segments when the test ends.
+// Called before the test starts its agents, its cleanup runs after theirs:
+// agents killed outright leave their segments.
+func removeSegmentsAtEnd(t *testing.T, ns string) {
+	t.Cleanup(func() {
+		for _, seg := range segments(ns) {
+			os.Remove(seg)
+		}
+	})
+}
+
 // twoNodeJobs numbers the jobs of startTwoNodeProcs, so that each has a
 // namespace of its own (also under -count).
 var twoNodeJobs atomic.Int64
@@ -208,13 +220,7 @@ var twoNodeJobs atomic.Int64
 func startTwoNodeProcs(t *testing.T, prefix, timeout string) (*cluster, *restartableAgent) {
 	ns := fmt.Sprintf("%s%d-%d", prefix, os.Getpid(), twoNodeJobs.Add(1))
 	runDir := filepath.Join(t.TempDir(), "run")
-	// Registered first, so run last: the agents are killed outright and
-	// leave their segments.
-	t.Cleanup(func() {
-		for _, seg := range segments(ns) {
-			os.Remove(seg)
-		}
-	})
+	removeSegmentsAtEnd(t, ns)
 	common := []string{"--namespace", ns, "--run-dir", runDir, "--rendezvous", freeAddr(t), "--peer-listen", "127.0.0.1:0", "--timeout", timeout}
 	startRestartableAgent(t, append([]string{"--node", "n0"}, common...)...)
 	// n0 is up, holding the rendezvous address, before n1 starts: n0 is
