@@ -4,6 +4,7 @@ run directory and namespace per test so agents never meet across tests."""
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -13,6 +14,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # The DDSTORE_SECRET of jobs on several (simulated) nodes: agents that meet
 # through a rendezvous address refuse to start without one.
 SECRET = "ddstore-python-test-secret-0123456789"
+
+
+def wait_until(cond, timeout, what):
+    """Poll cond() until it is true; after timeout seconds fail naming what
+    was waited for."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"{what}: not so after {timeout} s"
+        time.sleep(0.01)
 
 
 @pytest.fixture(scope="session")

@@ -8,11 +8,11 @@ ranks see)."""
 
 import os
 import shutil
-import time
 
 import pytest
 
 import ddstore
+from conftest import wait_until
 from test_bootstrap import mpirun_plain
 
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI (mpirun) is not installed")
@@ -92,17 +92,18 @@ def test_rerun_after_crash(job, tmp_path, np_):
     _, out = mpirun_plain(env, tmp_path, CRASH, np_, "crash")
     token = [line.split()[1] for line in out.splitlines() if line.startswith("token ")][0]
     # The dead job's variable goes by itself: its processes are gone.
-    deadline = time.monotonic() + 60
-    while True:
+
+    def gone():
         look = ddstore.Store(reader=True, rank=0, size=1, namespace="default", scope=token, spawn=False)
         try:
             look.info("x")
         except ddstore.UnknownVariable:
-            break
+            return True
         finally:
             look.close()
-        assert time.monotonic() < deadline, "the variable of a dead job is still there"
-        time.sleep(0.05)
+        return False
+
+    wait_until(gone, 60, "the variable of a dead job gone")
     mpirun_plain(env, tmp_path, CRASH, np_, "clean")
 
 
