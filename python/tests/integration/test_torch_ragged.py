@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import ddstore  # noqa: E402
 from conftest import run_ranks  # noqa: E402
+from test_torch import assert_same as same  # noqa: E402
 from ddstore.torch import (BudgetSampler, DistDataset, DistDatasetReader, Graphs, Packed, Padded,  # noqa: E402
                            ScheduledSampler, ThreadDataLoader, WindowedDataset)
 
@@ -58,28 +59,6 @@ class Sentences(Dataset):
 
     def __getitem__(self, i):
         return torch.arange(int(self.lengths[i]), dtype=torch.int32) + 1000 * i, i % 5
-
-
-def same(a, b, where="value"):
-    """Same structure, types, dtypes, shapes and values."""
-    assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a.dtype}{tuple(a.shape)} != " \
-                                                          f"{b.dtype}{tuple(b.shape)}"
-        assert torch.equal(a, b), f"{where}: values differ"
-    elif isinstance(a, np.ndarray):
-        assert a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a.dtype}{a.shape} != {b.dtype}{b.shape}"
-        np.testing.assert_array_equal(a, b, err_msg=where)
-    elif isinstance(a, dict):
-        assert list(a) == list(b), f"{where}: keys {list(a)} != {list(b)}"
-        for k in a:
-            same(a[k], b[k], f"{where}[{k!r}]")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), f"{where}: length {len(a)} != {len(b)}"
-        for k, (x, y) in enumerate(zip(a, b)):
-            same(x, y, f"{where}[{k}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
 
 
 def naive_graphs(samples):
@@ -408,7 +387,7 @@ from torch.utils.data import Dataset
 from ddstore.torch import (BudgetSampler, DistDataset, DistDatasetReader, Graphs, ScheduledSampler,
                            ThreadDataLoader)
 EDGES = {"edge_index": "x"}
-""" + inspect.getsource(Molecules) + inspect.getsource(same) + inspect.getsource(naive_graphs) + r"""
+""" + inspect.getsource(Molecules) + inspect.getsource(same) + "same = assert_same\n" + inspect.getsource(naive_graphs) + r"""
 chunk = int(sys.argv[1]) or None
 src = Molecules(45)
 kw = {} if chunk is None else dict(chunk_size=chunk, ragged={"x": 0, "pos": 0, "edge_index": 1})
