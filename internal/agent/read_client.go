@@ -71,6 +71,19 @@ func (a *Agent) cutPieces(f *fanout, t *wire.Table, serial bool) {
 	}
 }
 
+// current says whether v, read-locked, is still the variable of the table
+// id a client looked up: ErrFreed if it was freed, or freed and created
+// again since.
+func (v *variable) current(id int64) error {
+	if v.gone {
+		return base.Errorf(base.ErrFreed, "variable %q was freed", v.name)
+	}
+	if id != v.table.ID {
+		return base.Errorf(base.ErrFreed, "variable %q was freed and created again since this client looked it up", v.name)
+	}
+	return nil
+}
+
 // read serves a client's Read: rows of this node are copied from the
 // segments, rows of other nodes are fetched from their agents concurrently
 // (one request per owner node, cut into pieces when large), straight into
@@ -92,11 +105,8 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 			v.mu.RUnlock()
 		}
 	}()
-	if v.gone {
-		return base.Errorf(base.ErrFreed, "variable %q was freed", m.Name)
-	}
-	if m.ID != v.table.ID {
-		return base.Errorf(base.ErrFreed, "variable %q was freed and created again since this client looked it up", m.Name)
+	if err := v.current(m.ID); err != nil {
+		return err
 	}
 	if err := v.lay.CheckAll(m.Globals); err != nil {
 		return err
@@ -298,11 +308,10 @@ func (a *Agent) prefetch(ctx context.Context, m *wire.Fetch) error {
 	}
 	v.mu.RLock()
 	defer v.mu.RUnlock()
+	if err := v.current(m.ID); err != nil {
+		return err
+	}
 	switch {
-	case v.gone:
-		return base.Errorf(base.ErrFreed, "variable %q was freed", m.Name)
-	case m.ID != v.table.ID:
-		return base.Errorf(base.ErrFreed, "variable %q was freed and created again since this client looked it up", m.Name)
 	case v.tier == nil:
 		return base.Errorf(base.ErrArgument, "variable %q has no backing file: its rows are all in memory, there is nothing to prefetch", m.Name)
 	}

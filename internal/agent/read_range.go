@@ -58,11 +58,8 @@ func (a *Agent) readRange(ctx context.Context, s *session, m wire.ReadRange) err
 			v.mu.RUnlock()
 		}
 	}()
-	if v.gone {
-		return base.Errorf(base.ErrFreed, "variable %q was freed", m.Name)
-	}
-	if m.ID != v.table.ID {
-		return base.Errorf(base.ErrFreed, "variable %q was freed and created again since this client looked it up", m.Name)
+	if err := v.current(m.ID); err != nil {
+		return err
 	}
 	if v.rag != nil {
 		return base.Errorf(base.ErrArgument, "variable %q has ragged rows: a range of them is read with Read", m.Name)
