@@ -70,7 +70,23 @@ at least the step's largest read). --emit-rank adds, after the arrays above:
   storage_bytes  int64, shape (steps,), only with --emit-hits: of them, from
                  storage
 
-(in JSON: "bytes", "storage_bytes").`
+(in JSON: "bytes", "storage_bytes").
+
+Resuming a job, on this or another number of ranks: --resume-epoch E0
+--resume-position X plans the run that starts at epoch E0 of the job, of
+which the first X positions of the global order (the epoch's permutation,
+padded) were delivered before: epoch E0 deals positions X.. over --ranks
+ranks of --batch samples, each position once, the epochs after are whole;
+earlier epochs are not part of the run, and the buffers of random and solar
+start empty at E0. Under solar, --order-ranks P0 (the world size the job
+started with) keeps the job's order of epochs. --emit-positions adds, after
+the arrays above:
+
+  positions  int64, shape (steps+1,): the position of the epoch's global
+             order before each step and, last, n (the epoch done): what a
+             job stopped after step k resumes from (--resume-position)
+
+(in JSON: "positions").`
 
 func runSchedule(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("schedule", scheduleSynopsis, stderr)
@@ -95,14 +111,18 @@ func runSchedule(args []string, stdout, stderr io.Writer) error {
 	unitBytes := fs.Int64("unit-bytes", 1, "with --sizes or --offsets: bytes of the unit they count")
 	fs.Int64Var(&c.CapacityBytes, "capacity-bytes", 0, "with --sizes or --offsets: bytes the whole job holds in memory (M)")
 	pin := fs.String("pin", "", "with --sizes or --offsets: what locality's pinned rows maximise, bytes (default) or samples")
+	fs.IntVar(&c.ResumeEpoch, "resume-epoch", 0, "the epoch of the job this run starts in")
+	fs.IntVar(&c.ResumePosition, "resume-position", 0, "positions of --resume-epoch's global order delivered before this run")
+	fs.IntVar(&c.OrderRanks, "order-ranks", 0, "solar: the ranks whose costs order the epochs (default --ranks; a resumed job: its first run's)")
+	emitPositions := fs.Bool("emit-positions", false, "with --emit-rank: also write the epoch's position before each step")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	emit := set["emit-rank"]
-	if !emit && (set["epoch"] || set["emit-hits"]) {
-		return base.Errorf(base.ErrArgument, "schedule: --epoch and --emit-hits go with --emit-rank")
+	if !emit && (set["epoch"] || set["emit-hits"] || set["emit-positions"]) {
+		return base.Errorf(base.ErrArgument, "schedule: --epoch, --emit-hits and --emit-positions go with --emit-rank")
 	}
 	if err := scheduleSizes(&c, set, *sizesFile, *offsetsFile, *unitBytes); err != nil {
 		return err
@@ -117,7 +137,11 @@ func runSchedule(args []string, stdout, stderr io.Writer) error {
 		switch {
 		case *emitRank < 0 || *emitRank >= c.Ranks:
 			return base.Errorf(base.ErrArgument, "schedule: emit-rank %d not in [0, %d): ranks %d", *emitRank, c.Ranks, c.Ranks)
-		case *epoch < 0 || *epoch >= c.Epochs:
+		case *epoch < c.ResumeEpoch || *epoch >= c.Epochs:
+			if c.ResumeEpoch > 0 {
+				return base.Errorf(base.ErrArgument, "schedule: epoch %d not in [%d, %d): the run resumes at epoch %d of %d",
+					*epoch, c.ResumeEpoch, c.Epochs, c.ResumeEpoch, c.Epochs)
+			}
 			return base.Errorf(base.ErrArgument, "schedule: epoch %d not in [0, %d): epochs %d", *epoch, c.Epochs, c.Epochs)
 		}
 	}
@@ -127,7 +151,7 @@ func runSchedule(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if emit {
-		return emitPlan(stdout, s, *emitRank, *epoch, *emitHits, *asJSON)
+		return emitPlan(stdout, s, *emitRank, *epoch, *emitHits, *emitPositions, *asJSON)
 	}
 	sum := s.Summarize()
 	secs := time.Since(t0).Seconds()
@@ -140,6 +164,12 @@ func runSchedule(args []string, stdout, stderr io.Writer) error {
 			"storage_reads_min": sum.StorageReadsMin, "storage_reads_max": sum.StorageReadsMax,
 			"storage_reads_spread": sum.StorageReadsSpread, "node_local_fraction": sum.NodeLocal,
 			"steps_per_epoch": sum.StepsPerEpoch, "epoch_order": sum.Order, "seconds": secs,
+		}
+		if c.ResumeEpoch > 0 || c.ResumePosition > 0 {
+			out["resume_epoch"], out["resume_position"] = c.ResumeEpoch, c.ResumePosition
+		}
+		if c.OrderRanks > 0 {
+			out["order_ranks"] = c.OrderRanks
 		}
 		if c.Policy == schedule.Solar {
 			out["path_cost"], out["identity_cost"] = sum.PathCost, sum.IdentityCost
@@ -169,7 +199,7 @@ func runSchedule(args []string, stdout, stderr io.Writer) error {
 		if st.Hits > 0 {
 			local = fmt.Sprintf("%.3f", float64(st.LocalHits)/float64(st.Hits))
 		}
-		t.Row(fmt.Sprint(i), fmt.Sprint(sum.Order[i]), fmt.Sprintf("%.4f", st.HitRate()),
+		t.Row(fmt.Sprint(c.ResumeEpoch+i), fmt.Sprint(sum.Order[c.ResumeEpoch+i]), fmt.Sprintf("%.4f", st.HitRate()),
 			fmt.Sprint(st.ReadsMin), fmt.Sprint(st.ReadsMax), local)
 	}
 	if err := t.Write(stdout); err != nil {
@@ -273,7 +303,7 @@ func scheduleBytesTable(w io.Writer, c schedule.Config, sum schedule.Summary, se
 		if st.Hits > 0 {
 			local = fmt.Sprintf("%.3f", float64(st.LocalHits)/float64(st.Hits))
 		}
-		t.Row(fmt.Sprint(i), fmt.Sprint(sum.Order[i]), fmt.Sprintf("%.4f", st.HitRate()), fmt.Sprintf("%.4f", st.ByteHitRate()),
+		t.Row(fmt.Sprint(c.ResumeEpoch+i), fmt.Sprint(sum.Order[c.ResumeEpoch+i]), fmt.Sprintf("%.4f", st.HitRate()), fmt.Sprintf("%.4f", st.ByteHitRate()),
 			fmt.Sprint(st.StorageBytesMin), fmt.Sprint(st.StorageBytesMax), fmt.Sprintf("%.3f", st.Imbalance()), local)
 	}
 	if err := t.Write(w); err != nil {
@@ -303,7 +333,7 @@ func scheduleBytesTable(w io.Writer, c schedule.Config, sum schedule.Summary, se
 // emitPlan writes rank's samples of the epoch-th epoch of the run (and their
 // hit flags with hits) to w: .npy arrays, or one JSON object with asJSON.
 // epoch was validated against the run.
-func emitPlan(w io.Writer, s *schedule.Schedule, rank, epoch int, hits, asJSON bool) error {
+func emitPlan(w io.Writer, s *schedule.Schedule, rank, epoch int, hits, positions, asJSON bool) error {
 	// Locality plans the one epoch; random too without hits (its samples
 	// are the permutation's positions, its hits the buffers' history, which
 	// takes replaying epochs 0..epoch); solar always replays.
@@ -314,8 +344,18 @@ func emitPlan(w io.Writer, s *schedule.Schedule, rank, epoch int, hits, asJSON b
 		ep = s.EpochSamples(epoch)
 	}
 	steps := ep.Steps()
+	var pos []int64
+	if positions {
+		pos = make([]int64, steps+1)
+		for st := range pos {
+			pos[st] = int64(ep.Position(st))
+		}
+	}
 	if asJSON {
 		out := map[string]any{"rank": rank, "epoch": ep.Index, "perm": ep.Perm, "steps": steps}
+		if positions {
+			out["positions"] = pos
+		}
 		samples := make([][]int32, steps)
 		for st := range steps {
 			samples[st] = ep.Samples(st, rank)
@@ -389,6 +429,13 @@ func emitPlan(w io.Writer, s *schedule.Schedule, rank, epoch int, hits, asJSON b
 			}
 			npyWrite1D(bw, "<i8", steps, b)
 		}
+	}
+	if positions {
+		b := make([]byte, 0, 8*len(pos))
+		for _, p := range pos {
+			b = binary.LittleEndian.AppendUint64(b, uint64(p))
+		}
+		npyWrite1D(bw, "<i8", len(pos), b)
 	}
 	return bw.Flush()
 }

@@ -273,11 +273,17 @@ func TestScheduleEmitBadInput(t *testing.T) {
 		{[]string{"--emit-rank", "-1"}, exitArgument, "emit-rank -1 not in [0, 4)"},
 		{[]string{"--emit-rank", "0", "--epoch", "10"}, exitArgument, "epoch 10 not in [0, 10)"},
 		{[]string{"--emit-rank", "0", "--epoch", "-1"}, exitArgument, "epoch -1 not in [0, 10)"},
-		{[]string{"--epoch", "2"}, exitArgument, "--epoch and --emit-hits go with --emit-rank"},
-		{[]string{"--emit-hits"}, exitArgument, "--epoch and --emit-hits go with --emit-rank"},
+		{[]string{"--epoch", "2"}, exitArgument, "--epoch, --emit-hits and --emit-positions go with --emit-rank"},
+		{[]string{"--emit-hits"}, exitArgument, "--epoch, --emit-hits and --emit-positions go with --emit-rank"},
 		{[]string{"--emit-rank", "0", "--capacity", "5000"}, exitArgument, "capacity 5000 above n 2048"},
 		{[]string{"--emit-rank", "0", "--policy", "fifo"}, exitArgument, `policy "fifo"`},
+		{[]string{"--emit-positions"}, exitArgument, "--epoch, --emit-hits and --emit-positions go with --emit-rank"},
+		{[]string{"--emit-rank", "0", "--resume-epoch", "3", "--epoch", "2"}, exitArgument,
+			"epoch 2 not in [3, 10): the run resumes at epoch 3 of 10"},
+		{[]string{"--emit-rank", "0", "--resume-position", "2049"}, exitArgument, "resume position 2049 not in [0, 2048]"},
+		{[]string{"--emit-rank", "0", "--order-ranks", "2"}, exitArgument, "order ranks 2 with policy locality"},
 		{[]string{"--help"}, 0, "--emit-rank"},
+		{[]string{"--help"}, 0, "--resume-position"},
 	} {
 		code, out, errOut := run(t, append([]string{"schedule"}, tc.args...)...)
 		if code != tc.code || !strings.Contains(errOut, tc.want) || (code != 0 && out != "") {
@@ -534,6 +540,53 @@ func TestScheduleBytesBadInput(t *testing.T) {
 		code, out, errOut := run(t, append(append([]string{"schedule"}, base...), tc.args...)...)
 		if code != exitArgument || !strings.Contains(errOut, tc.want) || out != "" {
 			t.Errorf("schedule %v: exit %d, stdout %q, stderr %q; want exit %d and %q", tc.args, code, out, errOut, exitArgument, tc.want)
+		}
+	}
+}
+
+// TestScheduleEmitResume: --emit-positions tells where each step leaves
+// the epoch; a run resumed there on other ranks (--resume-epoch,
+// --resume-position) deals the positions left, as the package plans it.
+func TestScheduleEmitResume(t *testing.T) {
+	base := []string{"schedule", "--n", "60", "--batch", "3", "--epochs", "3", "--capacity", "30", "--seed", "5",
+		"--emit-rank", "1", "--json"}
+	code, out, errOut := run(t, append(slices.Clone(base), "--ranks", "4", "--epoch", "1", "--emit-positions")...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var first struct {
+		Positions []int `json:"positions"`
+	}
+	if err := json.Unmarshal([]byte(out), &first); err != nil {
+		t.Fatal(err)
+	}
+	if want := []int{0, 12, 24, 36, 48, 60}; !slices.Equal(first.Positions, want) {
+		t.Fatalf("positions %v, want %v", first.Positions, want)
+	}
+	code, out, errOut = run(t, append(slices.Clone(base), "--ranks", "3", "--epoch", "1", "--resume-epoch", "1",
+		"--resume-position", "24", "--emit-positions")...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var got struct {
+		Samples   [][]int32 `json:"samples"`
+		Positions []int     `json:"positions"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatal(err)
+	}
+	s, err := schedule.New(schedule.Config{Seed: 5, Epochs: 3, N: 60, Ranks: 3, RanksPerNode: 1, Batch: 3, Capacity: 30,
+		ResumeEpoch: 1, ResumePosition: 24})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := s.Epoch(1)
+	if len(got.Samples) != ep.Steps() || ep.Steps() != 4 || !slices.Equal(got.Positions, []int{24, 33, 42, 51, 60}) {
+		t.Fatalf("resumed at 24 on 3 ranks: %d steps, positions %v; want 4 steps from 24 by 9", len(got.Samples), got.Positions)
+	}
+	for st := range ep.Steps() {
+		if !slices.Equal(got.Samples[st], ep.Samples(st, 1)) {
+			t.Fatalf("step %d: %v, the package plans %v", st, got.Samples[st], ep.Samples(st, 1))
 		}
 	}
 }

@@ -259,7 +259,7 @@ func countDealEpoch(s *Schedule, i int) *Epoch {
 	m := newLocalitySim(s)
 	m.dealer = nil
 	e := &Epoch{}
-	e.reset(i, s.order[i], s.cfg.Ranks, s.geo.steps, s.cfg.Sizes)
+	e.reset(i, s.order[i], s.geoOf(i), s.cfg.Sizes)
 	m.epoch(e)
 	e.finish()
 	return e

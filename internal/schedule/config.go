@@ -63,6 +63,20 @@ type Config struct {
 	// Pin is what Locality's pinned set maximises under a byte budget:
 	// PinBytes (the default) or PinSamples. Only with Sizes.
 	Pin Pin `json:",omitempty"`
+	// A run that resumes a job (on this or another number of ranks) starts
+	// at ResumeEpoch, the epoch of the job it resumes, of which the first
+	// ResumePosition positions of the global order (the epoch's
+	// permutation, padded: Epoch.Positions) were delivered before: that
+	// epoch deals positions ResumePosition.. over this run's ranks, later
+	// epochs are whole. Epochs before ResumeEpoch are not part of the run,
+	// and the buffers of Random and Solar start empty at ResumeEpoch (a
+	// restarted process holds nothing). 0 and 0: a run from the start.
+	ResumeEpoch    int `json:",omitempty"`
+	ResumePosition int `json:",omitempty"`
+	// OrderRanks is the world size whose cost matrix orders Solar's
+	// epochs (0: Ranks): the job's first run, so that a job resumed on
+	// another number of ranks keeps the order of epochs it started with.
+	OrderRanks int `json:",omitempty"`
 }
 
 // Pin names what the pinned set of Locality maximises under a byte budget.
@@ -141,6 +155,16 @@ func (c Config) Validate() error {
 	}
 	if err := c.validateBytes(); err != nil {
 		return err
+	}
+	switch {
+	case c.ResumeEpoch < 0 || c.ResumeEpoch >= c.Epochs:
+		return argErr("resume epoch %d not in [0, %d): epochs %d", c.ResumeEpoch, c.Epochs, c.Epochs)
+	case c.ResumePosition < 0 || c.ResumePosition > c.N:
+		return argErr("resume position %d not in [0, %d]: positions of an epoch of n %d", c.ResumePosition, c.N, c.N)
+	case c.OrderRanks < 0:
+		return argErr("order ranks %d: want a positive number (0: ranks)", c.OrderRanks)
+	case c.OrderRanks != 0 && c.Policy != Solar:
+		return argErr("order ranks %d with policy %s: only solar orders epochs", c.OrderRanks, c.Policy)
 	}
 	switch c.Policy {
 	case Random, Solar:

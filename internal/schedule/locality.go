@@ -97,8 +97,8 @@ func (m *localitySim) epoch(e *Epoch) {
 	c := m.s.cfg
 	m.perm = m.p.permute(c.Seed, e.Perm, c.N, m.perm)
 	gb := c.Batch * c.Ranks
-	for s := range m.s.geo.steps {
-		m.deal(s * gb)
+	for s := range e.geo.steps {
+		m.deal(e.geo, s*gb)
 		for r := range c.Ranks {
 			lo, hi := r*c.Batch, (r+1)*c.Batch
 			e.addAll(m.slot[lo:hi], m.slotHit[lo:hi], m.slotNode[lo:hi])
@@ -111,10 +111,10 @@ func (m *localitySim) epoch(e *Epoch) {
 // nothing to the next.
 func (m *localitySim) skip(int, int) {}
 
-// deal deals the global batch at position first of the padded permutation
+// deal deals the global batch at position first of the epoch of geometry g
 // into m.slot.
-func (m *localitySim) deal(first int) {
-	c, g := m.s.cfg, m.s.geo
+func (m *localitySim) deal(g geometry, first int) {
+	c := m.s.cfg
 	p, b, r := c.Ranks, c.Batch, m.perNode
 	gb := b * p
 	clear(m.pinnedOn)

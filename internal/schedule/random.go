@@ -13,28 +13,39 @@ package schedule
 // Locality gives every rank exactly B samples: the permutation is cut into
 // global batches of G = B·P, the last one padded with the permutation's head
 // (or dropped with DropLast).
+//
+// The epoch a resumed run starts in (Config.ResumePosition X > 0) is the
+// same with the positions X.. of the padded list in place of 0..: the M =
+// n - X positions left are what the rules above deal (padding from the
+// permutation's head, past n), over this run's ranks.
 type geometry struct {
 	n, ranks, batch int
+	start           int // the position of the padded list the epoch starts at
 	perRank         int // samples per rank per epoch (DistributedSampler's num_samples)
 	steps           int
 }
 
-func newGeometry(c Config) geometry {
-	g := geometry{n: c.N, ranks: c.Ranks, batch: c.Batch}
+func newGeometry(c Config) geometry { return geometryFrom(c, 0) }
+
+// geometryFrom is the geometry of an epoch dealing positions start.. of the
+// padded list.
+func geometryFrom(c Config, start int) geometry {
+	g := geometry{n: c.N, ranks: c.Ranks, batch: c.Batch, start: start}
+	m := c.N - start
 	if c.Policy == Locality {
 		gb := c.Batch * c.Ranks
-		g.steps = ceilDiv(c.N, gb)
+		g.steps = ceilDiv(m, gb)
 		if c.DropLast {
-			g.steps = c.N / gb
+			g.steps = m / gb
 		}
 		g.perRank = g.steps * c.Batch
 		return g
 	}
 	// DistributedSampler: num_samples = ceil((n - P) / P) with drop_last and
 	// n % P != 0, that is floor(n / P); ceil(n / P) otherwise.
-	g.perRank = ceilDiv(c.N, c.Ranks)
+	g.perRank = ceilDiv(m, c.Ranks)
 	if c.DropLast {
-		g.perRank = c.N / c.Ranks
+		g.perRank = m / c.Ranks
 	}
 	// DataLoader: batches of B, the short last one kept unless drop_last.
 	g.steps = ceilDiv(g.perRank, c.Batch)
@@ -44,11 +55,22 @@ func newGeometry(c Config) geometry {
 	return g
 }
 
+// position returns the position of the padded list reached after the
+// first steps steps: n once the epoch is done (its padding delivered, or
+// its tail dropped).
+func (g geometry) position(steps int) int {
+	if steps >= g.steps {
+		return g.n
+	}
+	return min(g.start+min(steps*g.batch, g.perRank)*g.ranks, g.n)
+}
+
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
 
-// at returns the sample at position k of the padded list of perm.
+// at returns the sample at position k of the epoch (position start+k of
+// the padded list of perm).
 func (g geometry) at(perm []int32, k int) int32 {
-	if k >= g.n {
+	if k += g.start; k >= g.n {
 		k %= g.n // padding repeats the head, as many times as it takes
 	}
 	return perm[k]
@@ -205,12 +227,12 @@ func newRandomSim(s *Schedule) *randomSim {
 
 func (m *randomSim) epoch(e *Epoch) {
 	m.perm = m.p.permute(m.s.cfg.Seed, e.Perm, m.s.cfg.N, m.perm)
-	positional(e, m.s.geo, m.perm, m.buf, 0)
+	positional(e, e.geo, m.perm, m.buf, 0)
 }
 
-func (m *randomSim) skip(_, perm int) {
+func (m *randomSim) skip(index, perm int) {
 	m.perm = m.p.permute(m.s.cfg.Seed, perm, m.s.cfg.N, m.perm)
-	positionalReads(m.s.geo, m.perm, m.buf, 0)
+	positionalReads(m.s.geoOf(index), m.perm, m.buf, 0)
 }
 
 // positional fills steps from..end of e the DistributedSampler way, every

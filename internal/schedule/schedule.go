@@ -14,6 +14,9 @@ type Schedule struct {
 	cfg   Config
 	order []int
 	geo   geometry
+	// The geometry of the epoch a resumed run starts in (its positions
+	// Config.ResumePosition..); geo when the run starts an epoch whole.
+	resumed geometry
 	// Solar's epoch-to-epoch costs and the cost of its path through them
 	// and of running epochs in their natural order; nil and 0 otherwise.
 	cost         [][]int64
@@ -36,7 +39,7 @@ func New(cfg Config) (*Schedule, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	s := &Schedule{cfg: cfg, geo: newGeometry(cfg)}
+	s := &Schedule{cfg: cfg, geo: newGeometry(cfg), resumed: geometryFrom(cfg, cfg.ResumePosition)}
 	if cfg.Bytes() {
 		s.fitSamples, s.totalBytes = byteBounds(cfg.Sizes, cfg.CapacityBytes)
 		if cfg.Policy == Locality {
@@ -45,8 +48,12 @@ func New(cfg Config) (*Schedule, error) {
 		}
 	}
 	if cfg.Policy == Solar {
-		s.cost = solarCosts(cfg)
-		s.order, s.pathCost, s.identityCost = solarOrder(cfg, s.cost)
+		oc := cfg
+		if cfg.OrderRanks > 0 {
+			oc.Ranks = cfg.OrderRanks
+		}
+		s.cost = solarCosts(oc)
+		s.order, s.pathCost, s.identityCost = solarOrder(oc, s.cost)
 	} else {
 		s.order = make([]int, cfg.Epochs)
 		for i := range s.order {
@@ -63,8 +70,21 @@ func (s *Schedule) Config() Config { return s.cfg }
 // it draws: the identity except under Solar, which reorders epochs.
 func (s *Schedule) Order() []int { return append([]int(nil), s.order...) }
 
-// StepsPerEpoch returns how many steps every epoch has.
+// StepsPerEpoch returns how many steps every whole epoch has (all but the
+// first of a resumed run, whose steps deal only the positions left).
 func (s *Schedule) StepsPerEpoch() int { return s.geo.steps }
+
+// First returns the position in the job of the run's first epoch:
+// Config.ResumeEpoch, 0 for a run from the start.
+func (s *Schedule) First() int { return s.cfg.ResumeEpoch }
+
+// geoOf returns the geometry of the epoch at position i of the job.
+func (s *Schedule) geoOf(i int) geometry {
+	if i == s.cfg.ResumeEpoch {
+		return s.resumed
+	}
+	return s.geo
+}
 
 // Epochs simulates the run and yields its epochs in the order they run. Each
 // Epoch is the caller's to keep.
@@ -77,11 +97,11 @@ func (s *Schedule) Epochs() iter.Seq[*Epoch] {
 func (s *Schedule) run(reuse bool, yield func(*Epoch) bool) {
 	sim := newSimulator(s)
 	var e *Epoch
-	for i, p := range s.order {
+	for i := s.cfg.ResumeEpoch; i < len(s.order); i++ {
 		if e == nil || !reuse {
 			e = &Epoch{}
 		}
-		e.reset(i, p, s.cfg.Ranks, s.geo.steps, s.cfg.Sizes)
+		e.reset(i, s.order[i], s.geoOf(i), s.cfg.Sizes)
 		sim.epoch(e)
 		e.finish()
 		if !yield(e) {
@@ -90,20 +110,21 @@ func (s *Schedule) run(reuse bool, yield func(*Epoch) bool) {
 	}
 }
 
-// Epoch returns the epoch at position i of the run (0 ≤ i < Epochs), the
-// same as the i-th that Epochs yields. Locality carries nothing from one
-// epoch to the next, so there it costs one epoch. Random and Solar carry
-// their buffers over, so it replays the buffers through epochs 0..i-1 (a
-// permutation and a buffer lookup per sample each, no Epoch built) before
-// filling epoch i. It panics if i is out of range.
+// Epoch returns the epoch at position i of the job (First() ≤ i < Epochs),
+// the same as the one of that Index that Epochs yields. Locality carries
+// nothing from one epoch to the next, so there it costs one epoch. Random
+// and Solar carry their buffers over, so it replays the buffers through
+// the run's epochs before i (a permutation and a buffer lookup per sample
+// each, no Epoch built) before filling epoch i. It panics if i is out of
+// range.
 func (s *Schedule) Epoch(i int) *Epoch {
 	s.checkPosition(i)
 	sim := newSimulator(s)
-	for k := range i {
+	for k := s.cfg.ResumeEpoch; k < i; k++ {
 		sim.skip(k, s.order[k])
 	}
 	e := &Epoch{}
-	e.reset(i, s.order[i], s.cfg.Ranks, s.geo.steps, s.cfg.Sizes)
+	e.reset(i, s.order[i], s.geoOf(i), s.cfg.Sizes)
 	sim.epoch(e)
 	e.finish()
 	return e
@@ -124,18 +145,18 @@ func (s *Schedule) EpochSamples(i int) *Epoch {
 	}
 	s.checkPosition(i)
 	e := &Epoch{}
-	e.reset(i, s.order[i], s.cfg.Ranks, s.geo.steps, s.cfg.Sizes)
+	e.reset(i, s.order[i], s.geoOf(i), s.cfg.Sizes)
 	e.noHits = true
 	var p permuter
 	perm := p.permute(s.cfg.Seed, e.Perm, s.cfg.N, nil)
-	positional(e, s.geo, perm, nil, 0)
+	positional(e, e.geo, perm, nil, 0)
 	e.finish()
 	return e
 }
 
 func (s *Schedule) checkPosition(i int) {
-	if i < 0 || i >= len(s.order) {
-		panic(fmt.Sprintf("schedule: epoch %d not in [0, %d)", i, len(s.order)))
+	if i < s.cfg.ResumeEpoch || i >= len(s.order) {
+		panic(fmt.Sprintf("schedule: epoch %d not in [%d, %d)", i, s.cfg.ResumeEpoch, len(s.order)))
 	}
 }
 
@@ -224,11 +245,12 @@ func (s *Schedule) Steps(ahead int) iter.Seq[Step] {
 // Epoch is one simulated epoch: each rank's samples at each step, whether
 // memory held each one, and counts.
 type Epoch struct {
-	Index int // position in the run, from 0
+	Index int // position in the job, from 0
 	Perm  int // the epoch whose permutation it draws (Permutation(seed, Perm, n))
 	Stats EpochStats
 
 	ranks, steps int
+	geo          geometry
 	// The samples of rank r at step s are samples[bounds[s*ranks+r]:bounds[s*ranks+r+1]].
 	bounds  []int32
 	samples []int32
@@ -290,6 +312,22 @@ func (s EpochStats) HitRate() float64 {
 
 // Steps returns the number of steps.
 func (e *Epoch) Steps() int { return e.steps }
+
+// Position returns how many positions of the epoch's global order (its
+// permutation, padded) the first step steps deliver together, counted from
+// the epoch's start (0, or Config.ResumePosition in the epoch a run
+// resumes): Position(0) is where the epoch starts, Position(Steps()) is n
+// (the epoch done: its padding delivered or its tail dropped; also when it
+// has no step).
+// A job stopped after step k of this epoch and resumed on any number of
+// ranks with ResumePosition = Position(k) delivers exactly the positions
+// it did not. It panics unless 0 ≤ step ≤ Steps().
+func (e *Epoch) Position(step int) int {
+	if step < 0 || step > e.steps {
+		panic(fmt.Sprintf("schedule: step %d not in [0, %d]", step, e.steps))
+	}
+	return e.geo.position(step)
+}
 
 func (e *Epoch) span(step, rank int) (int32, int32) {
 	k := step*e.ranks + rank
@@ -381,9 +419,9 @@ func (e *Epoch) Global(step int) []int32 {
 	return e.samples[lo:hi:hi]
 }
 
-func (e *Epoch) reset(index, perm, ranks, steps int, sizes []int64) {
+func (e *Epoch) reset(index, perm int, g geometry, sizes []int64) {
 	e.Index, e.Perm, e.Stats, e.noHits, e.sizes = index, perm, EpochStats{}, false, sizes
-	e.ranks, e.steps = ranks, steps
+	e.ranks, e.steps, e.geo = g.ranks, g.steps, g
 	e.bounds = append(e.bounds[:0], 0)
 	e.samples, e.hit, e.local = e.samples[:0], e.hit[:0], e.local[:0]
 }
@@ -565,7 +603,7 @@ func (s *Schedule) Summarize() Summary {
 		if bytes {
 			sum.ByteHitRatePerEpoch = append(sum.ByteHitRatePerEpoch, st.ByteHitRate())
 		}
-		if e.Index == 0 && len(s.order) > 1 {
+		if e.Index == s.cfg.ResumeEpoch && len(s.order)-s.cfg.ResumeEpoch > 1 {
 			return true
 		}
 		warm++

@@ -233,10 +233,10 @@ func (m *solarSim) redealtSteps() int {
 }
 
 func (m *solarSim) epoch(e *Epoch) {
-	g := m.s.geo
+	g := e.geo
 	m.perm = m.p.permute(m.s.cfg.Seed, e.Perm, g.n, m.perm)
 	from := 0
-	if e.Index > 0 {
+	if e.Index > m.s.cfg.ResumeEpoch { // the run's first epoch meets empty buffers
 		from = m.redealtSteps()
 		for s := range from {
 			m.redeal(e, s)
@@ -248,10 +248,10 @@ func (m *solarSim) epoch(e *Epoch) {
 // skip replays epoch index through the buffers: the re-dealt steps only
 // look the buffers up, so only the positional steps read through them.
 func (m *solarSim) skip(index, perm int) {
-	g := m.s.geo
+	g := m.s.geoOf(index)
 	m.perm = m.p.permute(m.s.cfg.Seed, perm, g.n, m.perm)
 	from := 0
-	if index > 0 {
+	if index > m.s.cfg.ResumeEpoch {
 		from = m.redealtSteps()
 	}
 	positionalReads(g, m.perm, m.buf, from)
@@ -259,7 +259,7 @@ func (m *solarSim) skip(index, perm int) {
 
 // redeal fills step s by SOLAR's re-dealing of its global batch.
 func (m *solarSim) redeal(e *Epoch, s int) {
-	g := m.s.geo
+	g := e.geo
 	lo, hi := g.rankSteps(s)
 	slots := hi - lo // each rank's share of the global batch
 	for r := range m.held {
