@@ -47,13 +47,16 @@ class EpochPlan:
     None if not asked for). Under a byte budget (rows of different sizes)
     also bytes (int64 per step: the bytes the rank reads) and storage_bytes
     (int64 per step: of them, from storage; None without hits); both None
-    otherwise."""
+    otherwise. positions (int64, steps + 1; None if not asked for): the
+    position of the epoch's global order (its permutation, padded) before
+    each step, then n: a job stopped after step k resumes from
+    positions[k] on any number of ranks."""
 
-    __slots__ = ("epoch", "samples", "sizes", "hits", "offsets", "bytes", "storage_bytes")
+    __slots__ = ("epoch", "samples", "sizes", "hits", "offsets", "bytes", "storage_bytes", "positions")
 
-    def __init__(self, epoch, samples, sizes, hits, nbytes=None, storage_bytes=None):
+    def __init__(self, epoch, samples, sizes, hits, nbytes=None, storage_bytes=None, positions=None):
         self.epoch, self.samples, self.sizes, self.hits = epoch, samples, sizes, hits
-        self.bytes, self.storage_bytes = nbytes, storage_bytes
+        self.bytes, self.storage_bytes, self.positions = nbytes, storage_bytes, positions
         self.offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
 
     @property
@@ -77,10 +80,11 @@ class EpochPlan:
         return f"EpochPlan(epoch={self.epoch}, steps={self.steps}, samples={self.samples.shape[0]})"
 
 
-def read_plan(args, epoch, hits, nbytes=False, stdin=None):
+def read_plan(args, epoch, hits, nbytes=False, stdin=None, positions=False):
     """The EpochPlan that `args` (a `ddstore schedule ... --emit-rank R
     --epoch E` command line, with --emit-hits when hits; nbytes: with
-    --sizes or --offsets, so it also writes each step's bytes) writes;
+    --sizes or --offsets, so it also writes each step's bytes; positions:
+    with --emit-positions) writes;
     stdin, bytes for the binary's stdin (the .npy of `--sizes -`). The
     binary's exit status says what failed (from_exit): a bad combination
     of arguments is an ArgumentError. The usage status means the binary
@@ -110,22 +114,25 @@ def read_plan(args, epoch, hits, nbytes=False, stdin=None):
         flags = np.lib.format.read_array(f) if hits else None
         step_bytes = np.lib.format.read_array(f) if nbytes else None
         storage = np.lib.format.read_array(f) if nbytes and hits else None
+        pos = np.lib.format.read_array(f) if positions else None
     except (ValueError, EOFError) as e:
         raise InternalError(f"ddstore: internal error: `{' '.join(args)}` wrote no plan ({e})") from None
     if (samples.ndim != 1 or sizes.ndim != 1 or (flags is not None and flags.shape != samples.shape)
             or f.read(1) or int(sizes.sum()) != samples.shape[0]
-            or any(a is not None and a.shape != sizes.shape for a in (step_bytes, storage))):
+            or any(a is not None and a.shape != sizes.shape for a in (step_bytes, storage))
+            or (pos is not None and pos.shape != (sizes.shape[0] + 1,))):
         raise InternalError(f"ddstore: internal error: `{' '.join(args)}` wrote a malformed plan: "
                             f"samples {samples.shape}, "
                             f"sizes {sizes.shape} summing to {int(sizes.sum())}, "
                             f"hits {None if flags is None else flags.shape}, "
                             f"bytes {None if step_bytes is None else step_bytes.shape}, "
-                            f"storage bytes {None if storage is None else storage.shape}")
+                            f"storage bytes {None if storage is None else storage.shape}, "
+                            f"positions {None if pos is None else pos.shape}")
 
     def i64(a):
         return None if a is None else a.astype(np.int64, copy=False)
     return EpochPlan(epoch, i64(samples), i64(sizes), None if flags is None else flags.astype(bool, copy=False),
-                     i64(step_bytes), i64(storage))
+                     i64(step_bytes), i64(storage), i64(pos))
 
 
 def __getattr__(name):

@@ -32,7 +32,7 @@ from torch.utils.data import Sampler
 
 from .._errors import ArgumentError
 from ..sampler import _MAX_SEED, _int
-from .sampler import _identity
+from .sampler import _Pass, _identity
 
 __all__ = ["BudgetSampler"]
 
@@ -185,7 +185,7 @@ class BudgetSampler(Sampler):
         start = self._start
         self._start, self._pos, self._consumed, self._pass_start = 0, start, None, start
         token = self._token = object()
-        return self._yield(mine, start, token)
+        return _Pass(self, start, self._yield(mine, start, token))
 
     def _yield(self, mine, start, token):
         for s in range(start, len(mine)):

@@ -373,6 +373,25 @@ class _StoredDataset(_tud.Dataset):
         schema, arrays = self._ddstore_read(idx, out=buffers)
         return schema.collated(arrays, self.device, collate)
 
+    def state_dict(self):
+        """What a loader's state records of the dataset (torchdata's
+        protocol): its name, length and fields. The samples are the
+        store's; a loader resumes over the same ones."""
+        return {"format": 1, "name": self.name, "n": self._len, "fields": [str(k) for k in self.fields]}
+
+    def load_state_dict(self, state):
+        """Check that `state` (state_dict()) is of this dataset: another
+        name, length or fields raise ValueError naming both values."""
+        if not isinstance(state, dict) or state.get("format") != 1:
+            raise ArgumentError(f"ddstore: bad argument: dataset {self.name!r}: state "
+                                f"{state.get('format') if isinstance(state, dict) else type(state).__name__!r}: "
+                                f"want the dict of state_dict(), format 1")
+        mine = self.state_dict()
+        for k in ("name", "n", "fields"):
+            if state.get(k) != mine[k]:
+                raise ArgumentError(f"ddstore: bad argument: dataset {self.name!r}: {k} {state.get(k)!r} in the "
+                                    f"state, {mine[k]!r} here: the state is of another dataset")
+
     def close(self):
         """Close the store if this dataset opened it (the variables stay
         with the agents: see free())."""

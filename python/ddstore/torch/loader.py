@@ -56,6 +56,15 @@ class ThreadDataLoader:
     collate_copies: each sample (or, on the fast path, the batch) is copied
     before it is collated or yielded, so that nothing yielded shares memory
     with a reused buffer.
+
+    state_dict() / load_state_dict(): torchdata's StatefulDataLoader's
+    protocol. The state is that of the batches the consumer got (not those
+    the workers fetched ahead): the sampler's state after them when the
+    sampler has one (ScheduledSampler, BudgetSampler, MixtureSampler: the
+    epoch and position, which resume on another number of ranks, and with
+    any number of workers), else the count of batches to skip; the
+    dataset's when it has one (DistDataset: its name and length, checked
+    on load). Loaded, it applies to the next iteration.
     """
 
     def __init__(self, dataset, batch_size=1, shuffle=False, sampler=None, batch_sampler=None, num_workers=0,
@@ -96,6 +105,8 @@ class ThreadDataLoader:
         # the next one: an epoch starts on buffers already touched, not on
         # fresh pages, each of which costs a fault on first write.
         self._spare_slots = []
+        self._current = None      # the latest iteration (a weak reference)
+        self._skip = 0            # batches the next iteration skips (a loaded count)
 
     @property
     def _auto_collation(self):
@@ -105,7 +116,54 @@ class ThreadDataLoader:
         return len(self.batch_sampler if self._auto_collation else self.sampler)
 
     def __iter__(self):
-        return _LoaderIter(self)
+        it = _LoaderIter(self)
+        self._current = weakref.ref(it)
+        return it
+
+    def _index_sampler(self):
+        return self.batch_sampler if self._auto_collation else self.sampler
+
+    def state_dict(self):
+        """The loader's state: {"format", "sampler", "batches", "dataset"}
+        (JSON-serialisable when the sampler's and dataset's are). During
+        an iteration, after the batches the consumer got from it."""
+        it = self._current() if self._current is not None else None
+        done = it._yielded if it is not None else 0
+        sampler = self._index_sampler()
+        out = {"format": 1, "sampler": None, "batches": 0, "dataset": None}
+        pass_ = getattr(it, "_sampler_iter", None) if it is not None else None
+        if hasattr(pass_, "state_at"):
+            out["sampler"] = pass_.state_at(done)
+        elif hasattr(sampler, "state_dict"):
+            out["sampler"] = sampler.state_dict()
+        else:
+            out["batches"] = (it._skipped if it is not None else self._skip) + done
+        if hasattr(self.dataset, "state_dict"):
+            out["dataset"] = self.dataset.state_dict()
+        return out
+
+    def load_state_dict(self, state):
+        """Resume from state_dict() of a loader over the same dataset and
+        sampler kind: the next iteration starts after the batches saved."""
+        if not isinstance(state, dict) or state.get("format") != 1:
+            raise ArgumentError(f"ddstore: bad argument: ThreadDataLoader: state "
+                                f"{state.get('format') if isinstance(state, dict) else type(state).__name__!r}: "
+                                f"want the dict of state_dict(), format 1")
+        sampler = self._index_sampler()
+        if state.get("dataset") is not None and hasattr(self.dataset, "load_state_dict"):
+            self.dataset.load_state_dict(state["dataset"])
+        if state.get("sampler") is not None:
+            if not hasattr(sampler, "load_state_dict"):
+                raise ArgumentError(f"ddstore: bad argument: ThreadDataLoader: the state has a sampler's state, "
+                                    f"the sampler of type {type(sampler).__name__} takes none")
+            sampler.load_state_dict(state["sampler"])
+            self._skip = 0
+        else:
+            b = state.get("batches", 0)
+            if isinstance(b, bool) or not isinstance(b, int) or b < 0:
+                raise ArgumentError(f"ddstore: bad argument: ThreadDataLoader: batches {b!r} in the state: want "
+                                    f"a count >= 0")
+            self._skip = b
 
     def _fetcher(self):
         """fetch(indices, slot) -> batch, for the worker threads. It holds no
@@ -251,6 +309,13 @@ class _LoaderIter:
         # DataLoader draws a base seed for its workers here, before the
         # sampler's first draw; drawing it too keeps shuffles identical.
         self._base_seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
+        # A loaded count of batches to skip (samplers without a state):
+        # drawn from the sampler and dropped, not read.
+        self._skipped, loader._skip = loader._skip, 0
+        for _ in range(self._skipped):
+            if next(self._sampler_iter, None) is None:
+                break
+        self._yielded = 0  # batches the consumer got
         self._workers = loader.num_workers
         self._limit = loader.num_workers * loader.prefetch_factor
         # One buffer set per batch that may be alive at once: those in flight
@@ -318,6 +383,7 @@ class _LoaderIter:
                 self.close()
                 raise
             slots.held = slot
+            self._yielded += 1
             return batch
         self._submit_or_close()
         if self._received == self._sent:
@@ -340,6 +406,7 @@ class _LoaderIter:
         # The batch keeps its slot's buffers until the next call.
         slots.held = slots.busy.pop(seq)
         self._submit_or_close()
+        self._yielded += 1
         return value
 
     def close(self):

@@ -83,6 +83,61 @@ _SAME_BY_POLICY = {
 }
 PINS = ("bytes", "samples")
 
+#: The format of state_dict(): 2 carries the position in the epoch's global
+#: order, which resumes on any number of ranks; 1 (no "format" key) is the
+#: step of a plan, which resumes on the same ranks only.
+STATE_FORMAT = 2
+# What a state must agree on with the sampler loading it: the same dataset
+# (name when both know one, length, row sizes), seed and rules of the
+# global order (policy, drop_last, pin). Under solar also what orders the
+# job's epochs. What may differ, the deal's geometry, decides whether the
+# saved plan goes on (all equal) or the positions left are dealt anew.
+_IDENTITY = ("dataset", "n", "seed", "policy", "drop_last", "sizes", "pin")
+_SOLAR_ORDER = ("epochs", "capacity", "capacity_bytes", "swarm_population", "swarm_iterations")
+_GEOMETRY = ("ranks", "ranks_per_node", "batch_size", "capacity", "capacity_bytes")
+_KEYS_V2 = ("format", "epoch", "step", "position", "run_start", "order_ranks") + _IDENTITY + _SOLAR_ORDER + _GEOMETRY
+
+
+def _dataset_name(dataset):
+    """The name of a store-backed dataset (DistDataset, DistDatasetReader,
+    also through wrappers), None if it has none."""
+    for d in (dataset, getattr(dataset, "ds", None), getattr(dataset, "dataset", None)):
+        name = getattr(d, "name", None)
+        if isinstance(name, str) and getattr(d, "store", None) is not None:
+            return name
+    return None
+
+
+class _Pass:
+    """One iteration of a batch sampler of this package: its batches, and
+    the sampler's state after any number of them (state_at), which a loader
+    that fetches ahead asks for with the count it delivered. state_dict /
+    load_state_dict: the protocol of torchdata's StatefulDataLoader, which
+    saves the iterator of the sampler it runs."""
+
+    def __init__(self, sampler, start, gen):
+        self._sampler, self.start, self._gen, self.yielded = sampler, start, gen, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        b = next(self._gen)
+        self.yielded += 1
+        return b
+
+    def state_at(self, done):
+        """The sampler's state once `done` batches of this pass are trained."""
+        return self._sampler.state_dict(step=self.start + done)
+
+    def state_dict(self):
+        return self.state_at(self.yielded)
+
+    def load_state_dict(self, state):
+        self._sampler.load_state_dict(state)
+        fresh = iter(self._sampler)
+        self.start, self._gen, self.yielded = fresh.start, fresh._gen, 0
+
 
 def _sizes_of(dataset, sizes, n):
     """Every sample's bytes as int64: sizes itself (array-like of n
@@ -257,6 +312,10 @@ class ScheduledSampler(Sampler):
         self._pass_start = 0   # the step the current pass started from
         self._token = None     # the iteration whose progress counts
         self._cache = {}
+        self.dataset_name = _dataset_name(dataset)
+        # A run that resumed a job on another geometry: (epoch, position)
+        # where it started; under solar, the ranks that order the epochs.
+        self._run_start, self.order_ranks = None, None
         # The binary checks what is left (e.g. capacity below ranks for
         # random and solar) and tells the steps per epoch.
         self._steps = self.plan(0, hits=False).steps
@@ -272,7 +331,11 @@ class ScheduledSampler(Sampler):
         a = [self.binary, "schedule", "--n", str(self.n), "--ranks", str(self.ranks), "--ranks-per-node",
              str(self.ranks_per_node), "--batch", str(self.batch_size), "--epochs", str(epochs)] + budget + [
              "--policy", self.policy, "--seed", str(self.seed), "--emit-rank", str(self.rank),
-             "--epoch", str(epoch)] + (["--emit-hits"] if hits else [])
+             "--epoch", str(epoch), "--emit-positions"] + (["--emit-hits"] if hits else [])
+        if self._run_start is not None:
+            a += ["--resume-epoch", str(self._run_start[0]), "--resume-position", str(self._run_start[1])]
+        if self.order_ranks is not None:
+            a += ["--order-ranks", str(self.order_ranks)]
         if self.drop_last:
             a.append("--drop-last")
         if self.swarm_population is not None:
@@ -285,6 +348,8 @@ class ScheduledSampler(Sampler):
         epoch = _int("epoch", epoch, 0)
         if self.epochs is not None and epoch >= self.epochs:
             raise _bad(f"epoch {epoch} not in [0, {self.epochs}): epochs {self.epochs}")
+        if self._run_start is not None and epoch < self._run_start[0]:
+            raise _bad(f"epoch {epoch} before epoch {self._run_start[0]}, where this run resumed the job")
         return epoch
 
     def plan(self, epoch=None, hits=True):
@@ -297,7 +362,7 @@ class ScheduledSampler(Sampler):
         if p is not None and (p.hits is not None or not hits):
             return p
         p = read_plan(self._args(epoch, hits), epoch, hits, nbytes=self._sizes_npy is not None,
-                      stdin=self._sizes_npy)
+                      stdin=self._sizes_npy, positions=True)
         while len(self._cache) >= 2:
             del self._cache[next(iter(self._cache))]
         self._cache[epoch] = p
@@ -310,9 +375,13 @@ class ScheduledSampler(Sampler):
         return self._epoch
 
     def __len__(self):
-        """Steps per epoch (the same in every epoch), whatever step an
-        iteration starts from."""
-        return self._steps
+        """Steps of the current epoch, whatever step an iteration starts
+        from: the same in every epoch, except the one a run resumed on
+        another geometry starts in, which has the steps of the positions
+        left."""
+        if self._run_start is None:
+            return self._steps
+        return self.plan(hits=False).steps
 
     def set_epoch(self, epoch):
         """Make the next iteration run `epoch` (the epoch-th of the job, in
@@ -327,7 +396,7 @@ class ScheduledSampler(Sampler):
         start = self._start
         self._start, self._pos, self._consumed, self._pass_start = 0, start, None, start
         token = self._token = object()
-        return self._batches(plan, start, token)
+        return _Pass(self, start, self._batches(plan, start, token))
 
     def _batches(self, plan, start, token):
         ahead, announce = self.prefetch, self._announce
@@ -357,52 +426,124 @@ class ScheduledSampler(Sampler):
     # -- state ----------------------------------------------------------------------
 
     def state_dict(self, step=None):
-        """The state to save with the model: seed, epoch, step (batches of
-        the epoch done: `step` when given, else those counted by consumed(),
-        else those yielded), and what the plan is a function of."""
+        """The state to save with the model, small and JSON-serialisable:
+        seed, epoch, step (batches of the epoch done: `step` when given,
+        else those counted by consumed(), else those yielded), position
+        (the samples of the epoch's global order those steps delivered,
+        which resumes on any number of ranks), the format, and what the
+        plan is a function of."""
         if step is None:
-            if self._consumed is not None:
-                step = self._consumed
-            elif self._pos is not None:
-                step = self._pos
-            else:
-                step = self._start
+            step = next(v for v in (self._consumed, self._pos, self._start) if v is not None)
         else:
             step = self._check_step(step)
-        return {"seed": self.seed, "epoch": self._epoch, "step": int(step), "policy": self.policy,
-                "capacity": self.capacity, "n": self.n, "ranks": self.ranks, "batch_size": self.batch_size,
-                "drop_last": self.drop_last, "ranks_per_node": self.ranks_per_node, "epochs": self.epochs,
+        position = int(self.plan(hits=False).positions[step])
+        order_ranks = (self.order_ranks or self.ranks) if self.policy == "solar" else None
+        return {"format": STATE_FORMAT, "dataset": self.dataset_name, "seed": self.seed, "epoch": self._epoch,
+                "step": int(step), "position": position, "policy": self.policy, "capacity": self.capacity,
+                "n": self.n, "ranks": self.ranks, "batch_size": self.batch_size, "drop_last": self.drop_last,
+                "ranks_per_node": self.ranks_per_node, "epochs": self.epochs,
                 "swarm_population": self.swarm_population, "swarm_iterations": self.swarm_iterations,
-                "capacity_bytes": self.capacity_bytes, "sizes": self.sizes_digest, "pin": self.pin}
+                "capacity_bytes": self.capacity_bytes, "sizes": self.sizes_digest, "pin": self.pin,
+                "run_start": None if self._run_start is None else list(self._run_start), "order_ranks": order_ranks}
 
-    def _check_step(self, step):
+    def _check_step(self, step, epoch=None):
         step = _int("step", step, 0)
-        if step > self._steps:
-            raise _bad(f"step {step} above the {self._steps} steps of an epoch")
+        steps = self.plan(epoch, hits=False).steps
+        if step > steps:
+            raise _bad(f"step {step} above the {steps} steps of epoch {self._epoch if epoch is None else epoch}")
         return step
 
+    def _set_run(self, run_start, order_ranks):
+        run_start = None if run_start is None else tuple(run_start)
+        if (run_start, order_ranks) != (self._run_start, self.order_ranks):
+            self._run_start, self.order_ranks, self._cache = run_start, order_ranks, {}
+
     def load_state_dict(self, state, step=None):
-        """Resume from `state` (state_dict() of a sampler of the same plan,
-        on any rank): its seed, epoch and step, or `step` when given. The
-        next iteration yields the batches from that step on, exactly those
-        an uninterrupted run would have."""
+        """Resume from `state` (state_dict() of a sampler over the same
+        dataset and seed, on any rank of a job of any number of ranks). On
+        the same geometry (ranks, ranks_per_node, batch_size, capacity) the
+        saved plan goes on at the saved step (or `step`), exactly the
+        batches an uninterrupted run would have yielded. On another one the
+        samples of the epoch not yet delivered (from its position) are
+        dealt over this job's ranks, every one once, every rank the same
+        number of steps; later epochs are those of a job of this geometry.
+        A state of another dataset, seed, length, policy or format raises
+        ValueError naming the field and both values."""
         if not isinstance(state, dict):
             raise _bad(f"state of type {type(state).__name__}: want the dict of state_dict()")
+        fmt = state.get("format", 1)
+        if fmt not in (1, STATE_FORMAT) or isinstance(fmt, bool):
+            raise _bad(f"format {fmt!r} in the state: want 1 or {STATE_FORMAT}, the formats this sampler reads")
+        if fmt == 1:
+            return self._load_v1(state, step)
+        missing = [k for k in _KEYS_V2 if k not in state]
+        if missing:
+            raise _bad(f"state without {', '.join(missing)}: want the dict of state_dict()")
+        mine = self._identity_state()
+        same = _IDENTITY + (_SOLAR_ORDER if self.policy == "solar" else ())
+        for k in same:
+            if k == "dataset" and (state[k] is None or mine[k] is None):
+                continue  # a dataset without a name (a number of samples) is told by n
+            if state[k] != mine[k]:
+                raise _bad(f"{k} {state[k]!r} in the state, {mine[k]!r} here: the state is of another "
+                           f"{'dataset' if k in ('dataset', 'n', 'sizes') else 'order'}")
+        epoch = self._check_epoch_of(state["epoch"])
+        position = _int("position", state["position"], 0, self.n)
+        order_ranks = None
+        if self.policy == "solar":
+            order_ranks = _int("order_ranks", state["order_ranks"] or state["ranks"], 1)
+        run_start = state["run_start"]
+        if run_start is not None:
+            if not isinstance(run_start, (list, tuple)) or len(run_start) != 2:
+                raise _bad(f"run_start {run_start!r} in the state: want [epoch, position] or None")
+            run_start = (_int("run_start epoch", run_start[0], 0, epoch), _int("run_start position", run_start[1],
+                                                                               0, self.n))
+        k = None
+        if all(state[g] == mine[g] for g in _GEOMETRY):
+            self._set_run(run_start, order_ranks)
+            k = self._check_step(state["step"] if step is None else step, epoch)
+            if step is None and int(self.plan(epoch, hits=False).positions[k]) != position:
+                raise _bad(f"step {k} and position {position} in the state disagree: step {k} of epoch {epoch} "
+                           f"ends at position {int(self.plan(epoch, hits=False).positions[k])}")
+        elif step is not None:
+            diff = next(g for g in _GEOMETRY if state[g] != mine[g])
+            raise _bad(f"step {step!r} with a state of {diff} {state[diff]!r} ({mine[diff]!r} here): a step is of "
+                       f"the saved plan; on another geometry the state's position resumes")
+        if k is None:  # the positions left, dealt over this job
+            self._set_run((epoch, position), order_ranks)
+            k = 0
+        self._epoch, self._start, self._pos, self._consumed, self._token = epoch, k, None, None, None
+        self._pass_start = k
+
+    def _check_epoch_of(self, epoch):
+        epoch = _int("epoch", epoch, 0)
+        if self.epochs is not None and epoch >= self.epochs:
+            raise _bad(f"epoch {epoch} not in [0, {self.epochs}): epochs {self.epochs}")
+        return epoch
+
+    def _identity_state(self):
+        return {"dataset": self.dataset_name, "n": self.n, "seed": self.seed, "policy": self.policy,
+                "drop_last": self.drop_last, "sizes": self.sizes_digest, "pin": self.pin, "epochs": self.epochs,
+                "capacity": self.capacity, "capacity_bytes": self.capacity_bytes,
+                "swarm_population": self.swarm_population, "swarm_iterations": self.swarm_iterations,
+                "ranks": self.ranks, "ranks_per_node": self.ranks_per_node, "batch_size": self.batch_size}
+
+    def _load_v1(self, state, step):
+        """A state of format 1 (seed, epoch, step of a plan): it resumes
+        the same plan only."""
         missing = [k for k in ("seed", "epoch", "step", "policy", "capacity", "n", "ranks", "batch_size")
                    if k not in state]
         if missing:
             raise _bad(f"state without {', '.join(missing)}: want the dict of state_dict()")
-        mine = self.state_dict(step=0)
-        for k in _SAME_BY_POLICY.get(state["policy"], _SAME):
-            if k in state and state[k] != mine[k]:
-                raise _bad(f"{k} {state[k]!r} in the state, {mine[k]!r} here: the state is of another plan")
-        seed = _int("seed", state["seed"], 0, _MAX_SEED)
-        epoch = self._check_epoch(state["epoch"])
-        step = self._check_step(state["step"] if step is None else step)
-        if seed != self.seed:
-            self.seed, self._cache = seed, {}
-        self._epoch, self._start, self._pos, self._consumed, self._token = epoch, step, None, None, None
-        self._pass_start = step
+        mine = {**self._identity_state(), "epochs": self.epochs}
+        for k in ("seed",) + _SAME_BY_POLICY.get(state["policy"], _SAME):
+            if k in state and state[k] != mine.get(k, None):
+                raise _bad(f"{k} {state[k]!r} in the state, {mine.get(k)!r} here: the state is of another plan")
+        epoch = self._check_epoch_of(state["epoch"])
+        self._set_run(None, None)
+        k = self._check_step(state["step"] if step is None else step, epoch)
+        self._epoch, self._start, self._pos, self._consumed, self._token = epoch, k, None, None, None
+        self._pass_start = k
 
     def __repr__(self):
         budget = (f"capacity={self.capacity}" if self.capacity_bytes is None else
