@@ -24,7 +24,8 @@ Modules: dataset (DistDataset, DistDatasetReader, WindowedDataset, row_of,
 and how a dataset is stored, ragged fields included), collate (Packed,
 Padded, Graphs: batches of samples whose fields vary in size), loader
 (ThreadDataLoader), sampler (ScheduledSampler), budget (BudgetSampler:
-batches filled up to a budget of atoms or tokens). Every name is also
+batches filled up to a budget of atoms or tokens), mixture (MixtureDataset,
+MixtureSampler: several datasets mixed by weights or counts). Every name is also
 importable from ddstore.torch.
 """
 
@@ -34,6 +35,7 @@ from .budget import BudgetSampler
 from .collate import Graphs, Packed, Padded
 from .loader import ThreadDataLoader
 from .sampler import ScheduledSampler
+from .mixture import MixtureDataset, MixtureSampler
 
 __all__ = ["DistDataset", "DistDatasetReader", "WindowedDataset", "row_of", "ThreadDataLoader", "ScheduledSampler",
-           "BudgetSampler", "Packed", "Padded", "Graphs"]
+           "BudgetSampler", "MixtureDataset", "MixtureSampler", "Packed", "Padded", "Graphs"]
