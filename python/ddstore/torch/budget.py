@@ -13,7 +13,7 @@ for the rows), deterministic and resumable.
         for g in loader:                                 # at most 4096 atoms a batch
             train(g)
             sampler.consumed()
-    # state_dict() / load_state_dict() as ScheduledSampler's
+    # state_dict() / load_state_dict() as ScheduledSampler's: on any number of ranks
 
 How an epoch is dealt: the samples in the order of a permutation drawn from
 (seed, epoch) (numpy's PCG64; in index order with shuffle=False) are cut
@@ -25,6 +25,12 @@ from the same sizes and takes batches rank, rank + ranks, ...; so that
 every rank runs the same number of steps, the last round is padded with
 the epoch's first batches (drop_last: dropped). Steps per epoch therefore
 depend on the epoch.
+
+Resuming: the state holds the epoch and its position, the batches of the
+epoch's list delivered (steps × ranks). Loaded on the same ranks it goes on
+at the saved step; on another number of ranks the batches left are dealt
+over the new ranks the same way (the last round padded with the epoch's
+first batches), each once.
 """
 
 import numpy as np
@@ -32,7 +38,7 @@ from torch.utils.data import Sampler
 
 from .._errors import ArgumentError
 from ..sampler import _MAX_SEED, _int
-from .sampler import _Pass, _identity
+from .sampler import _Pass, _dataset_name, _identity
 
 __all__ = ["BudgetSampler"]
 
@@ -40,6 +46,9 @@ COSTS = ("sum", "padded")
 # The state keys that fix the deal: a state saved under other values
 # describes other batches.
 _SAME = ("n", "ranks", "budget", "cost", "max_samples", "shuffle", "drop_last", "sizes_digest")
+# What a state of format 2 must agree on (its ranks may differ).
+_IDENTITY = ("dataset", "seed") + tuple(k for k in _SAME if k != "ranks")
+STATE_FORMAT = 2
 
 
 def _bad_b(msg):
@@ -112,6 +121,8 @@ class BudgetSampler(Sampler):
         self._pass_start = 0
         self._token = None
         self._cache = None    # (epoch, this rank's batches)
+        self.dataset_name = None if dataset is None else _dataset_name(dataset)
+        self._run_start = None  # (epoch, position) where a run resumed on other ranks began
         if len(self._global(0)) < self.ranks and self.drop_last:
             raise _bad_b(f"{len(self._global(0))} batches for {self.ranks} ranks with drop_last: not one step")
 
@@ -147,17 +158,28 @@ class BudgetSampler(Sampler):
             cuts.append(self.n)
         return [order[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
 
+    def _first(self, epoch):
+        """The batch of the epoch's list this run starts it at."""
+        return self._run_start[1] if self._run_start is not None and self._run_start[0] == epoch else 0
+
     def _mine(self, epoch):
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
         every = self._global(epoch)
-        steps = len(every) // self.ranks if self.drop_last else -(-len(every) // self.ranks)
+        first = min(self._first(epoch), len(every))
+        left = len(every) - first
+        steps = left // self.ranks if self.drop_last else -(-left // self.ranks)
         need = steps * self.ranks
-        if need > len(every):  # pad the last round with the epoch's first batches
-            every = every + [every[k % len(every)] for k in range(need - len(every))]
-        mine = every[self.rank:need:self.ranks]
-        self._cache = (epoch, mine)
+        # The batches from first on, the last round padded with the epoch's first batches.
+        rest = [every[(first + k) % len(every)] for k in range(need)]
+        mine = rest[self.rank:need:self.ranks]
+        self._cache = (epoch, mine, first, len(every))
         return mine
+
+    def _position(self, epoch, step):
+        mine = self._mine(epoch)
+        _, _, first, total = self._cache
+        return total if step >= len(mine) else min(first + step * self.ranks, total)
 
     def batches(self, epoch=None):
         """This rank's batches of `epoch` (default: the current one)."""
@@ -213,9 +235,11 @@ class BudgetSampler(Sampler):
             step = next(v for v in (self._consumed, self._pos, self._start) if v is not None)
         else:
             step = self._check_step(step, self._epoch)
-        return {"seed": self.seed, "epoch": self._epoch, "step": int(step), "n": self.n, "ranks": self.ranks,
+        return {"format": STATE_FORMAT, "dataset": self.dataset_name, "seed": self.seed, "epoch": self._epoch,
+                "step": int(step), "position": self._position(self._epoch, step), "n": self.n, "ranks": self.ranks,
                 "budget": self.budget, "cost": self.cost, "max_samples": self.max_samples, "shuffle": self.shuffle,
-                "drop_last": self.drop_last, "sizes_digest": self.sizes_digest}
+                "drop_last": self.drop_last, "sizes_digest": self.sizes_digest,
+                "run_start": None if self._run_start is None else list(self._run_start)}
 
     def _check_step(self, step, epoch):
         step = _int_b("step", step, 0)
@@ -226,24 +250,51 @@ class BudgetSampler(Sampler):
 
     def load_state_dict(self, state, step=None):
         """Resume from `state` (state_dict() of a sampler over the same
-        sizes and budget, on any rank): the next iteration yields the
-        batches an uninterrupted run would have from that step on."""
+        sizes, budget and seed, on any rank of a job of any number of
+        ranks): on the same ranks the batches an uninterrupted run would
+        have yielded from the saved step (or `step`) on; on others, the
+        batches of the epoch not yet delivered, dealt over this job's
+        ranks. A state of other batches raises ValueError naming the field."""
         if not isinstance(state, dict):
             raise _bad_b(f"state of type {type(state).__name__}: want the dict of state_dict()")
-        missing = [k for k in ("seed", "epoch", "step") + _SAME if k not in state]
+        fmt = state.get("format", 1)
+        if fmt not in (1, STATE_FORMAT) or isinstance(fmt, bool):
+            raise _bad_b(f"format {fmt!r} in the state: want 1 or {STATE_FORMAT}, the formats this sampler reads")
+        keys = ("seed", "epoch", "step") + _SAME if fmt == 1 else ("epoch", "step", "position", "run_start") + _IDENTITY
+        missing = [k for k in keys if k not in state]
         if missing:
             raise _bad_b(f"state without {', '.join(missing)}: want the dict of state_dict()")
         mine = self.state_dict(step=0)
-        for k in _SAME:
+        for k in (("seed",) + _SAME if fmt == 1 else _IDENTITY):
+            if k == "dataset" and (state[k] is None or mine[k] is None):
+                continue
             if state[k] != mine[k]:
                 raise _bad_b(f"{k} {state[k]!r} in the state, {mine[k]!r} here: the state is of other batches")
-        seed = _int_b("seed", state["seed"], 0, _MAX_SEED)
-        if seed != self.seed:
-            self.seed, self._cache = seed, None
         epoch = _int_b("epoch", state["epoch"], 0)
-        step = self._check_step(state["step"] if step is None else step, epoch)
-        self._epoch, self._start, self._pos, self._consumed, self._token = epoch, step, None, None, None
-        self._pass_start = step
+        run_start = None if fmt == 1 else state["run_start"]
+        if run_start is not None:
+            if not isinstance(run_start, (list, tuple)) or len(run_start) != 2:
+                raise _bad_b(f"run_start {run_start!r} in the state: want [epoch, position] or None")
+            run_start = (_int_b("run_start epoch", run_start[0], 0, epoch), _int_b("run_start position",
+                                                                                 run_start[1], 0))
+        if fmt == 1 or state["ranks"] == self.ranks:
+            self._set_run(run_start)
+            k = self._check_step(state["step"] if step is None else step, epoch)
+            if fmt != 1 and step is None and self._position(epoch, k) != state["position"]:
+                raise _bad_b(f"step {k} and position {state['position']!r} in the state disagree: step {k} of "
+                             f"epoch {epoch} ends at position {self._position(epoch, k)}")
+        else:
+            if step is not None:
+                raise _bad_b(f"step {step!r} with a state of ranks {state['ranks']!r} ({self.ranks} here): a step is "
+                             f"of the saved deal; on other ranks the state's position resumes")
+            self._set_run((epoch, _int_b("position", state["position"], 0)))
+            k = 0
+        self._epoch, self._start, self._pos, self._consumed, self._token = epoch, k, None, None, None
+        self._pass_start = k
+
+    def _set_run(self, run_start):
+        if run_start != self._run_start:
+            self._run_start, self._cache = run_start, None
 
     def __repr__(self):
         return (f"BudgetSampler(n={self.n}, budget={self.budget}, cost={self.cost!r}, rank={self.rank}/{self.ranks}, "

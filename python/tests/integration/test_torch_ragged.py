@@ -374,7 +374,7 @@ def test_budget_sampler_over_a_dataset(store):
         sampler.consumed()
     state = sampler.state_dict()
     del it
-    again = BudgetSampler(ds, budget=40, field="x")
+    again = BudgetSampler(ds, budget=40, field="x", seed=3)
     again.load_state_dict(state)
     rest = [g["y"].tolist() for g in ThreadDataLoader(ds, batch_sampler=again, num_workers=2,
                                                           collate_fn=Graphs(edges=EDGES))]

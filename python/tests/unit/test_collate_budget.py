@@ -1,6 +1,8 @@
 """The collates of samples that vary in size (Packed, Padded, Graphs) over
 plain lists of samples, and BudgetSampler over given sizes: no agent."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -116,15 +118,48 @@ def test_budget_sampler_ranks_padded_cost_and_resume():
     a.consumed(3)
     state = a.state_dict()
     assert state["step"] == 3 and state["epoch"] == 4
-    b = BudgetSampler(None, budget=100, sizes=sizes, seed=0, rank=1, ranks=3)
+    with pytest.raises(ddstore.ArgumentError, match=r"seed 3 in the state, 0 here"):
+        BudgetSampler(None, budget=100, sizes=sizes, seed=0, rank=1, ranks=3).load_state_dict(state)
+    b = BudgetSampler(None, budget=100, sizes=sizes, seed=3, rank=1, ranks=3)
     b.load_state_dict(state)
-    assert list(b) == full[3:] and b.seed == 3
+    assert list(b) == full[3:]
     with pytest.raises(ddstore.ArgumentError, match=r"budget 100 in the state, 99 here"):
-        BudgetSampler(None, budget=99, sizes=sizes, rank=1, ranks=3).load_state_dict(state)
+        BudgetSampler(None, budget=99, sizes=sizes, seed=3, rank=1, ranks=3).load_state_dict(state)
     other = sizes.copy()
     other[0] += 1
     with pytest.raises(ddstore.ArgumentError, match="sizes_digest"):
-        BudgetSampler(None, budget=100, sizes=other, rank=1, ranks=3).load_state_dict(state)
+        BudgetSampler(None, budget=100, sizes=other, seed=3, rank=1, ranks=3).load_state_dict(state)
+
+
+def test_budget_sampler_resumes_on_other_ranks():
+    """Stopped after 2 steps on 3 ranks, resumed on 2: the batches of the
+    epoch's list not yet delivered, dealt over 2, every sample once (the
+    last round padded with the epoch's first batches)."""
+    sizes = np.random.default_rng(2).integers(1, 30, 200)
+    three = [BudgetSampler(None, budget=100, sizes=sizes, seed=5, rank=r, ranks=3) for r in range(3)]
+    head = []
+    for s in three:
+        s.set_epoch(1)
+        it = iter(s)
+        head += [next(it), next(it)]
+    state = json.loads(json.dumps(three[0].state_dict()))
+    assert (state["format"], state["step"], state["position"]) == (2, 2, 6)
+    every = BudgetSampler(None, budget=100, sizes=sizes, seed=5)._global(1)
+    two = [BudgetSampler(None, budget=100, sizes=sizes, seed=5, rank=r, ranks=2) for r in range(2)]
+    rest = []
+    for s in two:
+        s.load_state_dict(state)
+        rest.append(list(s))
+    assert len(rest[0]) == len(rest[1]) == -(-(len(every) - 6) // 2)
+    got = sorted(i for b in head + rest[0] + rest[1] for i in b)
+    pad = [i for b in every[:2 * len(rest[0]) - (len(every) - 6)] for i in b]
+    assert got == sorted(list(range(200)) + pad)
+    st2 = two[1].state_dict()
+    assert st2["position"] == len(every) and st2["run_start"] == [1, 6]
+    with pytest.raises(ddstore.ArgumentError, match="format 3 in the state"):
+        two[0].load_state_dict({**state, "format": 3})
+    with pytest.raises(ddstore.ArgumentError, match="step 1 with a state of ranks 3"):
+        two[0].load_state_dict(state, step=1)
 
 
 def test_budget_sampler_bad_input():
