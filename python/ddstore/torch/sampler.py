@@ -38,12 +38,22 @@ has trained on. state_dict()["step"] is, in this order of preference: the
 `step` passed to state_dict(step=...); the batches counted by consumed() in
 this epoch (plus the step the epoch resumed from); the batches yielded in this
 epoch. With a prefetching loader, call consumed() after each trained batch or
-pass step; with a plain loop over the sampler, neither is needed.
-load_state_dict(d, step=None) takes the seed, epoch and step of d (or the
-given step) and checks that d describes the same plan (n, ranks, batch_size,
-policy, drop_last, and what else the policy's deal depends on), raising
-ValueError naming both values otherwise. The next iteration starts at that
-step; set_epoch with the same epoch keeps it, another epoch starts at 0.
+pass step, or take ThreadDataLoader's state_dict(), which counts the batches
+the loop got; with a plain loop over the sampler, neither is needed.
+
+The state (format 2, small and JSON-serialisable) also holds the position:
+the samples of the epoch's global order (its permutation, padded) that the
+saved steps delivered, the same number on every rank. load_state_dict(d,
+step=None) checks that d is of the same dataset (name, n, row sizes), seed
+and rules (policy, drop_last, pin; under solar also what orders the epochs),
+raising ValueError naming the field and both values otherwise. Then, on the
+same geometry (ranks, ranks_per_node, batch_size, capacity) the saved plan
+goes on at its step (or `step`); on another, a job of any number of ranks or
+local batch, the samples of the epoch not yet delivered are dealt over this
+job's ranks, each once (`ddstore schedule --resume-epoch E --resume-position
+X`), and later epochs are those of a job of this geometry. The next
+iteration starts there; set_epoch with the same epoch keeps it, another
+epoch starts at 0, an epoch before the one a run resumed in is an error.
 
 Rows of different sizes. With sizes (every sample's bytes, or the name of
 a ragged variable of the dataset's store, whose row sizes the store tells:

@@ -251,3 +251,20 @@ def test_thread_loader_state_without_a_stateful_sampler():
     assert head == [[0, 1, 2], [3, 4, 5]]
     with pytest.raises(ValueError, match="want the dict of state_dict"):
         l2.load_state_dict({"format": 7})
+
+
+def test_iterator_state_protocol(ddstore_bin):
+    """The iterator of a pass has state_dict/load_state_dict (what torchdata's
+    StatefulDataLoader saves of a sampler): its state is after the batches it
+    yielded, and loading one repositions it."""
+    s = ScheduledSampler(40, 4, seed=2, binary=ddstore_bin)
+    s.set_epoch(1)
+    want = list(s)
+    it = iter(s)
+    next(it), next(it), next(it)
+    st = it.state_dict()
+    assert (st["epoch"], st["step"], st["position"]) == (1, 3, 12)
+    fresh = ScheduledSampler(40, 4, seed=2, binary=ddstore_bin)
+    it2 = iter(fresh)
+    it2.load_state_dict(st)
+    assert list(it2) == want[3:]
