@@ -96,7 +96,8 @@ class MixtureDataset(_tud.Dataset):
             if lens[-1] < 1:
                 raise _bad_d(f"source {k}: empty")
         if names is None:
-            names = [_dataset_name(ds) or getattr(ds, "name", None) or f"source{k}" for k, ds in enumerate(self.sources)]
+            names = [_dataset_name(ds) or getattr(ds, "name", None) or f"source{k}"
+                     for k, ds in enumerate(self.sources)]
             names = [n if isinstance(n, str) else f"source{k}" for k, n in enumerate(names)]
         names = [str(n) for n in names]
         if len(names) != len(self.sources):
