@@ -12,12 +12,13 @@ again from their source.
     ds = ddstore.torch.DistDatasetReader("qm9", store=new)
 
 Rank r of `dst` (of P) holds rows [r N / P, (r+1) N / P) of each variable,
-DistDataset's layout. A fixed variable is created zero-filled (Store.init)
+DistDataset's layout. A variable with a backing file keeps it: the new
+ranks share the rows its shards held (its first H), and the rest stay in
+the file, read through the agents as before. A fixed variable is created zero-filled (Store.init)
 and its shard read straight into the shard's shared memory, one read per
 piece of an old shard (rows of this node are copied from shared memory,
 others come through the agent); a ragged one is read (get_ragged) and added.
-Rows of the old variable's backing file (those no shard held) come from the
-file through the agents, as every read of them does. The source may be any
+The source may be any
 store that reads the variables: a reader of a persisted namespace (split
 mode: agents started with --persist, or a job that keeps serving), or the
 old job's own store. docs/benchmarks.md has the figure per GiB.
@@ -50,17 +51,22 @@ def reshard(src, dst, names):
     out = {}
     for name, d in zip(names, descs):
         t0 = time.perf_counter()
-        lo, hi = _share(d["total_rows"], dst.rank, dst.size)
+        backed = bool(d["backing"])
+        # Backed: the new shards hold what the old ones held, the file the rest.
+        lo, hi = _share(d["held_rows"] if backed else d["total_rows"], dst.rank, dst.size)
+        file = {"backing": d["backing"], "total": d["total_rows"]} if backed else {}
         if d["kind"] == "ragged":
             values, lengths = src.get_ragged(name, np.arange(lo, hi, dtype=np.int64))
-            dst.add_ragged(name, values, lengths)
+            if backed:
+                file["backing"] = (d["backing"], d["backing_offsets"])
+            dst.add_ragged(name, values, lengths, **file)
             nbytes = int(values.nbytes)
         else:
             dt = d["dtype"] or None
             if dt is None:
                 raise ArgumentError(f"ddstore: bad argument: reshard: variable {name!r} has no dtype (added as raw "
                                     f"bytes): want a variable of a dtype")
-            dst.init(name, hi - lo, d["disp"], dtype=dt)
+            dst.init(name, hi - lo, d["disp"], dtype=dt, **file)
             v = dst._var(name)
             nbytes = (hi - lo) * d["disp"] * d["itemsize"]
             if hi > lo:

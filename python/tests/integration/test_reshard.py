@@ -1,17 +1,20 @@
 """Re-sharding: a job of 4 ranks publishes a DistDataset and a ragged
 variable and ends; its agents keep them (split mode). A job of 3 ranks, of
 another namespace and without the source, takes them into its own store,
-each rank its share, from that memory (ddstore.reshard)."""
+each rank its share, from that memory (ddstore.reshard); a variable with a
+backing file keeps it, the new shards sharing the rows the old ones held."""
 
 import json
 import subprocess
+
+import numpy as np
 
 from conftest import run_ranks
 
 N = 50
 
 FIRST = r"""
-import numpy as np, torch, ddstore
+import sys, numpy as np, torch, ddstore
 from ddstore.torch import DistDataset
 n = 50
 src = torch.utils.data.TensorDataset(torch.arange(n * 3, dtype=torch.float32).reshape(n, 3), torch.arange(n) * 7)
@@ -21,6 +24,9 @@ lo, hi = s.rank * n // s.size, (s.rank + 1) * n // s.size
 lengths = np.array([i % 4 for i in range(lo, hi)], np.int64)
 values = np.concatenate([np.full((i % 4, 2), i, np.int32) for i in range(lo, hi)] or [np.empty((0, 2), np.int32)])
 s.add_ragged("seq", values.reshape(-1, 2), lengths)
+big = np.load(sys.argv[1])  # 40 rows in the file, the first 20 in memory
+a, b = s.rank * 20 // s.size, (s.rank + 1) * 20 // s.size
+s.add("big", big[a:b], backing=sys.argv[1], total=40)
 print("published", s.rank)
 s.close()
 """
@@ -32,7 +38,7 @@ from ddstore.torch import DistDatasetReader
 old = ddstore.Store(reader=True, namespace=sys.argv[1], rank=0, size=1, spawn=False)
 new = ddstore.Store()
 got = reshard_dataset(old, new, "rs")
-got.update(reshard(old, new, ["seq"]))
+got.update(reshard(old, new, ["seq", "big"]))
 n = 50
 lo, hi = new.rank * n // new.size, (new.rank + 1) * n // new.size
 assert got["rs/0"][:2] == (hi - lo, (hi - lo) * 12), got
@@ -47,13 +53,20 @@ values, lengths = new.get_ragged("seq", np.arange(n))
 assert lengths.tolist() == [i % 4 for i in range(n)]
 assert values.tolist() == [[i, i] for i in range(n) for _ in range(i % 4)]
 assert new.describe("seq")["shard_rows"] == d["shard_rows"]
+b = new.describe("big")  # the shards share the 20 rows held, the file keeps the rest
+assert b["held_rows"] == 20 and b["shard_rows"] == [6, 7, 7] and b["backing"] == old.describe("big")["backing"], b
+out = np.empty((40, 3), np.int64)
+new.get_batch("big", out, np.arange(40)[::-1].copy())
+assert (out[::-1] == np.arange(120).reshape(40, 3)).all()
 print(json.dumps({"rank": new.rank, "rows": hi - lo}))
 new.close(); old.close()
 """
 
 
-def test_reshard_4_to_3(job):
-    outs = run_ranks(FIRST, ["a"] * 4, job, timeout=120)
+def test_reshard_4_to_3(job, tmp_path):
+    big = str(tmp_path / "big.npy")
+    np.save(big, np.arange(120, dtype=np.int64).reshape(40, 3))
+    outs = run_ranks(FIRST, ["a"] * 4, job, timeout=120, args=(big,))
     assert sorted(o.strip().splitlines()[-1] for o in outs) == [f"published {r}" for r in range(4)]
     ns2 = job["DDSTORE_NAMESPACE"] + "-b"
     try:
