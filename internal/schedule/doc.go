@@ -46,6 +46,15 @@
 //	}
 //	sum := s.Summarize() // hit rate per epoch, storage reads per step, ...
 //
+// A job stopped after step k of epoch e resumes on any number of ranks,
+// nodes and local batch from the position its steps reached in the epoch's
+// global order (the permutation, padded), the same for every policy:
+//
+//	pos := s.Epoch(e).Position(k)
+//	r, err := schedule.New(schedule.Config{ /* the new geometry */
+//		ResumeEpoch: e, ResumePosition: pos, OrderRanks: oldRanks /* solar */})
+//	rest := r.Epoch(e) // the positions pos.. dealt over the new ranks, each once
+//
 // A hit is a read served from the job's memory: under Random and Solar the
 // reading rank's own buffer, under Locality any node's memory (NodeLocal
 // tells whether it was the reader's node).

@@ -86,8 +86,9 @@ func (s *Schedule) geoOf(i int) geometry {
 	return s.geo
 }
 
-// Epochs simulates the run and yields its epochs in the order they run. Each
-// Epoch is the caller's to keep.
+// Epochs simulates the run and yields its epochs in the order they run,
+// from First() (a resumed run's first epoch deals only the positions
+// left). Each Epoch is the caller's to keep.
 func (s *Schedule) Epochs() iter.Seq[*Epoch] {
 	return func(yield func(*Epoch) bool) { s.run(false, yield) }
 }
@@ -540,8 +541,10 @@ type Summary struct {
 	StepsPerEpoch   int       //
 	HitRatePerEpoch []float64 // in run order
 	PerEpoch        []EpochStats
-	// HitRate is the mean of HitRatePerEpoch over epochs ≥ 1 (the warm
-	// ones; epoch 0 alone when there is one epoch). Bound is C/N, the best a
+	// HitRate is the mean of HitRatePerEpoch over the run's epochs after
+	// its first (the warm ones: epochs ≥ 1, or after ResumeEpoch; the first
+	// alone when there is one). PerEpoch and the per-epoch slices start at
+	// the run's first epoch, Config.ResumeEpoch. Bound is C/N, the best a
 	// fixed subset of memory does when every epoch is uniformly random.
 	HitRate, Bound float64
 	// Storage reads of one rank at one step over epochs ≥ 1: least, most,
