@@ -90,8 +90,9 @@ def store(job):
 def launch(job, script, nproc, args):
     """Start nproc ranks as torchrun would (RANK, WORLD_SIZE, LOCAL_RANK,
     MASTER_ADDR, MASTER_PORT: env:// rendezvous); their stdout, once all
-    exited 0. (torchrun itself: Debian's torch 1.13 fails to start workers
-    under Python 3.12, its Std.from_str giving None.)"""
+    exited 0. (torchrun itself cannot start workers with Debian's torch 1.13
+    under Python 3.11: its Std.from_str looks "0" up by iterating the Std
+    flags, which Python 3.11 no longer yields NONE from, and gets None.)"""
     import socket
     with socket.socket() as sk:
         sk.bind(("127.0.0.1", 0))
