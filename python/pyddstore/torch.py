@@ -17,8 +17,10 @@ defaults on top:
   so that readers of another job can join; ddstore_width splits an mpi4py
   communicator (or the launcher's ranks) into groups of that many ranks, each
   holding a full copy in a namespace of its own, reads staying in the group
-  (not with method 2, as DDStore). add_device is accepted and ignored: shards
-  live in shared memory. `ds.ddstore` is the PyDDStore.
+  (not with method 2, as DDStore). add_device is checked as a torch device
+  and the shard stays in the agents' host shared memory. `ds.ddstore` is
+  the PyDDStore. shapes, dtypes, read_rows, alloc, release and
+  __getitems__(indices, out=) are ddstore.torch's (DDStore's).
 - DistDatasetReader(name, handshake_dir=None, n_core=None, device=None,
   decode=None): a
   reader store (split mode: it holds no shard) that waits up to
@@ -131,6 +133,13 @@ class DistDataset(_Compat, _dt.DistDataset):
                 raise ArgumentError("pyddstore: bad argument: fields= cannot be combined with encode= (select the "
                                     "fields in encode)")
             encode = _select(list(fields))
+        if add_device is not None:
+            try:
+                import torch
+                torch.device(add_device)
+            except (RuntimeError, TypeError) as e:
+                raise ArgumentError(f"pyddstore: bad argument: add_device {add_device!r}: want a torch device "
+                                    f"({e})") from None
         method = default_method() if method is None else int(method)
         if store is None:
             dds = _group_store(comm, ddstore_width, method, handshake_dir)
