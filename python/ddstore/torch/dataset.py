@@ -990,8 +990,8 @@ class WindowedDataset(_tud.Dataset):
         """Buffers for n windows (the rows of the underlying dataset's
         alloc), for __getitems__(out=) and ThreadDataLoader's reuse_buffers."""
         if not self._ddstore_fast:
-            raise Unsupported(f"ddstore: windows over a {type(self.ds).__name__} have no buffers to allocate: "
-                              f"want a DistDataset or a DistDatasetReader")
+            raise Unsupported(f"ddstore: bad argument: windows over a {type(self.ds).__name__} have no buffers to "
+                              f"allocate: want a DistDataset or a DistDatasetReader")
         return self.ds.alloc(operator.index(n) * self.window, self.fields if fields is None else fields)
 
     def release(self, bufs):

@@ -87,7 +87,7 @@ def test_dataset_arguments():
 def test_windows_and_rows():
     ds = _Plain([np.full(2, i) for i in range(10)])
     _raises(ddstore.ArgumentError, ValueError, WindowedDataset, ds, 0)
-    e = _raises(ddstore.ArgumentError, ValueError, WindowedDataset, ds, 3, starts=[0, 8])
+    e = _raises(ddstore.IndexOutOfRange, IndexError, WindowedDataset, ds, 3, starts=[0, 8])  # as DDStore
     assert "starts[1] = 8" in str(e)
     w = WindowedDataset(ds, 3)
     _raises(ddstore.IndexOutOfRange, IndexError, w.__getitem__, len(w))
@@ -103,6 +103,8 @@ def test_loader_arguments():
     _raises(ddstore.ArgumentError, ValueError, ThreadDataLoader, ds, num_workers=-1)
     _raises(ddstore.ArgumentError, ValueError, ThreadDataLoader, ds, prefetch_factor=0)
     _raises(ddstore.ArgumentError, ValueError, ThreadDataLoader, ds, shuffle=True, sampler=[0, 1])
+    _raises(ddstore.ArgumentTypeError, TypeError, ThreadDataLoader, ds, batch_size=2, reuse_buffers=True)  # no alloc()
+    _raises(ddstore.ArgumentError, ValueError, ThreadDataLoader, ds, reuse_buffers=2)
 
 
 def test_loader_timeout():
