@@ -839,6 +839,9 @@ class Store:
         if self.reader or self.size <= 1:
             return
         if self._fence_comm is not None and self._pid == os.getpid():
+            if _onesided.finalized():
+                raise ClosedError(f"ddstore: closed: rank {self.rank}: MPI has been finalised, and the store's fence "
+                                  f"is a barrier of its communicator")
             mpi = self._mpi
             wins = [v.win for v in list(self._vars.values()) if v.win is not None] if mpi is not None else ()
             _fence.mpi_fence(self._fence_comm, wins, mpi.lock if mpi is not None else None, self._publish_timeout,
@@ -902,7 +905,7 @@ class Store:
             v.unmap()
         _lanes.close_lanes(lanes, own=self._pid == os.getpid())
         close_regions(recv)
-        if collective and self._fence_own_comm and self._pid == os.getpid():
+        if collective and self._fence_own_comm and self._pid == os.getpid() and not _onesided.finalized():
             self._fence_comm.Free()
 
     def __enter__(self):

@@ -112,6 +112,7 @@ import importlib.util
 import os
 import secrets
 import sys
+import threading
 import time
 import zlib
 
@@ -124,6 +125,7 @@ from ddstore.dtypes import as_array
 
 __all__ = ["PyDDStore", "PyDDstoreVarinfo", "FileComm", "HAVE_MPI", "mpi_available"]
 
+_PY_LOCK = threading.Lock()
 _MPI_LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
 
 
@@ -413,9 +415,16 @@ class PyDDStore:
         try:
             self.store.get(name, arr, start)
         finally:
+            self._count(1, time.perf_counter() - t)
+
+    def _count(self, calls, seconds):
+        """DDStore's Python counters of the store (py_gets, py_get): its
+        reads, and those of pyddstore.torch's datasets over it, from any
+        thread."""
+        with _PY_LOCK:
             p = self._py
-            p["py_gets"] += 1
-            p["py_get"] += time.perf_counter() - t
+            p["py_gets"] += calls
+            p["py_get"] += seconds
 
     def get_batch(self, name, arr, indices):
         """Rows indices[i] into arr[i] (any order, repeats); len(indices)
@@ -429,9 +438,7 @@ class PyDDStore:
         try:
             self.store.get_batch(name, arr, idx)
         finally:
-            p = self._py
-            p["py_gets"] += 1
-            p["py_get"] += time.perf_counter() - t
+            self._count(1, time.perf_counter() - t)
 
     def register_recv(self, name, arr):
         """Accepted for DDStore code: every buffer works as a destination
@@ -490,11 +497,16 @@ class PyDDStore:
         py_gets, py_get, py_sync) and ddstore's (bytes, local_rows,
         remote_rows, remote_calls, wait_s). read is the time spent waiting
         for rows of other nodes; the MR, CQ and lock counters of libfabric
-        have no counterpart and stay 0. Always counted (DDSTORE_PROFILE is
-        not needed)."""
+        and py_sync (no GPU destination) have no counterpart and stay 0.
+        py_gets and py_get (seconds) are the store's, for its get and
+        get_batch calls and the reads of pyddstore.torch's datasets over
+        it (a field's read a call, as DDStore's get_batch per field).
+        Always counted (DDSTORE_PROFILE is not needed)."""
         p = self.store.get_profile(name)
+        with _PY_LOCK:
+            py = dict(self._py)
         out = {"calls": p["calls"], "lock_wait": 0.0, "mr": 0.0, "mr_miss": 0, "read": p["wait_s"], "cq": 0.0,
-               "rows": p["rows"], **self._py, "py_sync": 0.0}
+               "rows": p["rows"], **py, "py_sync": 0.0}
         out.update({k: v for k, v in p.items() if k not in out})
         return out
 

@@ -33,6 +33,7 @@ caller's) and have DDStore's `len()`, `get(i)` and `total_ns`.
 """
 
 import os
+import time
 
 import ddstore.torch as _dt
 from ddstore import ArgumentError, ArgumentTypeError, Error, Store, UnknownVariable, Unsupported
@@ -58,7 +59,28 @@ def _as_stores(store):
 
 
 class _Compat:
-    """DDStore's extra dataset methods."""
+    """DDStore's extra dataset methods, and its Python counters: a read of
+    the dataset counts in its PyDDStore's py_gets and py_get, as DDStore's
+    reads through PyDDStore.get and get_batch do."""
+
+    def __getitem__(self, index):
+        t = time.perf_counter()
+        try:
+            return super().__getitem__(index)
+        finally:
+            self._count(len(self._schema.fields), t)
+
+    def _ddstore_read(self, idx, keys=None, out=None):
+        t = time.perf_counter()
+        try:
+            return super()._ddstore_read(idx, keys, out)
+        finally:
+            self._count(len(self._schema.select(keys).fields), t)
+
+    def _count(self, calls, t):
+        dds = getattr(self, "ddstore", None)
+        if dds is not None:
+            dds._count(calls, time.perf_counter() - t)
 
     @property
     def total_ns(self):
