@@ -271,7 +271,8 @@ tsrc = torch.utils.data.TensorDataset(torch.randn(41, 3, generator=torch.Generat
 fixed = pt.DistDataset(tsrc, "fixed", comm, method=method)
 for workers in (0, 2):
     mk = lambda: dict(batch_size=6, shuffle=True, generator=torch.Generator().manual_seed(workers))
-    loader, ref_loader = pt.ThreadDataLoader(fixed, reuse_buffers=True, num_workers=workers, **mk()), DataLoader(tsrc, **mk())
+    loader = pt.ThreadDataLoader(fixed, reuse_buffers=True, num_workers=workers, **mk())
+    ref_loader = DataLoader(tsrc, **mk())
     for epoch in range(2):
         kept, ref = list(loader), list(ref_loader)
         assert len(kept) == len(ref)
