@@ -154,3 +154,16 @@ def test_pyddstore_arguments():
 def test_wire_name_too_long():
     from ddstore import _wire
     _raises(ddstore.ArgumentError, ValueError, _wire.Encoder().string, "x" * 70000)
+
+
+def test_records_where_rows_of_one_dtype_are_wanted():
+    """A structured array given to add, init or a read is refused naming the
+    records (numpy's own parser errors never leak out)."""
+    from ddstore.dtypes import as_array, dtype_name
+    rec = np.zeros(3, [("a", "i4"), ("b", "f8")])
+    nested = np.zeros(3, np.dtype([("a", "i4"), ("c", [("x", "u1"), ("y", "i2")])], align=True))
+    for a in (rec, rec.view(np.recarray), nested):
+        e = _raises(ddstore.BadBuffer, ValueError, as_array, a)
+        assert "structured records" in str(e) and "view(np.uint8)" in str(e)
+    _raises(ddstore.BadBuffer, ValueError, dtype_name, "(int32")
+    assert dtype_name(np.float32) == "float32" and dtype_name(np.dtype("int8")) == "int8"
