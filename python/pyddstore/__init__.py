@@ -56,8 +56,10 @@ comm_or_none=FileComm(...)     pyddstore.FileComm is ddstore.FileComm: rank
                                and size given, agents meet in its directory.
 rank=, size=                   explicit rank and size (no communicator).
 exchange_ns=                   the store lives in namespace `NS.exchange_ns`
-                               (NS: DDSTORE_NAMESPACE, the Slurm job, the
-                               torchrun run, or "default"), so that several
+                               (NS: the handshake directory's, else
+                               DDSTORE_NAMESPACE, the Slurm job, the
+                               torchrun run, or "default"; namespace= sets
+                               it), so that several
                                stores (sub-groups) never collide. A
                                sub-communicator of MPI.COMM_WORLD without
                                exchange_ns gets `NS.g<world rank of its rank
