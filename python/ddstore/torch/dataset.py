@@ -392,12 +392,11 @@ class _StoredDataset(_tud.Dataset):
             if b is None:
                 raise BadBuffer(f"ddstore: bad buffer: out has no buffer for field {f.key!r} (keys {list(out)}): "
                                 f"want alloc(n) of every field read")
-            want = (n, *f.shape)
             if (not isinstance(b, np.ndarray) or b.dtype != f.npdtype or tuple(b.shape[1:]) != f.shape
                     or b.shape[0] < n):
-                got = f"{b.dtype}{tuple(b.shape)}" if isinstance(b, np.ndarray) else type(b).__name__
-                raise BadBuffer(f"ddstore: bad buffer: out[{f.key!r}] is {got}: want {np.dtype(f.npdtype)} of shape "
-                                f"({n} or more, {', '.join(map(str, f.shape))}) from alloc() ({want})")
+                got = f"{b.dtype} of shape {tuple(b.shape)}" if isinstance(b, np.ndarray) else type(b).__name__
+                raise BadBuffer(f"ddstore: bad buffer: out[{f.key!r}] is {got}: want {np.dtype(f.npdtype)} rows of "
+                                f"shape {f.shape}, {n} or more (alloc({n}) gives them)")
         return out
 
     def _ddstore_read(self, idx, keys=None, out=None):
@@ -513,9 +512,9 @@ class DistDataset(_StoredDataset):
     each field as the source gave it: torch tensors, numpy arrays, Python
     and numpy numbers, records of the same layout, str and bytes (`shapes`
     and `dtypes` describe the fields; read_rows, alloc and
-    __getitems__(out=) read rows into buffers of yours). Batches of ragged fields need a collate of
-    ddstore.torch.collate (Packed, Padded, Graphs; ThreadDataLoader's
-    default is Packed) or a collate_fn of yours.
+    __getitems__(out=) read rows into buffers of yours). Batches of ragged
+    fields need a collate of ddstore.torch.collate (Packed, Padded, Graphs;
+    ThreadDataLoader's default is Packed) or a collate_fn of yours.
 
     encode, decode (DDStore's hooks): encode(sample) runs on every source
     sample before it is stored and returns what to store (e.g. labels as
