@@ -106,8 +106,7 @@ sys.stdout.write("ok %d\n" % rank); sys.stdout.flush()
 """
 
 
-@pytest.mark.parametrize("np_", [2, 4])
-@pytest.mark.parametrize("how", ["free", "close"])
+@pytest.mark.parametrize("np_,how", [(2, "free"), (4, "close")])
 def test_profile_and_free_after_finalize(job, tmp_path, np_, how):
     from test_bootstrap import mpirun_plain
     mpirun_plain(job, tmp_path, SCRIPT, np_, how, timeout=180)
