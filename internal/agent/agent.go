@@ -506,7 +506,8 @@ type (
 
 func (a *Agent) info() Info {
 	in := Info{Namespace: a.cfg.Namespace, Node: a.cfg.Node, Pid: os.Getpid(), Socket: a.cfg.Socket,
-		PeerAddr: a.addr, Coordinator: a.coord.Load() != nil, Regions: a.regions.count(), MemoryBudget: a.cfg.MemoryBytes}
+		PeerAddr: a.addr, Coordinator: a.coord.Load() != nil, Regions: a.regions.count(), MemoryBudget: a.cfg.MemoryBytes,
+		HandshakeDir: a.cfg.HandshakeDir}
 	a.mu.Lock()
 	in.Clients = len(a.mu.sessions)
 	vars := make([]*variable, 0, len(a.mu.vars))

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"syscall"
@@ -68,6 +69,15 @@ func runAgent(args []string, stdout, stderr io.Writer) error {
 	verbose := fs.Bool("v", false, "log at debug level")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *hs != "" {
+		// Info reports it: a client asked to meet in a directory compares
+		// it with its own, whatever the two processes' working directories.
+		abs, err := filepath.Abs(*hs)
+		if err != nil {
+			return base.Errorf(base.ErrArgument, "agent: --handshake-dir %q: %v", *hs, err)
+		}
+		*hs = abs
 	}
 	var budget int64
 	if m := strings.TrimSpace(*memory); m != "" && m != "0" {

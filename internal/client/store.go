@@ -163,6 +163,12 @@ func Open(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	if hs := handshakeArg(cfg.AgentArgs); hs != "" {
+		if err := s.checkHandshake(ctl, hs); err != nil {
+			ctl.close()
+			return nil, err
+		}
+	}
 	s.ctl = ctl
 	if cfg.Method == MethodMPI {
 		if s.one, err = newOneSided(s); err != nil {

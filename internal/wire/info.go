@@ -27,6 +27,10 @@ type AgentInfo struct {
 	// Transport is how this agent reads rows of other nodes: tcp, mpi or
 	// fabric.
 	Transport string `json:"transport"`
+	// HandshakeDir is the directory the agent meets the job's other agents
+	// in ("": a rendezvous address, or a single node), so that a client
+	// asked to meet in another one can tell it will not.
+	HandshakeDir string `json:"handshake_dir,omitempty"`
 }
 
 // AgentCollective is a collective the coordinator holds.

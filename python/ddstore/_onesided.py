@@ -5,6 +5,7 @@ owners taking no part. Only the process that made the windows uses them:
 a forked child reads through the agent."""
 
 import os
+import sys
 import threading
 
 import numpy as np
@@ -78,9 +79,11 @@ class Windows:
         return err if err is not None else ""
 
     def close(self, v):
-        """Collective: free v's window (before its shards are unmapped)."""
+        """Collective: free v's window (before its shards are unmapped).
+        After MPI_Finalize a window can no longer be freed, nor be read:
+        it is let go (DDStore's free() skips it too)."""
         win, v.win = v.win, None
-        if win is not None and self.usable():
+        if win is not None and self.usable() and not finalized():
             with self.lock:
                 win.Unlock_all()
                 win.Free()
@@ -128,6 +131,16 @@ class Windows:
                 win.Flush_all()
             v.profile["onesided_rows"] += k
         return pos[~mem]
+
+
+def finalized():
+    """MPI has been finalised in this process (mpi4py loaded, and
+    MPI_Finalize called, by the program or at exit)."""
+    mod = sys.modules.get("mpi4py.MPI")
+    try:
+        return mod is not None and mod.Is_finalized()
+    except Exception:
+        return False
 
 
 def keep_open(v):

@@ -28,15 +28,24 @@ def dtype_name(dtype):
 
 
 def _dtype_name(dtype):
-    s = str(dtype)
-    if s.startswith("torch."):
-        s = s[len("torch."):]
-    if s == "bfloat16":
-        return s
-    try:
-        d = np.dtype(s)
-    except TypeError:
-        raise BadBuffer(f"ddstore: bad buffer: element type {dtype!r}: want one of {', '.join(NAMES)}") from None
+    if isinstance(dtype, np.dtype):
+        d = dtype
+    elif isinstance(dtype, type) and issubclass(dtype, np.generic):  # np.float32, ...
+        d = np.dtype(dtype)
+    else:
+        s = str(dtype)
+        if s.startswith("torch."):
+            s = s[len("torch."):]
+        if s == "bfloat16":
+            return s
+        try:
+            d = np.dtype(s)
+        except (TypeError, ValueError, SyntaxError):  # numpy parses some strings as Python
+            raise BadBuffer(f"ddstore: bad buffer: element type {dtype!r}: want one of {', '.join(NAMES)}") from None
+    if d.names is not None or d.subdtype is not None:
+        raise BadBuffer(f"ddstore: bad buffer: element type {d} (numpy structured records): want one of "
+                        f"{', '.join(NAMES)}: add records as their bytes (a.view(np.uint8)), or through "
+                        f"ddstore.torch.DistDataset, which keeps their layout")
     if d.name not in NAMES or d.byteorder == ">":
         raise BadBuffer(f"ddstore: bad buffer: element type {d}: want one of {', '.join(NAMES)} (native byte order)")
     return d.name

@@ -10,6 +10,7 @@ gets), _prefetch (the background Prefetch sender), _vars (a variable as this
 rank sees it, row copies)."""
 
 import functools
+import json
 import os
 import re
 import secrets
@@ -122,7 +123,7 @@ class Store:
         self.socket_path = socket_path or _agent.socket_path(run_dir, self.namespace, self.node)
         handshake = getattr(comm, "dir", None)
         if handshake:
-            agent_args = ("--handshake-dir", handshake, *agent_args)
+            agent_args = ("--handshake-dir", os.path.abspath(handshake), *agent_args)
         agent_env = None
         if comm is not None and not self.reader:
             # Ranks on several nodes with nowhere for their agents to meet:
@@ -154,6 +155,29 @@ class Store:
         self._pool = _lanes.LanePool(agent, max_lanes, self.rank)
         self._recv = RecvBuffers(self._pool, timeout)
         _lanes.track(self)
+        hs = _handshake_arg(self._agent_args)
+        if hs is not None:
+            try:
+                self._check_handshake(hs)
+            except BaseException:
+                self._close(collective=False)
+                raise
+
+    def _check_handshake(self, want):
+        """The node's agent meets its job in directory `want`: one already
+        running in the namespace with another directory (or none) would
+        never meet the agents this store means to (they are told so)."""
+        info = json.loads(_wire.Decoder(self._control(_wire.OP_INFO, _wire.Encoder())).string32())
+        have = info.get("handshake_dir", "")
+        if have and os.path.realpath(have) == os.path.realpath(want):
+            return
+        how = (f"with handshake directory {have!r}" if have else
+               "without a handshake directory (it meets its job through a rendezvous address, or alone)")
+        raise ArgumentError(f"ddstore: bad argument: handshake directory {want!r}: the agent of namespace "
+                            f"{self.namespace!r} on node {self.node!r} (pid {info.get('pid')}) already runs {how}: "
+                            f"it would not meet the agents of {want!r}; give this store a namespace of its own "
+                            f"(namespace= or DDSTORE_NAMESPACE), or start it once that agent has stopped (it stops "
+                            f"30 s after its last store closes)")
 
     @property
     def _lock(self):
@@ -815,6 +839,9 @@ class Store:
         if self.reader or self.size <= 1:
             return
         if self._fence_comm is not None and self._pid == os.getpid():
+            if _onesided.finalized():
+                raise ClosedError(f"ddstore: closed: rank {self.rank}: MPI has been finalised, and the store's fence "
+                                  f"is a barrier of its communicator")
             mpi = self._mpi
             wins = [v.win for v in list(self._vars.values()) if v.win is not None] if mpi is not None else ()
             _fence.mpi_fence(self._fence_comm, wins, mpi.lock if mpi is not None else None, self._publish_timeout,
@@ -878,7 +905,7 @@ class Store:
             v.unmap()
         _lanes.close_lanes(lanes, own=self._pid == os.getpid())
         close_regions(recv)
-        if collective and self._fence_own_comm and self._pid == os.getpid():
+        if collective and self._fence_own_comm and self._pid == os.getpid() and not _onesided.finalized():
             self._fence_comm.Free()
 
     def __enter__(self):
@@ -941,6 +968,18 @@ def _scope(comm, scope, reader):
         raise ArgumentError(f"ddstore: bad argument: scope {scope!r}: want \"store\", \"namespace\" or a token of "
                             f"1 to 64 characters of [A-Za-z0-9_-]")
     return scope
+
+
+def _handshake_arg(args):
+    """The directory of the last --handshake-dir of agent arguments (None
+    for none, or an empty one)."""
+    hs = None
+    for k, a in enumerate(args):
+        if a == "--handshake-dir" and k + 1 < len(args):
+            hs = args[k + 1]
+        elif isinstance(a, str) and a.startswith("--handshake-dir="):
+            hs = a.split("=", 1)[1]
+    return hs or None
 
 
 def _hello(namespace, node, rank, size, local_rank, local_size):

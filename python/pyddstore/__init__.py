@@ -28,13 +28,18 @@ method 1 (libfabric fi_read)   agents (over TCP, or MPI or libfabric between
                                read by the trainer processes, is
                                ddstore.Store(comm, method="mpi").
 method 2 + handshake_dir,      file handshake: agents meet through records
-core member (a comm)           in handshake_dir (one set per namespace), which
-                               also lets readers of another job find them
-                               (split mode); the ranks of the comm hold
-                               shards. A handshake_dir given with methods 0
-                               and 1 (or DDSTORE_HANDSHAKE_DIR) is used the
-                               same way; it takes precedence over
-                               DDSTORE_RENDEZVOUS.
+core member (a comm)           in handshake_dir, which also lets readers of
+                               another job find them (split mode); the ranks
+                               of the comm hold shards. The directory decides
+                               the namespace (a name the first store to come
+                               writes in it, ddstore.namespace), so that jobs
+                               that share only the directory meet, whatever
+                               DDSTORE_NAMESPACE, Slurm or torchrun say; an
+                               agent already running in that namespace with
+                               another directory is an error. A handshake_dir
+                               given with methods 0 and 1 (or
+                               DDSTORE_HANDSHAKE_DIR) is used the same way; it
+                               takes precedence over DDSTORE_RENDEZVOUS.
 method 2 + handshake_dir,      a reader store (ddstore.Store(reader=True)): it
 comm_or_none=None, n_core > 0  holds no shard and reads what the core job
 ("extra member")               published; join(name) waits for a variable.
@@ -51,8 +56,10 @@ comm_or_none=FileComm(...)     pyddstore.FileComm is ddstore.FileComm: rank
                                and size given, agents meet in its directory.
 rank=, size=                   explicit rank and size (no communicator).
 exchange_ns=                   the store lives in namespace `NS.exchange_ns`
-                               (NS: DDSTORE_NAMESPACE, the Slurm job, the
-                               torchrun run, or "default"), so that several
+                               (NS: the handshake directory's, else
+                               DDSTORE_NAMESPACE, the Slurm job, the
+                               torchrun run, or "default"; namespace= sets
+                               it), so that several
                                stores (sub-groups) never collide. A
                                sub-communicator of MPI.COMM_WORLD without
                                exchange_ns gets `NS.g<world rank of its rank
@@ -105,7 +112,9 @@ dtypes), KeyError (unknown variables), TimeoutError and ConnectionError
 
 import importlib.util
 import os
+import secrets
 import sys
+import threading
 import time
 import zlib
 
@@ -118,6 +127,7 @@ from ddstore.dtypes import as_array
 
 __all__ = ["PyDDStore", "PyDDstoreVarinfo", "FileComm", "HAVE_MPI", "mpi_available"]
 
+_PY_LOCK = threading.Lock()
 _MPI_LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
 
 
@@ -209,6 +219,43 @@ def _group_rendezvous(namespace):
     return f"{host}:{p}"
 
 
+# The handshake directory's namespace, written by the first store that meets
+# there: "hs-" and 12 hex digits.
+_NS_RECORD = "ddstore.namespace"
+
+
+def dir_namespace(hs, timeout=10.0):
+    """The namespace of the agents that meet in handshake directory hs: read
+    from its record, which the first store to come writes (O_EXCL: one
+    wins), so that every job given the directory, and only those, meets the
+    same agents whatever DDSTORE_NAMESPACE, Slurm or torchrun say."""
+    os.makedirs(hs, mode=0o700, exist_ok=True)
+    path = os.path.join(hs, _NS_RECORD)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        fd = None
+    if fd is not None:
+        try:
+            os.write(fd, ("hs-" + secrets.token_hex(6) + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    deadline, wait = time.monotonic() + timeout, 0.002
+    while True:  # the winner may be writing it still
+        with open(path) as f:
+            name = f.read()
+        if name.endswith("\n"):
+            name = name.strip()
+            _agent.check_name("namespace", name)
+            return name
+        if time.monotonic() > deadline:
+            raise _dd.ArgumentError(f"pyddstore: bad argument: handshake directory {hs!r}: its namespace record "
+                                    f"{path} holds {name!r}, want a namespace and a newline")
+        time.sleep(wait)
+        wait = min(2 * wait, 0.05)
+
+
 class PyDDstoreVarinfo:
     """DDStore's variable info record: name, disp, itemsize."""
 
@@ -261,7 +308,11 @@ class PyDDStore:
         comm = comm_or_none
         if comm is None and not explicit and not reader:
             comm = _world()
-        base = store_kw.pop("namespace", None) or getattr(comm, "ns", None) or _agent.default_namespace()
+        # With a handshake directory, the directory decides the namespace:
+        # two jobs that share only the directory (DDStore's split mode)
+        # meet there whatever their own namespaces.
+        base = (store_kw.pop("namespace", None) or getattr(comm, "ns", None) or (dir_namespace(hs) if hs else None)
+                or _agent.default_namespace())
         suffix = self.exchange_ns
         if not suffix and _is_mpi_comm(comm):
             suffix = _subgroup_tag(comm)
@@ -272,7 +323,7 @@ class PyDDStore:
         # DDSTORE_RENDEZVOUS is set: an agent given both may become a second
         # coordinator (the rendezvous one, and the one rank 0 says hello to).
         if hs:
-            agent_args += ["--handshake-dir", hs, "--rendezvous="]
+            agent_args += ["--handshake-dir", os.path.abspath(hs), "--rendezvous="]
         elif getattr(comm, "dir", None) is not None:  # a FileComm: ddstore.Store passes its directory
             agent_args += ["--rendezvous="]
         elif namespace != _agent.default_namespace():
@@ -366,9 +417,16 @@ class PyDDStore:
         try:
             self.store.get(name, arr, start)
         finally:
+            self._count(1, time.perf_counter() - t)
+
+    def _count(self, calls, seconds):
+        """DDStore's Python counters of the store (py_gets, py_get): its
+        reads, and those of pyddstore.torch's datasets over it, from any
+        thread."""
+        with _PY_LOCK:
             p = self._py
-            p["py_gets"] += 1
-            p["py_get"] += time.perf_counter() - t
+            p["py_gets"] += calls
+            p["py_get"] += seconds
 
     def get_batch(self, name, arr, indices):
         """Rows indices[i] into arr[i] (any order, repeats); len(indices)
@@ -382,9 +440,7 @@ class PyDDStore:
         try:
             self.store.get_batch(name, arr, idx)
         finally:
-            p = self._py
-            p["py_gets"] += 1
-            p["py_get"] += time.perf_counter() - t
+            self._count(1, time.perf_counter() - t)
 
     def register_recv(self, name, arr):
         """Accepted for DDStore code: every buffer works as a destination
@@ -443,11 +499,16 @@ class PyDDStore:
         py_gets, py_get, py_sync) and ddstore's (bytes, local_rows,
         remote_rows, remote_calls, wait_s). read is the time spent waiting
         for rows of other nodes; the MR, CQ and lock counters of libfabric
-        have no counterpart and stay 0. Always counted (DDSTORE_PROFILE is
-        not needed)."""
+        and py_sync (no GPU destination) have no counterpart and stay 0.
+        py_gets and py_get (seconds) are the store's, for its get and
+        get_batch calls and the reads of pyddstore.torch's datasets over
+        it (a field's read a call, as DDStore's get_batch per field).
+        Always counted (DDSTORE_PROFILE is not needed)."""
         p = self.store.get_profile(name)
+        with _PY_LOCK:
+            py = dict(self._py)
         out = {"calls": p["calls"], "lock_wait": 0.0, "mr": 0.0, "mr_miss": 0, "read": p["wait_s"], "cq": 0.0,
-               "rows": p["rows"], **self._py, "py_sync": 0.0}
+               "rows": p["rows"], **py, "py_sync": 0.0}
         out.update({k: v for k, v in p.items() if k not in out})
         return out
 

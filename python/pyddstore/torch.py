@@ -17,8 +17,10 @@ defaults on top:
   so that readers of another job can join; ddstore_width splits an mpi4py
   communicator (or the launcher's ranks) into groups of that many ranks, each
   holding a full copy in a namespace of its own, reads staying in the group
-  (not with method 2, as DDStore). add_device is accepted and ignored: shards
-  live in shared memory. `ds.ddstore` is the PyDDStore.
+  (not with method 2, as DDStore). add_device is checked as a torch device
+  and the shard stays in the agents' host shared memory. `ds.ddstore` is
+  the PyDDStore. shapes, dtypes, read_rows, alloc, release and
+  __getitems__(indices, out=) are ddstore.torch's (DDStore's).
 - DistDatasetReader(name, handshake_dir=None, n_core=None, device=None,
   decode=None): a
   reader store (split mode: it holds no shard) that waits up to
@@ -31,6 +33,7 @@ caller's) and have DDStore's `len()`, `get(i)` and `total_ns`.
 """
 
 import os
+import time
 
 import ddstore.torch as _dt
 from ddstore import ArgumentError, ArgumentTypeError, Error, Store, UnknownVariable, Unsupported
@@ -56,7 +59,28 @@ def _as_stores(store):
 
 
 class _Compat:
-    """DDStore's extra dataset methods."""
+    """DDStore's extra dataset methods, and its Python counters: a read of
+    the dataset counts in its PyDDStore's py_gets and py_get, as DDStore's
+    reads through PyDDStore.get and get_batch do."""
+
+    def __getitem__(self, index):
+        t = time.perf_counter()
+        try:
+            return super().__getitem__(index)
+        finally:
+            self._count(len(self._schema.fields), t)
+
+    def _ddstore_read(self, idx, keys=None, out=None):
+        t = time.perf_counter()
+        try:
+            return super()._ddstore_read(idx, keys, out)
+        finally:
+            self._count(len(self._schema.select(keys).fields), t)
+
+    def _count(self, calls, t):
+        dds = getattr(self, "ddstore", None)
+        if dds is not None:
+            dds._count(calls, time.perf_counter() - t)
 
     @property
     def total_ns(self):
@@ -131,6 +155,13 @@ class DistDataset(_Compat, _dt.DistDataset):
                 raise ArgumentError("pyddstore: bad argument: fields= cannot be combined with encode= (select the "
                                     "fields in encode)")
             encode = _select(list(fields))
+        if add_device is not None:
+            try:
+                import torch
+                torch.device(add_device)
+            except (RuntimeError, TypeError) as e:
+                raise ArgumentError(f"pyddstore: bad argument: add_device {add_device!r}: want a torch device "
+                                    f"({e})") from None
         method = default_method() if method is None else int(method)
         if store is None:
             dds = _group_store(comm, ddstore_width, method, handshake_dir)

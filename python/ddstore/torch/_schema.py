@@ -9,7 +9,16 @@ rows), "ragged" (the size of one axis, `axis`, varies between samples: a
 ragged variable whose units are the sample's slices along that axis, so
 that axis is moved to the front in the store and back on read; shape holds
 None there), "str" (UTF-8 text) and "bytes" (raw bytes), both ragged
-variables of uint8 units."""
+variables of uint8 units.
+
+How a field comes back, whatever its layout: a torch tensor, a numpy array,
+a Python number (`scalar` "py": int, float, bool, stored as int64, float64,
+bool) or a numpy scalar (`scalar` "np"), as the source gave it; a numpy
+structured record (`record`, its dtype: an np.void or np.record, a
+structured array or an np.recarray, `rkind` "void", "record", "array",
+"recarray") is stored as its raw bytes, uint8 rows of shape (*shape,
+itemsize), and comes back as the same kind of object with the same layout
+(nested, aligned and padded records included)."""
 
 import operator
 
@@ -37,16 +46,51 @@ class _Field:
     """One field of the samples: where it is stored, how, and what a row
     holds (see the module's docstring for layouts)."""
 
-    __slots__ = ("key", "var", "shape", "dtype", "npdtype", "torch", "layout", "axis", "ragged")
+    __slots__ = ("key", "var", "shape", "dtype", "npdtype", "torch", "layout", "axis", "ragged", "scalar", "record",
+                 "rkind")
 
-    def __init__(self, key, var, shape, dtype, is_torch, layout="fixed", axis=None):
+    def __init__(self, key, var, shape, dtype, is_torch, layout="fixed", axis=None, scalar=None, record=None,
+                 rkind=None):
         self.key, self.var, self.dtype, self.torch = key, var, dtype, is_torch
         self.shape = tuple(None if d is None else int(d) for d in shape)
         self.layout, self.axis = layout, axis
+        # A number's kind ("py", "np"; None for arrays and tensors), a
+        # record's dtype and kind (None for other fields).
+        self.scalar, self.record, self.rkind = scalar, record, rkind
         # Stored as a ragged variable (ragged, str and bytes layouts).
         self.ragged = layout != "fixed"
         # bfloat16 rows are kept in int16 arrays: numpy has no bfloat16.
         self.npdtype = numpy_dtype(dtype)
+
+    def like(self, shape=None, layout=None, axis=None):
+        """This field with another shape, layout and axis (the rest kept)."""
+        return _Field(self.key, self.var, self.shape if shape is None else shape, self.dtype, self.torch,
+                      self.layout if layout is None else layout, self.axis if axis is None else axis, self.scalar,
+                      self.record, self.rkind)
+
+    def stacked(self):
+        """This field as rows stacked along a new first axis hold it (a
+        window's): numbers as 1-d arrays, records as arrays of records."""
+        if self.scalar is None and self.rkind not in ("void", "record"):
+            return self
+        f = self.like()
+        f.scalar = None
+        f.rkind = {"void": "array", "record": "recarray"}.get(self.rkind, self.rkind)
+        return f
+
+    @property
+    def user_shape(self):
+        """The field's shape as a sample holds it (a record's without its
+        bytes axis; None on a varying axis)."""
+        return self.shape[:-1] if self.record is not None else self.shape
+
+    @property
+    def user_dtype(self):
+        """The dtype as a sample holds it: a name, a record's structured
+        dtype, or "str" / "bytes"."""
+        if self.record is not None:
+            return self.record
+        return self.layout if self.layout in ("str", "bytes") else self.dtype
 
     @property
     def trailing(self):
@@ -68,8 +112,33 @@ class _Field:
         return t if device is None else t.to(device)
 
     def value(self, a, device):
-        """A field as the source gave it: a tensor, or a numpy array."""
-        return self.tensor(a, device) if self.torch else a
+        """A field as the source gave it: a tensor, a numpy array, a number
+        or a record (a of the stored shape; a view where it can be)."""
+        if self.torch:
+            return self.tensor(a, device)
+        if self.record is not None:
+            r = self.records(a)
+            return r[()] if self.rkind in ("void", "record") else r
+        if self.scalar == "py":
+            return a.item()
+        if self.scalar == "np":
+            return a[()]
+        return a
+
+    def records(self, a):
+        """Stored bytes (..., itemsize) as records (...): a structured array
+        (an np.recarray for record and recarray fields), a view of a."""
+        r = a.view(self.record)[..., 0]
+        return r.view(np.recarray) if self.rkind in ("record", "recarray") else r
+
+    def batch_value(self, a, device):
+        """The rows of a batch array (n, *stored shape) as one value of shape
+        (n, *shape): a tensor, a numpy array (numbers: 1-d), or records."""
+        if self.torch:
+            return self.tensor(a, device)
+        if self.record is not None:
+            return self.records(a)
+        return a
 
     def unit_value(self, units, device):
         """One sample's field from its units in the store (units of shape
@@ -88,12 +157,18 @@ class _Field:
         if self.layout != "fixed":
             d["layout"] = self.layout
             d["axis"] = self.axis
+        if self.scalar is not None:
+            d["scalar"] = self.scalar
+        if self.record is not None:
+            d["record"], d["rkind"] = record_json(self.record), self.rkind
         return d
 
     def describe(self):
         """The field in words, for errors."""
         if self.layout in ("str", "bytes"):
             return self.layout
+        if self.record is not None:
+            return f"records {self.record} of shape {_shape_words(self.user_shape)}"
         return f"{self.dtype} of shape {_shape_words(self.shape)}"
 
 
@@ -126,7 +201,9 @@ class _Schema:
             else:
                 # A field of no items is fine if it turns out ragged along
                 # its empty axis (a graph without edges); the load checks.
-                fields.append(_Field(key, f"{name}/{key}", a.shape, dt, is_torch))
+                rec = _record_of(v)
+                fields.append(_Field(key, f"{name}/{key}", a.shape, dt, is_torch, scalar=_scalar_of(v),
+                                     record=rec, rkind=_rkind(v) if rec is not None else None))
         return cls(kind, fields)
 
     def to_json(self, length):
@@ -139,7 +216,8 @@ class _Schema:
             raise BadDataset(f"ddstore: bad geometry: dataset {name!r}: metadata of format {meta.get('format')!r}: "
                              f"want one of {list(_FORMATS)}")
         return cls(meta["kind"], [_Field(f["key"], f"{name}/{f['key']}", f["shape"], f["dtype"], f["torch"],
-                                         f.get("layout", "fixed"), f.get("axis"))
+                                         f.get("layout", "fixed"), f.get("axis"), f.get("scalar"),
+                                         record_dtype(f["record"]) if "record" in f else None, f.get("rkind"))
                                   for f in meta["fields"]])
 
     def select(self, keys):
@@ -182,6 +260,12 @@ class _Schema:
                     got = layout or f"{dt} of shape {_shape_words(a.shape)}"
                     raise ArgumentError(f"ddstore: bad argument: sample at index {index}, field {f.key!r}: {got}, "
                                         f"sample 0 has {f.describe()}: every sample's field keeps one type")
+            elif f.record is not None or _record_of(v) is not None:
+                if _record_of(v) != f.record or a.ndim != len(f.shape):
+                    got = (f"records {_record_of(v)}" if _record_of(v) is not None else f"{dt}") + \
+                        f" of shape {_shape_words(a.shape[:-1] if _record_of(v) is not None else a.shape)}"
+                    raise ArgumentError(f"ddstore: bad argument: sample at index {index}, field {f.key!r}: {got}, "
+                                        f"sample 0 has {f.describe()}: every sample's field keeps one dtype and rank")
             elif dt != f.dtype or a.ndim != len(f.shape):
                 raise ArgumentError(f"ddstore: bad argument: sample at index {index}, field {f.key!r}: {dt} of shape "
                                     f"{_shape_words(a.shape)} ({a.ndim} dimensions), sample 0 has {f.dtype} of shape "
@@ -213,9 +297,17 @@ class _Schema:
                 else:
                     cols.append([f.unit_value(values[off[j]:off[j + 1]], device) for j in range(n)])
                 continue
-            b = f.value(a, device)
-            # a[j, ...] keeps a 0-d row an array; a[j] would give a numpy scalar.
-            cols.append(b.unbind(0) if f.torch else [b[j, ...] for j in range(n)])
+            if f.scalar == "py":
+                cols.append(a.tolist())
+                continue
+            b = f.batch_value(a, device)
+            if f.torch:
+                cols.append(b.unbind(0))
+            elif f.scalar == "np" or f.rkind in ("void", "record"):
+                cols.append([b[j] for j in range(n)])  # numpy scalars, records
+            else:
+                # a[j, ...] keeps a 0-d row an array; a[j] would give a numpy scalar.
+                cols.append([b[j, ...] for j in range(n)])
         return [self.pack([c[j] for c in cols]) for j in range(n)]
 
     def collated(self, arrays, device, collate=None):
@@ -223,6 +315,11 @@ class _Schema:
         too), a tuple's fields as a list. With ragged fields, or with a
         collate of ddstore.torch.collate, that collate's batch (default
         Packed)."""
+        if collate is None:
+            recs = [f.key for f in self.fields if f.record is not None]
+            if recs:
+                raise ArgumentTypeError(f"ddstore: bad argument: field {recs[0]!r} holds numpy structured records, "
+                                        f"which default_collate cannot batch: pass a collate_fn")
         if collate is None and not self.ragged:
             vals = [f.tensor(a, device) for f, a in zip(self.fields, arrays)]
             return list(vals) if self.kind == "tuple" else self.pack(vals)
@@ -262,6 +359,14 @@ def _field_array(v, key=None, index=None):
             v = v.cpu()
         a, dt = as_array(v)
         return a, dt, True, None
+    rec = _record_of(v)
+    if rec is not None:
+        if rec.hasobject:
+            raise _unstorable(v, key, index, f"records of {rec} (with Python objects)")
+        a = np.asarray(v)
+        if not a.flags.c_contiguous:
+            a = a.copy()
+        return a.reshape(-1).view(np.uint8).reshape(*a.shape, rec.itemsize), "uint8", False, None
     if isinstance(v, (np.ndarray, np.generic, int, float, bool)) and not isinstance(v, (np.str_, np.bytes_)):
         a = np.asarray(v)
         if a.dtype.kind in "OUSV":
@@ -273,6 +378,58 @@ def _field_array(v, key=None, index=None):
     if isinstance(v, (bytes, bytearray, memoryview)):
         return np.frombuffer(bytes(v), np.uint8), "uint8", False, "bytes"
     raise _unstorable(v, key, index, f"a {type(v).__name__}")
+
+
+def _record_of(v):
+    """The structured dtype of a record or an array of records, else None."""
+    if isinstance(v, (np.ndarray, np.void)) and v.dtype.names is not None:
+        return v.dtype
+    return None
+
+
+def _rkind(v):
+    if isinstance(v, np.void):
+        return "record" if isinstance(v, np.record) else "void"
+    return "recarray" if isinstance(v, np.recarray) else "array"
+
+
+def _scalar_of(v):
+    """"py" for a Python number, "np" for a numpy scalar, else None."""
+    if isinstance(v, np.generic):  # before float: np.float64 is a float too
+        return None if isinstance(v, np.void) else "np"
+    if isinstance(v, (bool, int, float)):
+        return "py"
+    return None
+
+
+def record_json(dt):
+    """A structured dtype as JSON that record_dtype makes it back from: every
+    field's name, title, dtype and offset, the itemsize and alignment, so
+    that nested, aligned and padded records keep their layout."""
+    if dt.names is None:
+        if dt.subdtype is not None:
+            base, shape = dt.subdtype
+            return {"sub": record_json(base), "shape": list(shape)}
+        return dt.str
+    fields = []
+    for name in dt.names:
+        f = dt.fields[name]
+        fields.append({"name": name, "dtype": record_json(f[0]), "offset": f[1],
+                       **({"title": f[2]} if len(f) > 2 and f[2] is not None else {})})
+    return {"fields": fields, "itemsize": dt.itemsize, "aligned": bool(dt.isalignedstruct)}
+
+
+def record_dtype(j):
+    """The dtype record_json described."""
+    if isinstance(j, str):
+        return np.dtype(j)
+    if "sub" in j:
+        return np.dtype((record_dtype(j["sub"]), tuple(j["shape"])))
+    spec = {"names": [f["name"] for f in j["fields"]], "formats": [record_dtype(f["dtype"]) for f in j["fields"]],
+            "offsets": [f["offset"] for f in j["fields"]], "itemsize": j["itemsize"]}
+    if any("title" in f for f in j["fields"]):
+        spec["titles"] = [f.get("title") for f in j["fields"]]
+    return np.dtype(spec, align=j["aligned"])
 
 
 def _unstorable(v, key, index, what):

@@ -33,8 +33,8 @@ import numpy as np
 import torch
 import torch.utils.data as _tud
 
-from .._errors import (ArgumentError, ArgumentTypeError, BadDataset, Error, IndexOutOfRange, UnknownVariable,
-                       Unsupported)
+from .._errors import (ArgumentError, ArgumentTypeError, BadBuffer, BadDataset, Error, IndexOutOfRange,
+                       UnknownVariable, Unsupported)
 from ..store import Store
 from ._schema import (_CENSUS, _FIELDS, _META, _Field, _Schema, _check_index, _check_indices, _items,
                       _shape_words)
@@ -124,9 +124,10 @@ def _declared_ragged(name, schema, ragged):
                                 f"{[g.key for g in schema.fields]}")
         if f.layout in ("str", "bytes"):
             continue
-        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not 0 <= axis < len(f.shape):
+        ndim = len(f.user_shape)
+        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not 0 <= axis < ndim:
             raise ArgumentError(f"ddstore: bad argument: dataset {name!r}: ragged field {k!r} along axis {axis!r}: "
-                                f"sample 0 has shape {_shape_words(f.shape)}, want an axis in [0, {len(f.shape)})")
+                                f"sample 0 has shape {_shape_words(f.user_shape)}, want an axis in [0, {ndim})")
         want[k] = int(axis)
     return want
 
@@ -219,7 +220,7 @@ def _settle_field(name, f, shapes, declared):
                             f"(store such a field flattened, with its shape in another field, or through encode)")
     axis = varying[0]
     shape = tuple(None if k == axis else d for k, d in enumerate(f.shape))
-    g = _Field(f.key, f.var, shape, f.dtype, f.torch, "ragged", axis)
+    g = f.like(shape, "ragged", axis)
     if any(d == 0 for d in g.trailing):
         raise ArgumentError(f"ddstore: bad argument: dataset {name!r}: field {f.key!r} of shape "
                             f"{_shape_words(shape)}: its fixed axes must not be empty")
@@ -291,11 +292,112 @@ class _StoredDataset(_tud.Dataset):
             return self.store.ragged_sizes(f.var, idx)
         return np.full(idx.shape[0], f.shape[0] if f.shape else 1, np.int64)
 
-    def __getitems__(self, indices):
+    @property
+    def shapes(self):
+        """Each field's shape, in the structure of a sample (a tuple per
+        field; None on the axis whose size varies; (None,) for str and
+        bytes), as DDStore's."""
+        return self._schema.pack([f.user_shape for f in self._schema.fields])
+
+    @property
+    def dtypes(self):
+        """Each field's dtype, in the structure of a sample: a name
+        ("float32", "bfloat16"), a record's structured numpy dtype, or "str"
+        / "bytes"."""
+        return self._schema.pack([f.user_dtype for f in self._schema.fields])
+
+    def __getitems__(self, indices, out=None):
         """The samples `indices` (DataLoader fetches a batch this way when a
-        dataset has it): one get_batch per field; the samples are views into
-        the batch arrays."""
-        return self._ddstore_samples(indices)
+        dataset has it): one get_batch per field (one get_ragged per ragged
+        field); the samples are views into the batch arrays, or into `out`
+        (buffers from alloc(), at least len(indices) rows) when given."""
+        return self._ddstore_samples(indices, self._checked_out(out, None, len(indices)) if out is not None
+                                     else None)
+
+    def read_rows(self, rows, fields=None, out=None):
+        """Stored rows `rows` (sample indices, any order, repeats allowed) of
+        the fields `fields` (keys, default all), one get_batch per field,
+        without decode: a dict field key -> the rows' values, shape
+        (len(rows), *field shape): a tensor for torch fields, a numpy array
+        for numpy fields and numbers (1-d), structured arrays for records;
+        a ragged, str or bytes field gives a list of len(rows) values. out:
+        buffers from alloc() (at least len(rows) rows); the values are then
+        views into them."""
+        idx = _check_indices(rows, self._len, self.name)
+        keys = self._keys(fields)
+        schema, arrays = self._ddstore_read(idx, keys, self._checked_out(out, keys, idx.shape[0]) if out is not None
+                                            else None)
+        got = {}
+        for f, a in zip(schema.fields, arrays):
+            if f.ragged:
+                got[f.key] = [s[0] for s in _Schema("list", [f]).samples([a], idx.shape[0], self.device)]
+            else:
+                got[f.key] = f.batch_value(a, self.device)
+        return got
+
+    def alloc(self, n, fields=None):
+        """Buffers for reads of n rows of the fields `fields` (keys, default
+        all): a dict field key -> buffer, for read_rows(out=) and
+        __getitems__(out=). They are receive buffers the agent writes rows
+        of other nodes into directly when reads may need the agent, else
+        plain memory; a ragged field's is sized for n rows of the mean
+        length and grows (in the dict) when a batch needs more. Values read
+        into them are views of them: the caller decides when to reuse one."""
+        n = operator.index(n)
+        if n < 1:
+            raise ArgumentError(f"ddstore: bad argument: alloc of {n} rows: want >= 1")
+        keys = self._keys(fields)
+        bufs = self._ddstore_buffers(n, keys)
+        for f in self._schema.select(keys).fields:
+            if f.layout in ("ragged", "str", "bytes"):
+                units = int(self.store.describe(f.var)["total_items"])
+                per_row = -(-units // max(self._len, 1))
+                shape = (max(1, n * per_row), *f.trailing)
+                bufs[f.key] = (self.store._recv_buffer(shape, f.npdtype) if self.store._through_agent(f.var)
+                               else np.empty(shape, f.npdtype))
+        return bufs
+
+    def release(self, bufs):
+        """Let go of buffers from alloc(): the dict is emptied, and each
+        receive buffer is unregistered from the agent once no array refers
+        to it any more (never under a live view). free() and close() of the
+        store release every one."""
+        if not isinstance(bufs, dict):
+            raise ArgumentTypeError(f"ddstore: bad argument: release of a {type(bufs).__name__}: want the dict "
+                                    f"alloc() returned")
+        self._keys(list(bufs))
+        bufs.clear()
+
+    def _keys(self, fields):
+        """fields= of read_rows and alloc as a list of keys (None: all)."""
+        if fields is None:
+            return None
+        keys = list(fields) if isinstance(fields, (list, tuple)) else [fields]
+        self._schema.select(keys)  # an unknown key fails here
+        return keys
+
+    def _checked_out(self, out, keys, n):
+        """out (from alloc) for a read of n rows of the fields keys: a buffer
+        for every fixed field, of its row shape and dtype, of n rows at least."""
+        if not isinstance(out, dict):
+            raise ArgumentTypeError(f"ddstore: bad argument: out of type {type(out).__name__}: want the dict alloc() "
+                                    f"returned")
+        for f in self._schema.select(keys).fields:
+            b = out.get(f.key)
+            if f.ragged:
+                if b is not None and (not isinstance(b, np.ndarray) or b.dtype != f.npdtype
+                                      or tuple(b.shape[1:]) != f.trailing):
+                    raise BadBuffer(f"ddstore: bad buffer: out[{f.key!r}]: want a buffer from alloc()")
+                continue
+            if b is None:
+                raise BadBuffer(f"ddstore: bad buffer: out has no buffer for field {f.key!r} (keys {list(out)}): "
+                                f"want alloc(n) of every field read")
+            if (not isinstance(b, np.ndarray) or b.dtype != f.npdtype or tuple(b.shape[1:]) != f.shape
+                    or b.shape[0] < n):
+                got = f"{b.dtype} of shape {tuple(b.shape)}" if isinstance(b, np.ndarray) else type(b).__name__
+                raise BadBuffer(f"ddstore: bad buffer: out[{f.key!r}] is {got}: want {np.dtype(f.npdtype)} rows of "
+                                f"shape {f.shape}, {n} or more (alloc({n}) gives them)")
+        return out
 
     def _ddstore_read(self, idx, keys=None, out=None):
         """Per-field arrays (len(idx), *shape) of rows idx (checked int64),
@@ -413,7 +515,8 @@ class DistDataset(_StoredDataset):
     every rank (DDStore's DistDataset).
 
     source: any map-style dataset whose samples are a tensor, ndarray,
-    number, str or bytes, or a tuple, list or dict (str keys) of them, every
+    number, numpy structured record (an np.void, a structured array, an
+    np.recarray), str or bytes, or a tuple, list or dict (str keys) of them, every
     sample of the structure of source[0] and each field of its dtype and
     rank. A field's sizes may vary between samples along one axis (a graph's
     x [n_i, F] and edge_index [2, e_i], a sequence [L_i]): it is then stored
@@ -425,10 +528,12 @@ class DistDataset(_StoredDataset):
     every sample). Construction is collective: every rank passes the same
     source and name; rank r of P reads source[i] for i in
     [r*N//P, (r+1)*N//P) only. Samples come back in the source's structure,
-    fields as torch tensors (numpy arrays where the source gave numpy), str
-    and bytes as such. Batches of ragged fields need a collate of
-    ddstore.torch.collate (Packed, Padded, Graphs; ThreadDataLoader's
-    default is Packed) or a collate_fn of yours.
+    each field as the source gave it: torch tensors, numpy arrays, Python
+    and numpy numbers, records of the same layout, str and bytes (`shapes`
+    and `dtypes` describe the fields; read_rows, alloc and
+    __getitems__(out=) read rows into buffers of yours). Batches of ragged
+    fields need a collate of ddstore.torch.collate (Packed, Padded, Graphs;
+    ThreadDataLoader's default is Packed) or a collate_fn of yours.
 
     encode, decode (DDStore's hooks): encode(sample) runs on every source
     sample before it is stored and returns what to store (e.g. labels as
@@ -596,7 +701,7 @@ class DistDataset(_StoredDataset):
         # Fields of one shape are stored chunk by chunk; ragged ones (they
         # must be declared, or be str or bytes) are gathered whole and added
         # once every sample is read.
-        fields = [_Field(f.key, f.var, f.shape, f.dtype, f.torch, "ragged", self._declared[f.key])
+        fields = [f.like(layout="ragged", axis=self._declared[f.key])
                   if f.key in self._declared and not f.ragged else f for f in self._schema.fields]
         self._schema = _Schema(self._schema.kind, fields)
         fixed = [k for k, f in enumerate(fields) if not f.ragged]
@@ -827,11 +932,13 @@ class WindowedDataset(_tud.Dataset):
     s = starts[i] when starts are given, else i*stride; each field comes
     stacked over the window (shape (window, *field shape)).
 
-    fields picks fields by key or position: a list keeps the sample's
-    structure with those fields only, a single key gives that field alone.
-    Over a DistDataset or DistDatasetReader a window (and a batch of windows
-    through __getitems__) is one get_batch per field; over other datasets the
-    rows are fetched with ds.__getitems__ when it has one, else one by one.
+    fields picks fields by key or position: a list gives a dict of those
+    fields (as DDStore's), a single key that field alone. Window indices
+    may be negative (-1 is the last window). Over a DistDataset or
+    DistDatasetReader a window (and a batch of windows through
+    __getitems__) is one get_batch per field; over other datasets the rows
+    are fetched with ds.__getitems__ when it has one, else one by one.
+    A start whose window does not lie in ds is an IndexError.
     """
 
     def __init__(self, ds, window, stride=1, dilation=1, starts=None, fields=None):
@@ -847,8 +954,8 @@ class WindowedDataset(_tud.Dataset):
             bad = (s < 0) | (s + span > n)
             if bad.any():
                 k = int(np.flatnonzero(bad)[0])
-                raise ArgumentError(f"ddstore: bad argument: starts[{k}] = {int(s[k])}: a window of {span} rows must "
-                                    f"lie in [0, {n})")
+                raise IndexOutOfRange(f"ddstore: index out of range: starts[{k}] = {int(s[k])}: a window of {span} "
+                                      f"rows must lie in [0, {n})")
             self.starts = s
             self._len = s.shape[0]
         else:
@@ -868,28 +975,59 @@ class WindowedDataset(_tud.Dataset):
         s = self.starts[idx] if self.starts is not None else idx * self.stride
         return (s[:, None] + self._offsets[None, :]).reshape(-1)
 
+    def _schema_of(self, schema):
+        """The schema of a window: each field stacked over the rows, a list
+        of fields as a dict of them (DDStore's windows)."""
+        kind = "dict" if isinstance(self.fields, (list, tuple)) else schema.kind
+        return _Schema(kind, [f.stacked() for f in schema.fields])
+
+    def _windows(self, indices):
+        """Window indices as checked int64, negative ones from the end."""
+        idx = np.asarray(indices)
+        if idx.ndim == 1 and idx.size and idx.dtype.kind == "i":
+            idx = np.where(idx < 0, idx + self._len, idx)
+        return _check_indices(idx, self._len, "window")
+
     def __getitem__(self, index):
-        i = _check_index(index, self._len, "window")
+        i = operator.index(index)
+        if -self._len <= i < 0:
+            i += self._len
+        i = _check_index(i, self._len, "window")
         if self._ddstore_fast:
             schema, arrays = self.ds._ddstore_read(self._rows(np.array([i], np.int64)), self.fields)
-            return schema.sample(arrays, self.ds.device)
+            schema = self._schema_of(schema)
+            return schema.pack([f.batch_value(a, self.ds.device) for f, a in zip(schema.fields, arrays)])
         return self._stack(self._fetch(self._rows(np.array([i], np.int64)).tolist()))
 
-    def __getitems__(self, indices):
-        return self._ddstore_samples(indices)
+    def __getitems__(self, indices, out=None):
+        """The windows `indices`; out: buffers from alloc() (at least
+        len(indices) windows), which the windows are then views of."""
+        return self._ddstore_samples(indices, out)
+
+    def alloc(self, n, fields=None):
+        """Buffers for n windows (the rows of the underlying dataset's
+        alloc), for __getitems__(out=) and ThreadDataLoader's reuse_buffers."""
+        if not self._ddstore_fast:
+            raise Unsupported(f"ddstore: bad argument: windows over a {type(self.ds).__name__} have no buffers to "
+                              f"allocate: want a DistDataset or a DistDatasetReader")
+        return self.ds.alloc(operator.index(n) * self.window, self.fields if fields is None else fields)
+
+    def release(self, bufs):
+        """Let go of buffers from alloc() (see DistDataset.release)."""
+        self.ds.release(bufs)
 
     def _ddstore_buffers(self, n):
         return self.ds._ddstore_buffers(n * self.window, self.fields)
 
     def _ddstore_windows(self, indices, buffers):
-        idx = _check_indices(indices, self._len, "window")
+        idx = self._windows(indices)
         schema, arrays = self.ds._ddstore_read(self._rows(idx), self.fields, buffers)
         n = idx.shape[0]
-        return schema, [a.reshape(n, self.window, *a.shape[1:]) for a in arrays], n
+        return self._schema_of(schema), [a.reshape(n, self.window, *a.shape[1:]) for a in arrays], n
 
     def _ddstore_samples(self, indices, buffers=None):
         if not self._ddstore_fast:
-            idx = _check_indices(indices, self._len, "window")
+            idx = self._windows(indices)
             rows = self._fetch(self._rows(idx).tolist())
             w = self.window
             return [self._stack(rows[j * w:(j + 1) * w]) for j in range(idx.shape[0])]
@@ -911,7 +1049,7 @@ class WindowedDataset(_tud.Dataset):
             for c, (_, v) in zip(cols, _items(s)[1]):
                 c.append(v)
         keys = [k for k, _ in items]
-        schema = _Schema(kind, [_Field(k, "", (), "uint8", False) for k in keys]).select(self.fields)
+        schema = self._schema_of(_Schema(kind, [_Field(k, "", (), "uint8", False) for k in keys]).select(self.fields))
         stacked = {k: _stack(c) for k, c in zip(keys, cols)}
         return schema.pack([stacked[f.key] for f in schema.fields])
 
@@ -923,9 +1061,21 @@ def _stack(values):
 
 
 def row_of(concat, source, index):
-    """The row of source[index] in the ConcatDataset `concat` (nested ones
-    are searched too; the first occurrence of source counts)."""
+    """The row of sample `index` of a source in the ConcatDataset `concat`:
+    its index in a DistDataset built over concat. source is the source's
+    position in concat.datasets (DDStore's), or the dataset itself (nested
+    ConcatDatasets are searched too; its first occurrence counts)."""
     index = operator.index(index)
+    if isinstance(source, (int, np.integer)) and not isinstance(source, bool):
+        k = operator.index(source)
+        if not 0 <= k < len(concat.datasets):
+            raise IndexOutOfRange(f"ddstore: index out of range: source {k} not in [0, {len(concat.datasets)}) (the "
+                                  f"ConcatDataset's datasets)")
+        first = concat.cumulative_sizes[k - 1] if k else 0
+        n = concat.cumulative_sizes[k] - first
+        if not 0 <= index < n:
+            raise IndexOutOfRange(f"ddstore: index out of range: index {index} of source {k} not in [0, {n})")
+        return first + index
     if not 0 <= index < len(source):
         raise IndexOutOfRange(f"ddstore: index out of range: index {index} not in [0, {len(source)})")
     row = _row_of(concat, source, index)
@@ -944,4 +1094,3 @@ def _row_of(concat, source, index):
             if r is not None:
                 return base + r
     return None
-

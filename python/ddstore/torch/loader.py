@@ -46,16 +46,26 @@ class ThreadDataLoader:
     (Packed, Padded, Graphs) given as collate_fn collates the batch as read,
     without cutting it into samples first.
 
-    reuse_buffers: batches are read into preallocated arrays that are reused
-    (num_workers * prefetch_factor + 1 sets of them, kept from one
-    iteration to the next) instead of fresh ones per batch. The contract: a
+    reuse_buffers (DDStore's): True reads every batch into one of a fixed
+    pool of buffer sets (one per worker, from dataset.alloc(batch size),
+    receive buffers the agent writes into directly), which the collate
+    copies the batch out of: batches stay valid for as long as they are
+    kept, as DataLoader's (list(loader) is DataLoader's list). It needs a
+    dataset with alloc(), batches (batch_size or batch_sampler), and the
+    default collate_fn, a collate of ddstore.torch.collate, or
+    collate_copies=True to declare that a collate_fn of yours copies; it
+    refuses anything else. Whatever of a batch still lies in a pool's
+    buffer (tensors and arrays in dicts, lists and tuples) is copied anyway.
+    "lend" (ddstore's): the batch is the buffers themselves, no copy: a
     yielded batch is valid until the next one is requested (the last one of
     an iteration, until the next iteration starts); keep it longer only as a
-    copy. Only datasets of this module support it; others are read as
-    without it.
-    collate_copies: each sample (or, on the fast path, the batch) is copied
-    before it is collated or yielded, so that nothing yielded shares memory
-    with a reused buffer.
+    copy. num_workers * prefetch_factor + 1 sets, kept from one iteration to
+    the next; datasets of other packages are read as without it.
+    collate_copies: with reuse_buffers=True, says the collate_fn copies
+    what it is given; with "lend", each sample (or, on the fast path, the
+    batch) is copied before it is collated or yielded, so that nothing
+    yielded shares memory with a reused buffer.
+    close() stops every iteration's threads and lets go of the buffer sets.
 
     state_dict() / load_state_dict(): torchdata's StatefulDataLoader's
     protocol. The state is that of the batches the consumer got (not those
@@ -91,6 +101,20 @@ class ThreadDataLoader:
         elif batch_size is None and drop_last:
             raise ArgumentError("batch_size=None option disables auto-batching and is mutually exclusive with "
                                 "drop_last")
+        if reuse_buffers not in (False, True, "lend"):
+            raise ArgumentError(f"reuse_buffers {reuse_buffers!r}: want False, True or \"lend\"")
+        if reuse_buffers is True:
+            if not callable(getattr(dataset, "alloc", None)) or not getattr(dataset, "_ddstore_fast", True):
+                raise ArgumentTypeError(f"reuse_buffers needs a dataset with alloc() (DistDataset, "
+                                        f"DistDatasetReader, WindowedDataset over them), not a "
+                                        f"{type(dataset).__name__}")
+            if batch_size is None and batch_sampler is None:
+                raise ArgumentError("reuse_buffers needs batches (batch_size or batch_sampler): with "
+                                    "batch_size=None nothing copies a sample out of the reused buffers")
+            if (collate_fn is not None and collate_fn is not _default_collate
+                    and not hasattr(collate_fn, "_ddstore_batch") and not collate_copies):
+                raise ArgumentError("reuse_buffers with a collate_fn of yours: pass collate_copies=True if it "
+                                    "copies the samples (their buffers are reused right after it)")
         if sampler is None:
             sampler = (_tud.RandomSampler(dataset, generator=generator) if shuffle
                        else _tud.SequentialSampler(dataset))
@@ -101,12 +125,16 @@ class ThreadDataLoader:
         self.num_workers, self.prefetch_factor, self.timeout = num_workers, prefetch_factor, timeout
         self.worker_init_fn, self.collate_fn = worker_init_fn, collate_fn
         self.reuse_buffers, self.collate_copies = reuse_buffers, collate_copies
-        # Buffer sets (see reuse_buffers) an ended iteration handed back, for
-        # the next one: an epoch starts on buffers already touched, not on
-        # fresh pages, each of which costs a fault on first write.
+        # Buffer sets ("lend") an ended iteration handed back, for the next
+        # one: an epoch starts on buffers already touched, not on fresh
+        # pages, each of which costs a fault on first write.
         self._spare_slots = []
         self._current = None      # the latest iteration (a weak reference)
         self._skip = 0            # batches the next iteration skips (a loaded count)
+        # The pool of buffer sets of reuse_buffers=True, one per worker,
+        # made at the first iteration.
+        self._pool = None
+        self._iters = weakref.WeakSet()
 
     @property
     def _auto_collation(self):
@@ -118,6 +146,7 @@ class ThreadDataLoader:
     def __iter__(self):
         it = _LoaderIter(self)
         self._current = weakref.ref(it)
+        self._iters.add(it)
         return it
 
     def _index_sampler(self):
@@ -165,6 +194,38 @@ class ThreadDataLoader:
                                     f"a count >= 0")
             self._skip = b
 
+    def close(self):
+        """Stop and join the threads of every iteration of this loader (a
+        further next() ends them) and let go of the buffer sets
+        (dataset.release); a later iteration makes new ones."""
+        for it in list(self._iters):
+            it.close()
+        pool, self._pool = self._pool, None
+        sets = []
+        if pool is not None:
+            while not pool.empty():
+                sets.append(pool.get_nowait())
+        sets += self._spare_slots
+        self._spare_slots = []
+        release = getattr(self.dataset, "release", None)
+        for slot in sets:
+            bufs = slot.get("buffers")
+            if bufs is not None and release is not None and self.reuse_buffers is True:
+                try:
+                    release(bufs)
+                except Exception:  # the store was closed first: nothing left to let go of
+                    pass
+            slot.clear()
+
+    def _sets(self):
+        """The pool of reuse_buffers=True: one buffer set per worker (grown
+        to the largest batch), taken by a fetch for its read and its copy."""
+        if self._pool is None:
+            self._pool = queue.SimpleQueue()
+            for _ in range(max(self.num_workers, 1)):
+                self._pool.put({})
+        return self._pool
+
     def _fetcher(self):
         """fetch(indices, slot) -> batch, for the worker threads. It holds no
         reference to the iterator, so that dropping the iterator frees it."""
@@ -173,7 +234,11 @@ class ThreadDataLoader:
             convert = self.collate_fn or _default_convert
             return lambda i, slot: convert(_copy(ds[i]) if copies else ds[i])
         fast = getattr(ds, "_ddstore_fast", False)
-        reuse = self.reuse_buffers and fast
+        reuse = self.reuse_buffers == "lend" and fast
+        ours = self.collate_fn if hasattr(self.collate_fn, "_ddstore_batch") else None
+        default = self.collate_fn is None or self.collate_fn is _default_collate
+        if self.reuse_buffers is True:
+            return self._pooled_fetcher(ds, fast, ours, default)
 
         def buffers(slot, n):
             if not reuse:
@@ -186,11 +251,10 @@ class ThreadDataLoader:
 
         # A collate of ddstore.torch.collate gets the batch as read, not
         # samples cut from it.
-        ours = self.collate_fn if hasattr(self.collate_fn, "_ddstore_batch") else None
         if fast and (self.collate_fn is None or ours is not None):
             def fetch(indices, slot):
                 batch = ds._ddstore_collated(indices, buffers(slot, len(indices)), ours)
-                return _copy(batch) if copies else batch
+                return _copy(batch) if copies and reuse else batch
             return fetch
         collate = self.collate_fn or _default_collate
 
@@ -200,10 +264,78 @@ class ThreadDataLoader:
             else:
                 getitems = getattr(ds, "__getitems__", None)
                 samples = getitems(indices) if getitems else [ds[i] for i in indices]
-            if copies:
+            if copies and reuse:
                 samples = [_copy(s) for s in samples]
             return collate(samples)
         return fetch
+
+    def _pooled_fetcher(self, ds, fast, ours, default):
+        """fetch for reuse_buffers=True: the batch read into a set of the
+        pool, collated, and what of it still lies in the set copied out,
+        before the set goes back."""
+        pool = self._sets()
+        collate = self.collate_fn or _default_collate
+
+        def fetch(indices, slot):
+            n = len(indices)
+            got = pool.get()
+            try:
+                if got.get("rows", -1) < n:
+                    got["buffers"], got["rows"] = ds.alloc(n), n
+                bufs = got["buffers"]
+                if fast and (default or ours is not None):
+                    batch = ds._ddstore_collated(indices, bufs, ours)
+                else:
+                    batch = collate(ds.__getitems__(indices, out=bufs))
+                return _detach(batch, [b for b in bufs.values() if isinstance(b, np.ndarray)])
+            finally:
+                pool.put(got)
+        return fetch
+
+
+def _span(ptr, shape, strides, itemsize):
+    """[lo, hi) of the bytes an array of that geometry touches."""
+    if any(d == 0 for d in shape):
+        return ptr, ptr
+    lo = hi = ptr
+    for d, st in zip(shape, strides):
+        if st >= 0:
+            hi += (d - 1) * st
+        else:
+            lo += (d - 1) * st
+    return lo, hi + itemsize
+
+
+def _detach(x, bufs):
+    """x with every tensor and array that lies in one of the arrays bufs
+    copied (dicts, lists and tuples walked; anything else as it is)."""
+    if not bufs:
+        return x
+    spans = [_span(b.__array_interface__["data"][0], b.shape, b.strides, b.itemsize) for b in bufs]
+
+    def inside(lo, hi):
+        return hi > lo and any(lo < b_hi and b_lo < hi for b_lo, b_hi in spans)
+
+    def walk(v):
+        if isinstance(v, torch.Tensor):
+            es = v.element_size()
+            lo, hi = _span(v.data_ptr(), v.shape, [st * es for st in v.stride()], es)
+            return v.clone() if v.device.type == "cpu" and inside(lo, hi) else v
+        if isinstance(v, np.ndarray):
+            lo, hi = _span(v.__array_interface__["data"][0], v.shape, v.strides, v.itemsize)
+            return v.copy() if inside(lo, hi) else v
+        if isinstance(v, np.void):  # a record of a structured array: a view of it
+            base = v.base if isinstance(v.base, np.ndarray) else None
+            return v.copy() if base is not None and inside(*_span(
+                base.__array_interface__["data"][0], base.shape, base.strides, base.itemsize)) else v
+        if isinstance(v, dict):
+            return {k: walk(e) for k, e in v.items()}
+        if isinstance(v, list):
+            return [walk(e) for e in v]
+        if isinstance(v, tuple):
+            return type(v)(*(walk(e) for e in v)) if hasattr(v, "_fields") else tuple(walk(e) for e in v)
+        return v
+    return walk(x)
 
 
 def _copy(x):

@@ -258,7 +258,7 @@ class _Stored(_Loader):
                                         drop_last=True, epochs=c["epochs"],
                                         prefetch=c["prefetch"] if cap is not None else 0)
         self.loader = ThreadDataLoader(self.ds, batch_sampler=self.sampler, num_workers=c["workers"],
-                                       reuse_buffers=True)
+                                       reuse_buffers="lend")
         self._prof = self._profile()
 
     def _profile(self):

@@ -221,7 +221,7 @@ def naive_window(src, rows, fields):
         out = tuple(torch.stack([s[k] for s in samples]) for k in range(len(samples[0])))
         if fields is None:
             return out
-        return out[fields] if isinstance(fields, int) else tuple(out[k] for k in fields)
+        return out[fields] if isinstance(fields, int) else {k: out[k] for k in fields}  # a list: a dict, as DDStore's
     return torch.stack(samples)
 
 
@@ -248,10 +248,14 @@ def test_windowed_dataset(store, window, stride, dilation, starts, fields):
         idx = list(range(len(w)))[::-1] + [0]
         for i, got in zip(idx, w.__getitems__(idx)):
             assert_same(got, w[i], f"__getitems__ window {i}")
+        for k in range(1, len(w) + 1):  # negative windows count from the end
+            assert_same(w[-k], w[len(w) - k], f"window {-k}")
+        assert_same(w.__getitems__([-1, 0]), [w[len(w) - 1], w[0]])
+        for bad in (len(w), -len(w) - 1):
+            with pytest.raises(IndexError):
+                w[bad]
         with pytest.raises(IndexError):
-            w[len(w)]
-        with pytest.raises(IndexError):
-            w[-1]
+            w.__getitems__([0, -len(w) - 1])
 
 
 def test_windowed_dict_dataset_and_edges(store):
@@ -262,8 +266,10 @@ def test_windowed_dict_dataset_and_edges(store):
     for i in range(len(w)):
         assert_same(w[i], naive_window(src, [4 * i, 4 * i + 2, 4 * i + 4], ["img", "x"]))
     assert len(WindowedDataset(ds, N + 1)) == 0 and len(WindowedDataset(ds, N)) == 1
-    with pytest.raises(ValueError, match=r"starts\[1\] = 35"):
+    with pytest.raises(IndexError, match=r"starts\[1\] = 35"):
         WindowedDataset(ds, 3, starts=[0, 35])
+    with pytest.raises(IndexError, match=r"starts\[0\] = -1"):
+        WindowedDataset(ds, 1, starts=[-1])
     with pytest.raises(ValueError):
         WindowedDataset(ds, 0)
     with pytest.raises(KeyError, match="nope"):
@@ -282,6 +288,12 @@ def test_row_of():
         row_of(concat, tensor_source(5), 0)
     with pytest.raises(IndexError):
         row_of(concat, a, 5)
+    # DDStore's form: the source's position in concat.datasets.
+    assert [row_of(concat, 0, i) for i in range(5)] == list(range(5))
+    assert row_of(concat, 1, 0) == 5 and row_of(concat, 1, 9) == 14
+    for k, i in ((2, 0), (-1, 0), (0, 5), (1, 10), (1, -1)):
+        with pytest.raises(IndexError):
+            row_of(concat, k, i)
 
 
 # -- ThreadDataLoader ---------------------------------------------------------------
@@ -297,14 +309,23 @@ CONFIGS = {
 }
 
 
-def compare_loaders(got_loader, ref_loader, epochs=2):
+def compare_loaders(got_loader, ref_loader, epochs=2, lend=False):
+    """The same batches; kept batches stay valid (compared after the whole
+    epoch), but with reuse_buffers="lend", whose batches are compared before
+    the next is requested."""
     assert len(got_loader) == len(ref_loader)
     for epoch in range(epochs):
         torch.manual_seed(epoch)  # the global generator, for shuffles without one
         ref = list(ref_loader)
         torch.manual_seed(epoch)
+        if not lend:
+            got = list(got_loader)
+            assert len(got) == len(ref)
+            for k, (a, b) in enumerate(zip(got, ref)):
+                assert_same(a, b, f"epoch {epoch} batch {k}")
+            continue
         n = 0
-        for k, batch in enumerate(got_loader):  # compared before the next is requested: reuse_buffers allows it
+        for k, batch in enumerate(got_loader):
             assert_same(batch, ref[k], f"epoch {epoch} batch {k}")
             n += 1
         assert n == len(ref)
@@ -325,9 +346,11 @@ def test_thread_loader_matches_dataloader(store, kind, num_workers):
         src, ds = WindowedDataset(src, 2, dilation=2, starts=list(range(N))[:-2] + [0, 1]), \
             WindowedDataset(ds, 2, dilation=2, starts=list(range(N))[:-2] + [0, 1])
     for name, config in CONFIGS.items():
-        for reuse in (False, True):
+        for reuse in (False, True, "lend"):
+            if reuse is True and config().get("batch_size", 1) is None:
+                continue  # refused: test_thread_loader_refuses
             got = ThreadDataLoader(ds, num_workers=num_workers, reuse_buffers=reuse, **config())
-            compare_loaders(got, DataLoader(src, **config()))
+            compare_loaders(got, DataLoader(src, **config()), lend=reuse == "lend")
     # A plain dataset goes through __getitem__ and default_collate.
     compare_loaders(ThreadDataLoader(src, num_workers=num_workers, **CONFIGS["shuffle"]()),
                     DataLoader(src, **CONFIGS["shuffle"]()))
@@ -337,14 +360,14 @@ def test_thread_loader_matches_dataloader(store, kind, num_workers):
 def test_thread_loader_buffers_and_custom_collate(store, num_workers):
     src = tensor_source()
     ds = DistDataset(src, "td", store=store)
-    # reuse_buffers: at most num_workers * prefetch_factor + 1 distinct batch arrays.
+    # reuse_buffers="lend": at most num_workers * prefetch_factor + 1 distinct batch arrays.
     ptrs = set()
-    for x, y in ThreadDataLoader(ds, batch_size=2, drop_last=True, num_workers=num_workers, reuse_buffers=True):
+    for x, y in ThreadDataLoader(ds, batch_size=2, drop_last=True, num_workers=num_workers, reuse_buffers="lend"):
         ptrs.add(x.data_ptr())
     assert len(ptrs) <= num_workers * 2 + 1, ptrs
     # ... kept from one epoch to the next (no fresh pages per epoch), also
     # after an epoch left early; two iterations at once never share one.
-    loader = ThreadDataLoader(ds, batch_size=2, drop_last=True, num_workers=num_workers, reuse_buffers=True)
+    loader = ThreadDataLoader(ds, batch_size=2, drop_last=True, num_workers=num_workers, reuse_buffers="lend")
     first = {x.data_ptr() for x, _ in loader}
     for x, _ in loader:
         break
@@ -356,13 +379,14 @@ def test_thread_loader_buffers_and_custom_collate(store, num_workers):
     assert_same(xa, xb)
     a.close(), b.close()
     ptrs = {x.data_ptr() for x, _ in ThreadDataLoader(ds, batch_size=2, num_workers=num_workers,
-                                                      collate_copies=True, reuse_buffers=True)}
+                                                      collate_copies=True, reuse_buffers="lend")}
     assert len(ptrs) > num_workers * 2 + 1  # copies: every batch its own memory
     # A custom collate_fn sees samples in the source's structure; with
     # collate_copies they outlive the reused buffers.
-    kept = list(ThreadDataLoader(ds, batch_size=4, num_workers=num_workers, reuse_buffers=True, collate_copies=True,
-                                 collate_fn=lambda samples: samples))
-    assert_same([s for b in kept for s in b], [src[i] for i in range(N)])
+    for reuse in (True, "lend"):
+        kept = list(ThreadDataLoader(ds, batch_size=4, num_workers=num_workers, reuse_buffers=reuse,
+                                     collate_copies=True, collate_fn=lambda samples: samples))
+        assert_same([s for b in kept for s in b], [src[i] for i in range(N)])
 
 
 class Probe(Dataset):

@@ -87,7 +87,7 @@ def test_dataset_arguments():
 def test_windows_and_rows():
     ds = _Plain([np.full(2, i) for i in range(10)])
     _raises(ddstore.ArgumentError, ValueError, WindowedDataset, ds, 0)
-    e = _raises(ddstore.ArgumentError, ValueError, WindowedDataset, ds, 3, starts=[0, 8])
+    e = _raises(ddstore.IndexOutOfRange, IndexError, WindowedDataset, ds, 3, starts=[0, 8])  # as DDStore
     assert "starts[1] = 8" in str(e)
     w = WindowedDataset(ds, 3)
     _raises(ddstore.IndexOutOfRange, IndexError, w.__getitem__, len(w))
@@ -103,6 +103,8 @@ def test_loader_arguments():
     _raises(ddstore.ArgumentError, ValueError, ThreadDataLoader, ds, num_workers=-1)
     _raises(ddstore.ArgumentError, ValueError, ThreadDataLoader, ds, prefetch_factor=0)
     _raises(ddstore.ArgumentError, ValueError, ThreadDataLoader, ds, shuffle=True, sampler=[0, 1])
+    _raises(ddstore.ArgumentTypeError, TypeError, ThreadDataLoader, ds, batch_size=2, reuse_buffers=True)  # no alloc()
+    _raises(ddstore.ArgumentError, ValueError, ThreadDataLoader, ds, reuse_buffers=2)
 
 
 def test_loader_timeout():
@@ -152,3 +154,16 @@ def test_pyddstore_arguments():
 def test_wire_name_too_long():
     from ddstore import _wire
     _raises(ddstore.ArgumentError, ValueError, _wire.Encoder().string, "x" * 70000)
+
+
+def test_records_where_rows_of_one_dtype_are_wanted():
+    """A structured array given to add, init or a read is refused naming the
+    records (numpy's own parser errors never leak out)."""
+    from ddstore.dtypes import as_array, dtype_name
+    rec = np.zeros(3, [("a", "i4"), ("b", "f8")])
+    nested = np.zeros(3, np.dtype([("a", "i4"), ("c", [("x", "u1"), ("y", "i2")])], align=True))
+    for a in (rec, rec.view(np.recarray), nested):
+        e = _raises(ddstore.BadBuffer, ValueError, as_array, a)
+        assert "structured records" in str(e) and "view(np.uint8)" in str(e)
+    _raises(ddstore.BadBuffer, ValueError, dtype_name, "(int32")
+    assert dtype_name(np.float32) == "float32" and dtype_name(np.dtype("int8")) == "int8"
