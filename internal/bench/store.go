@@ -88,6 +88,9 @@ type Report struct {
 	// of the other node read with MPI gets from the reading process (with
 	// the transport mpi).
 	MPITrainer []MPIProbeResult `json:"mpi_trainer,omitempty"`
+	// UnderLoad is small cross-node Gets alone and under a concurrent
+	// stream of large batches (the first transport's job, tcp).
+	UnderLoad *LoadLatency `json:"under_load,omitempty"`
 }
 
 // Run measures a two-node job on loopback: rank 0 on node A reads rows of
@@ -163,11 +166,21 @@ func runTransport(opts Options, rep *Report, tr string, first bool, src []byte, 
 		}
 		rep.Transports = append(rep.Transports, r)
 	}
+	if first && tr == "tcp" {
+		fmt.Fprint(progress, "tcp small Gets under a stream of large batches: ")
+		l, err := j.underLoad(opts, src, progress)
+		fmt.Fprintln(progress)
+		if err != nil {
+			return fmt.Errorf("bench: transport %s, Gets under load: %w", tr, err)
+		}
+		rep.UnderLoad = &l
+	}
 	return nil
 }
 
 // job is two ranks on two nodes of one machine.
 type job struct {
+	ns     string
 	agents []*agent.Agent
 	stores [2]*ddstore.Store
 	dir    string
@@ -183,6 +196,7 @@ func startJob(inProcess bool, tr string) (*job, error) {
 	rdv := l.Addr().String()
 	l.Close()
 	ns := fmt.Sprintf("bench-%d-%s", os.Getpid(), tr)
+	j.ns = ns
 	// Agents that meet through a rendezvous address prove a shared secret
 	// to each other; without one from the user, the job makes its own,
 	// which the agents it starts inherit.
@@ -418,6 +432,10 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintf(w, "\nlocal: GetBatch of rows of this node (shared memory); remote: of the other node (agents over %s) into an AllocRecv buffer; remote copy: into a plain buffer.\n", tr)
 	fmt.Fprintln(w, "Peer to beat (DDStore C++/MPI on these machines): get_batch 3.2-4.3 GB/s at 4 KiB, 4.7-6.7 GB/s at 64 KiB.")
+	if l := r.UnderLoad; l != nil {
+		fmt.Fprintf(w, "\nGet of one %s row of the other node, alone: p50 %.1f µs, p99 %.1f µs; while another client streams batches of %d × %s of the other node (%.2f GB/s): p50 %.1f µs, p99 %.1f µs (p99 under load / p50 alone %.2f).\n",
+			sizeName(l.SmallRowBytes), l.AloneP50us, l.AloneP99us, l.LoadBatch, sizeName(l.LoadRowBytes), l.LoadGBps, l.LoadedP50us, l.LoadedP99us, l.LoadedP99VsAloneP50)
+	}
 	if len(r.Transports) > len(r.Rows) || tr != "tcp" {
 		return r.writeTransports(w)
 	}
