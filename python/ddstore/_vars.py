@@ -25,7 +25,7 @@ class Var:
 
     __slots__ = ("name", "label", "id", "disp", "itemsize", "rb", "dtype", "npdtype", "total", "held", "backing", "prefix",
                  "bounds", "shard_rows", "nodes", "local", "typed", "own", "segs", "single", "single_first", "profile",
-                 "win", "ragged", "shape", "index", "first_unit", "marks", "mark")
+                 "win", "ragged", "shape", "index", "first_unit", "marks", "mark", "void", "items")
 
     def __init__(self, t, own_rank):
         self.name, self.id, self.disp, self.itemsize, self.dtype = t.name, t.id, t.disp, t.itemsize, t.dtype
@@ -107,9 +107,15 @@ class Var:
             for r, rows in enumerate(self.local):
                 if rows is not None:
                     self.typed[r] = rows.view(self.npdtype).reshape(rows.shape[0], self.disp)
+        # Rows under 1 KiB: each local shard as one item per row of a
+        # row-sized void dtype, for get_batch's fast path (copy_rows).
+        self.void = np.dtype((np.void, self.rb)) if 0 < self.rb < 1024 and not self.ragged else None
+        self.items = [None if rows is None or self.void is None else rows.view(self.void).reshape(-1)
+                      for rows in self.local]
         # Past the last rank: the backing file's rows, never local.
         self.local.append(None)
         self.typed.append(None)
+        self.items.append(None)
         self.profile = {"calls": 0, "rows": 0, "bytes": 0, "local_rows": 0, "remote_rows": 0, "storage_rows": 0,
                         "remote_calls": 0, "wait_s": 0.0, "onesided_rows": 0}
         # The MPI window over the job's shards (Store(method="mpi")), or None.
@@ -128,6 +134,7 @@ class Var:
         self.marks, self.mark = [], [None] * len(self.mark)
         self.local = [None] * len(self.local)
         self.typed = [None] * len(self.local)
+        self.items = [None] * len(self.local)
         self.own = self.single = self.index = None
         for s in self.segs:
             s.close()

@@ -632,7 +632,12 @@ class Store:
                 r = bisect_right(b, lo) - 1
                 if 0 <= r < len(v.typed) and lo >= 0 and hi < b[r + 1] and v.typed[r] is not None:
                     first = b[r]
-                    copy_rows(arr.reshape(n, -1).view(np.uint8), v.local[r], indices - first if first else indices)
+                    loc = indices - first if first else indices
+                    items = v.items[r]
+                    if items is not None:  # rows under 1 KiB, as in copy_rows
+                        items.take(loc, out=arr.reshape(-1).view(v.void), mode="clip")
+                    else:
+                        copy_rows(arr.reshape(n, -1).view(np.uint8), v.local[r], loc)
                     if v.mark[r][0]:  # dropped: those rows may be a freed variable's
                         self._forget(name, v)
                     else:

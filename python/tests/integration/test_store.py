@@ -39,6 +39,8 @@ def test_roundtrip_every_dtype(store, dtype):
     out = np.empty((4, 3), dtype)
     store.get_batch("v", out, [49, 0, 7, 49])
     np.testing.assert_array_equal(out, data[[49, 0, 7, 49]])
+    store.get_batch("v", out, np.array([3, 48, 3, 0]))  # numpy indices: the fast path
+    np.testing.assert_array_equal(out, data[[3, 48, 3, 0]])
     one = np.empty((1, 3), dtype)  # arr.shape[0] rows, as DDStore
     store.get("v", one, 12)
     np.testing.assert_array_equal(one[0], data[12])
