@@ -52,15 +52,10 @@ func FullOptions() Options {
 
 // Result is one row size's figures; the JSON names are stable for scripts.
 type Result struct {
-	RowBytes       int     `json:"row_bytes"`
-	LocalGBps      float64 `json:"local_gbps"`
-	RemoteGBps     float64 `json:"remote_gbps"`
-	RemoteCopyGBps float64 `json:"remote_copy_gbps"`
-	// Remote2GBps is remote reads with two batches in flight at once (two
-	// goroutines of the store, each into its own AllocRecv buffer), and
-	// Remote2VsRemote its ratio to one batch at a time.
-	Remote2GBps      float64 `json:"remote_2_in_flight_gbps"`
-	Remote2VsRemote  float64 `json:"remote_2_in_flight_vs_remote"`
+	RowBytes         int     `json:"row_bytes"`
+	LocalGBps        float64 `json:"local_gbps"`
+	RemoteGBps       float64 `json:"remote_gbps"`
+	RemoteCopyGBps   float64 `json:"remote_copy_gbps"`
 	GatherLimitGBps  float64 `json:"gather_limit_gbps"`
 	TCPLimitGBps     float64 `json:"tcp_limit_gbps"`
 	LocalVsGather    float64 `json:"local_vs_gather"`
@@ -73,6 +68,11 @@ type Result struct {
 	GetRemoteP99us   float64 `json:"get_remote_p99_us"`
 	// Transport is the transport of the job that measured the row.
 	Transport string `json:"transport"`
+	// Remote2GBps is remote reads with two batches in flight at once (two
+	// goroutines of the store, each into its own AllocRecv buffer), and
+	// Remote2VsRemote its ratio to one batch at a time.
+	Remote2GBps     float64 `json:"remote_2_in_flight_gbps"`
+	Remote2VsRemote float64 `json:"remote_2_in_flight_vs_remote"`
 }
 
 // Report is a whole run.
