@@ -142,10 +142,11 @@ class Var:
 
 
 # glibc's memmove (2.36, x86-64 with ERMS/FSRM) copies a block from a few KiB
-# up to its rep-movsb stop threshold (the L2 size on AMD) with `rep movsb`,
-# which on AMD EPYC runs about 3x slower when the destination lies 1 to 31
-# bytes past the source within a page (measured here: 0.4 vs 1.3 GB/s at 4
-# KiB and 64 KiB rows, 1 MiB rows unaffected). Shard rows start on a page;
+# up to its rep-movsb stop threshold with `rep movsb`, which on AMD EPYC runs
+# about 3x slower when the destination lies 1 to 31 bytes past the source
+# within a page (measured here: 0.4 vs 1.3 GB/s at 4 KiB, 64 KiB and 256 KiB
+# rows; 1 MiB rows unaffected; the same everywhere with the tunable
+# glibc.cpu.x86_rep_movsb_threshold raised past the row). Shard rows start on a page;
 # numpy's arrays of 128 KiB and more (glibc's mmap'd chunks) start 16 bytes
 # past one: every row of a batch into such an array hit it. Such rows go
 # through a staging buffer of this thread (at _STAGE_OFFSET in a page, away
