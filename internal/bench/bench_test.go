@@ -197,3 +197,25 @@ func benchmarkGather(b *testing.B, rowBytes int) {
 
 func BenchmarkGather4K(b *testing.B)  { benchmarkGather(b, 4<<10) }
 func BenchmarkGather64K(b *testing.B) { benchmarkGather(b, 64<<10) }
+
+// TestUnderLoadSmoke: the latency of small cross-node Gets alone and under
+// a stream of large batches, measured on two in-process agents: every
+// figure is there and each Get read the row it asked for (underLoad
+// checks each).
+func TestUnderLoadSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts two agents")
+	}
+	j, err := startJob(true, "tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.close()
+	l, err := j.underLoad(Options{Latency: 400}, make([]byte, 2*loadRowBytes), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.AloneP50us <= 0 || l.LoadedP99us < l.LoadedP50us || l.LoadGBps <= 0 || l.LoadedP99VsAloneP50 <= 0 {
+		t.Fatalf("figures missing: %+v", l)
+	}
+}

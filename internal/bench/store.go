@@ -3,6 +3,7 @@ package bench
 import (
 	crand "crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -67,6 +68,11 @@ type Result struct {
 	GetRemoteP99us   float64 `json:"get_remote_p99_us"`
 	// Transport is the transport of the job that measured the row.
 	Transport string `json:"transport"`
+	// Remote2GBps is remote reads with two batches in flight at once (two
+	// goroutines of the store, each into its own AllocRecv buffer), and
+	// Remote2VsRemote its ratio to one batch at a time.
+	Remote2GBps     float64 `json:"remote_2_in_flight_gbps"`
+	Remote2VsRemote float64 `json:"remote_2_in_flight_vs_remote"`
 }
 
 // Report is a whole run.
@@ -88,6 +94,9 @@ type Report struct {
 	// of the other node read with MPI gets from the reading process (with
 	// the transport mpi).
 	MPITrainer []MPIProbeResult `json:"mpi_trainer,omitempty"`
+	// UnderLoad is small cross-node Gets alone and under a concurrent
+	// stream of large batches (the first transport's job, tcp).
+	UnderLoad *LoadLatency `json:"under_load,omitempty"`
 }
 
 // Run measures a two-node job on loopback: rank 0 on node A reads rows of
@@ -163,11 +172,21 @@ func runTransport(opts Options, rep *Report, tr string, first bool, src []byte, 
 		}
 		rep.Transports = append(rep.Transports, r)
 	}
+	if first && tr == "tcp" {
+		fmt.Fprint(progress, "tcp small Gets under a stream of large batches: ")
+		l, err := j.underLoad(opts, src, progress)
+		fmt.Fprintln(progress)
+		if err != nil {
+			return fmt.Errorf("bench: transport %s, Gets under load: %w", tr, err)
+		}
+		rep.UnderLoad = &l
+	}
 	return nil
 }
 
 // job is two ranks on two nodes of one machine.
 type job struct {
+	ns     string
 	agents []*agent.Agent
 	stores [2]*ddstore.Store
 	dir    string
@@ -183,6 +202,7 @@ func startJob(inProcess bool, tr string) (*job, error) {
 	rdv := l.Addr().String()
 	l.Close()
 	ns := fmt.Sprintf("bench-%d-%s", os.Getpid(), tr)
+	j.ns = ns
 	// Agents that meet through a rendezvous address prove a shared secret
 	// to each other; without one from the user, the job makes its own,
 	// which the agents it starts inherit.
@@ -336,6 +356,35 @@ func (j *job) measure(opts Options, rb int, src []byte, progress io.Writer, remo
 	if err != nil {
 		return res, err
 	}
+	fmt.Fprint(progress, "remote-2-in-flight ")
+	recv2, err := s.AllocRecv(opts.Batch * rb)
+	if err != nil {
+		return res, err
+	}
+	defer s.FreeRecv(recv2)
+	idx2 := [2][][]int64{batches(n, 5), batches(n, 6)}
+	bufs := [2][]byte{recv, recv2}
+	k2 := 0
+	remote2, err := Throughput(opts.Duration, 2*opts.Batch*rb, rb, func() error {
+		k2 = (k2 + 1) % len(idx2[0])
+		var wg sync.WaitGroup
+		var errs [2]error
+		for i := range 2 {
+			wg.Go(func() { errs[i] = s.GetBatch(name, bufs[i], idx2[i][k2]) })
+		}
+		wg.Wait()
+		return errors.Join(errs[0], errs[1])
+	})
+	if err == nil {
+		err = errors.Join(verify(recv, idx2[0][k2]), verify(recv2, idx2[1][k2]))
+	}
+	if err != nil {
+		return res, err
+	}
+	res.Remote2GBps = remote2.GBps
+	if remote.GBps > 0 {
+		res.Remote2VsRemote = remote2.GBps / remote.GBps
+	}
 	fmt.Fprint(progress, "latency ")
 	one := make([]byte, rb)
 	lat := func(lo int64, iters int) ([]float64, error) {
@@ -401,12 +450,12 @@ func sizeName(b int) string {
 func (r *Report) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "ddstore bench: 2 nodes on loopback (agents: %s), batches of %d random rows, %s per rank, %s per figure, %d CPUs, %s\n\n",
 		r.Agents, r.Batch, sizeName(int(r.ShardBytes)), r.Duration, r.CPUs, r.Go)
-	t := NewTable("row", "local GB/s", "gather GB/s", "local/gather", "remote GB/s", "remote copy GB/s", "tcp GB/s", "remote/tcp",
+	t := NewTable("row", "local GB/s", "gather GB/s", "local/gather", "remote GB/s", "remote copy GB/s", "remote 2 in flight", "tcp GB/s", "remote/tcp",
 		"local Mrows/s", "remote Mrows/s", "get local p50 µs", "p99 µs", "get remote p50 µs", "p99 µs")
 	f := func(x float64) string { return fmt.Sprintf("%.2f", x) }
 	for _, x := range r.Rows {
 		t.Row(sizeName(x.RowBytes), f(x.LocalGBps), f(x.GatherLimitGBps), f(x.LocalVsGather), f(x.RemoteGBps), f(x.RemoteCopyGBps),
-			f(x.TCPLimitGBps), f(x.RemoteVsTCP), fmt.Sprintf("%.3f", x.LocalRowsPerSec/1e6), fmt.Sprintf("%.3f", x.RemoteRowsPerSec/1e6),
+			f(x.Remote2GBps), f(x.TCPLimitGBps), f(x.RemoteVsTCP), fmt.Sprintf("%.3f", x.LocalRowsPerSec/1e6), fmt.Sprintf("%.3f", x.RemoteRowsPerSec/1e6),
 			f(x.GetLocalP50us), f(x.GetLocalP99us), f(x.GetRemoteP50us), f(x.GetRemoteP99us))
 	}
 	if err := t.Write(w); err != nil {
@@ -416,8 +465,12 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if len(r.Rows) > 0 && r.Rows[0].Transport != "" {
 		tr = r.Rows[0].Transport
 	}
-	fmt.Fprintf(w, "\nlocal: GetBatch of rows of this node (shared memory); remote: of the other node (agents over %s) into an AllocRecv buffer; remote copy: into a plain buffer.\n", tr)
+	fmt.Fprintf(w, "\nlocal: GetBatch of rows of this node (shared memory); remote: of the other node (agents over %s) into an AllocRecv buffer; remote copy: into a plain buffer; remote 2 in flight: two such batches at once.\n", tr)
 	fmt.Fprintln(w, "Peer to beat (DDStore C++/MPI on these machines): get_batch 3.2-4.3 GB/s at 4 KiB, 4.7-6.7 GB/s at 64 KiB.")
+	if l := r.UnderLoad; l != nil {
+		fmt.Fprintf(w, "\nGet of one %s row of the other node, alone: p50 %.1f µs, p99 %.1f µs; while another client streams batches of %d × %s of the other node (%.2f GB/s): p50 %.1f µs, p99 %.1f µs (p99 under load / p50 alone %.2f).\n",
+			sizeName(l.SmallRowBytes), l.AloneP50us, l.AloneP99us, l.LoadBatch, sizeName(l.LoadRowBytes), l.LoadGBps, l.LoadedP50us, l.LoadedP99us, l.LoadedP99VsAloneP50)
+	}
 	if len(r.Transports) > len(r.Rows) || tr != "tcp" {
 		return r.writeTransports(w)
 	}

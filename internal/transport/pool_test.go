@@ -76,8 +76,8 @@ func TestFetchConcurrent(t *testing.T) {
 			for err := range errs {
 				t.Error(err)
 			}
-			if got := ln.accepted.Load(); got != int64(conns)+1 {
-				t.Errorf("server accepted %d connections, want %d (ConnsPerPeer for fetches, one for control calls)", got, conns+1)
+			if got := ln.accepted.Load(); got != int64(conns)+2 {
+				t.Errorf("server accepted %d connections, want %d (ConnsPerPeer for large fetches, one for small ones, one for control calls)", got, conns+2)
 			}
 		})
 	}
@@ -451,16 +451,21 @@ func TestPoolCloseFailsCallsInFlight(t *testing.T) {
 	h := newFakeHandler()
 	h.addVar("block", 10, 8, true)
 	h.addVar("v", 10, 8, false)
+	h.addVar("big", 4, SmallFetchBytes/2+8, false)
 	s, _ := startServer(t, h)
 	p := NewPool(Options{ConnsPerPeer: 3, Timeout: 20 * time.Second})
-	// Dial every slot.
+	// Dial every fetch slot: the three of the bulk lane, then the small lane.
 	for range 3 {
-		if err := p.Fetch(context.Background(), s.Addr(), "v", 0, []int64{1}, [][]byte{make([]byte, 8)}); err != nil {
+		big := newRowBuffers(2, SmallFetchBytes/2+8, 0)
+		if err := p.Fetch(context.Background(), s.Addr(), "big", 0, []int64{1, 2}, big.rows); err != nil {
 			t.Fatalf("warm-up Fetch: %v", err)
 		}
 	}
-	if n := readLoops(); n != 3 {
-		t.Fatalf("%d read loops running, want 3", n)
+	if err := p.Fetch(context.Background(), s.Addr(), "v", 0, []int64{1}, [][]byte{make([]byte, 8)}); err != nil {
+		t.Fatalf("warm-up Fetch: %v", err)
+	}
+	if n := readLoops(); n != 4 {
+		t.Fatalf("%d read loops running, want 4", n)
 	}
 	dst := newRowBuffers(2, 8, 0xEE)
 	fetch := goFetch(p, s.Addr(), "block", []int64{1, 2}, dst.rows)
@@ -570,6 +575,7 @@ func TestFetchRange(t *testing.T) {
 func TestControlConnection(t *testing.T) {
 	h := newFakeHandler()
 	v := h.addVar("v", 50, 16, false)
+	big := h.addVar("big", 4, SmallFetchBytes/2+8, false)
 	s, ln := startServer(t, h)
 	p := newPool(t, Options{ConnsPerPeer: 4})
 	ctx := context.Background()
@@ -591,7 +597,53 @@ func TestControlConnection(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := ln.accepted.Load(); got != 5 || p.Conns() != 5 {
-		t.Errorf("after fetches too: %d connections accepted, %d held; want 5 (4 for fetches, 1 for control)", got, p.Conns())
+	if got := ln.accepted.Load(); got != 2 || p.Conns() != 2 {
+		t.Errorf("after small fetches too: %d connections accepted, %d held; want 2 (the small lane, control)", got, p.Conns())
+	}
+	for range 8 {
+		dst := newRowBuffers(2, SmallFetchBytes/2+8, 0)
+		g := []int64{0, 3}
+		if err := p.Fetch(ctx, s.Addr(), "big", 0, g, dst.rows); err != nil {
+			t.Fatal(err)
+		}
+		if err := checkRows(big, g, dst.rows); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := ln.accepted.Load(); got != 6 || p.Conns() != 6 {
+		t.Errorf("after large fetches: %d connections accepted, %d held; want 6 (4 for large fetches, the small lane, control)", got, p.Conns())
+	}
+}
+
+// TestSmallFetchPassesLargeOne: a fetch of a few rows is answered while a
+// large fetch from the same peer has not been (its rows held back by the
+// handler): it goes over the small lane, not behind the large reply on a
+// connection whose fetches the peer answers in turn.
+func TestSmallFetchPassesLargeOne(t *testing.T) {
+	h := newFakeHandler()
+	h.addVar("block", 4, SmallFetchBytes/2+8, true)
+	v := h.addVar("v", 10, 8, false)
+	s, _ := startServer(t, h)
+	p := newPool(t, Options{ConnsPerPeer: 1, Timeout: 20 * time.Second})
+	t.Cleanup(h.release)
+	large := newRowBuffers(2, SmallFetchBytes/2+8, 0)
+	fetch := goFetch(p, s.Addr(), "block", []int64{0, 1}, large.rows)
+	waitSignal(t, h.rowsEntered, 5*time.Second, "the large fetch to reach the handler")
+	dst := newRowBuffers(3, 8, 0)
+	g := []int64{2, 9, 2}
+	if err := p.Fetch(context.Background(), s.Addr(), "v", 0, g, dst.rows); err != nil {
+		t.Fatalf("small Fetch while a large one waits: %v", err)
+	}
+	if err := checkRows(v, g, dst.rows); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-fetch:
+		t.Fatalf("the large fetch returned before its rows were released: %v", r.err)
+	default:
+	}
+	h.release()
+	if r := waitResult(t, fetch, 5*time.Second, "the large fetch"); r.err != nil {
+		t.Fatalf("large Fetch: %v", r.err)
 	}
 }

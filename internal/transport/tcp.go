@@ -20,11 +20,15 @@ import (
 // Options tune the TCP transport.
 type Options struct {
 	// ConnsPerPeer is how many connections a pool keeps to each peer for
-	// Fetch; fetches are spread over them so that a large reply does not
-	// hold up the rest. Control calls (Call) go over one more connection
-	// of their own, so that a node that only speaks to a peer (the
-	// coordinator) holds one connection to it, and no control reply
-	// waits behind rows. Each is dialed on first use.
+	// fetches of more than SmallFetchBytes; they are spread over them so
+	// that a large reply does not hold up the rest, and both ends move
+	// rows on several cores. Fetches of at most SmallFetchBytes go over a
+	// connection of their own (the small lane), so that a single row
+	// never waits behind megabytes of another read's rows (a peer answers
+	// the fetches of one connection in turn). Control calls (Call) go
+	// over one more connection, so that a node that only speaks to a
+	// peer (the coordinator) holds one connection to it, and no control
+	// reply waits behind rows. Each is dialed on first use.
 	ConnsPerPeer int
 	// Timeout bounds a call: a peer that has not answered by then fails it
 	// with ErrTimeout, naming the peer. Zero means 30 s.
@@ -37,6 +41,22 @@ type Options struct {
 	// alone; the agent always sets it).
 	Key func() (auth.Key, error)
 }
+
+// SmallFetchBytes is the largest reply a fetch sends on the small lane
+// (Options.ConnsPerPeer): a few rows of a few KiB, each answered in
+// microseconds, so that those queued on it wait for little.
+const SmallFetchBytes = 64 << 10
+
+// The lanes of a peer's connections, and the slots of peerConns.conns
+// after the ConnsPerPeer fetch connections: the small lane, then the
+// control connection.
+type lane int
+
+const (
+	laneBulk lane = iota
+	laneSmall
+	laneControl
+)
 
 func (o Options) withDefaults() Options {
 	if o.ConnsPerPeer <= 0 {
@@ -70,7 +90,7 @@ func (p *Pool) Conns() int { return int(p.open.Load()) }
 
 type peerConns struct {
 	next  atomic.Uint32
-	conns []*conn    // slots, the control connection last; nil or dead ones are redialed
+	conns []*conn    // slots: the bulk lane's, the small lane's, the control connection; nil or dead ones are redialed
 	mu    sync.Mutex // guards conns, held while dialing one; lock order: internal/LOCKS.md
 }
 
@@ -103,9 +123,9 @@ func (p *Pool) Close() error {
 	return nil
 }
 
-// get returns a live connection to addr: the control one for control
-// calls, else one of the ConnsPerPeer fetch connections in turn.
-func (p *Pool) get(ctx context.Context, addr string, control bool) (*conn, error) {
+// get returns a live connection to addr of lane l: the control one, the
+// small lane's, or one of the ConnsPerPeer bulk connections in turn.
+func (p *Pool) get(ctx context.Context, addr string, l lane) (*conn, error) {
 	p.mu.Lock()
 	if p.mu.closed {
 		p.mu.Unlock()
@@ -113,13 +133,18 @@ func (p *Pool) get(ctx context.Context, addr string, control bool) (*conn, error
 	}
 	pc := p.mu.peers[addr]
 	if pc == nil {
-		pc = &peerConns{conns: make([]*conn, p.opts.ConnsPerPeer+1)}
+		pc = &peerConns{conns: make([]*conn, p.opts.ConnsPerPeer+2)}
 		p.mu.peers[addr] = pc
 	}
 	p.mu.Unlock()
-	i := len(pc.conns) - 1 // the control connection
-	if !control {
-		i = int(pc.next.Add(1)) % (len(pc.conns) - 1)
+	var i int
+	switch l {
+	case laneControl:
+		i = p.opts.ConnsPerPeer + 1
+	case laneSmall:
+		i = p.opts.ConnsPerPeer
+	default:
+		i = int(pc.next.Add(1)) % p.opts.ConnsPerPeer
 	}
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
@@ -216,13 +241,20 @@ func (p *Pool) Call(ctx context.Context, addr string, op wire.Op, fill func(*wir
 }
 
 func (p *Pool) call(ctx context.Context, addr string, op wire.Op, fill func(*wire.Encoder), dst [][]byte, want uint64) ([]byte, error) {
-	c, err := p.get(ctx, addr, op != wire.OpFetch)
+	l := laneControl
+	if op == wire.OpFetch || op == wire.OpFetchRange {
+		l = laneBulk
+		if want <= SmallFetchBytes {
+			l = laneSmall
+		}
+	}
+	c, err := p.get(ctx, addr, l)
 	if err != nil {
 		return nil, err
 	}
 	cl := &call{done: make(chan struct{}), dst: dst, want: want}
 	timeout := p.opts.Timeout
-	if op != wire.OpFetch {
+	if l == laneControl {
 		timeout = 0 // control calls (collectives) are bounded by ctx, which carries their own timeout
 	}
 	// Sending is bounded like the rest: a peer that stops reading must not

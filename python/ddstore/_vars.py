@@ -1,6 +1,8 @@
 """A variable as one rank sees it (its table, the shards mapped on this
 node, its MPI window), and the copying of its rows out of mapped shards."""
 
+import threading
+
 import numpy as np
 
 from . import _wire
@@ -23,7 +25,7 @@ class Var:
 
     __slots__ = ("name", "label", "id", "disp", "itemsize", "rb", "dtype", "npdtype", "total", "held", "backing", "prefix",
                  "bounds", "shard_rows", "nodes", "local", "typed", "own", "segs", "single", "single_first", "profile",
-                 "win", "ragged", "shape", "index", "first_unit", "marks", "mark")
+                 "win", "ragged", "shape", "index", "first_unit", "marks", "mark", "void", "items")
 
     def __init__(self, t, own_rank):
         self.name, self.id, self.disp, self.itemsize, self.dtype = t.name, t.id, t.disp, t.itemsize, t.dtype
@@ -105,9 +107,15 @@ class Var:
             for r, rows in enumerate(self.local):
                 if rows is not None:
                     self.typed[r] = rows.view(self.npdtype).reshape(rows.shape[0], self.disp)
+        # Rows under 1 KiB: each local shard as one item per row of a
+        # row-sized void dtype, for get_batch's fast path (copy_rows).
+        self.void = np.dtype((np.void, self.rb)) if 0 < self.rb < 1024 and not self.ragged else None
+        self.items = [None if rows is None or self.void is None else rows.view(self.void).reshape(-1)
+                      for rows in self.local]
         # Past the last rank: the backing file's rows, never local.
         self.local.append(None)
         self.typed.append(None)
+        self.items.append(None)
         self.profile = {"calls": 0, "rows": 0, "bytes": 0, "local_rows": 0, "remote_rows": 0, "storage_rows": 0,
                         "remote_calls": 0, "wait_s": 0.0, "onesided_rows": 0}
         # The MPI window over the job's shards (Store(method="mpi")), or None.
@@ -126,43 +134,97 @@ class Var:
         self.marks, self.mark = [], [None] * len(self.mark)
         self.local = [None] * len(self.local)
         self.typed = [None] * len(self.local)
+        self.items = [None] * len(self.local)
         self.own = self.single = self.index = None
         for s in self.segs:
             s.close()
         self.segs = []
 
 
+# glibc's memmove (2.36, x86-64 with ERMS/FSRM) copies a block from a few KiB
+# up to its rep-movsb stop threshold with `rep movsb`, which on AMD EPYC runs
+# about 3x slower when the destination lies 1 to 31 bytes past the source
+# within a page (measured here: 0.4 vs 1.3 GB/s at 4 KiB, 64 KiB and 256 KiB
+# rows; 1 MiB rows unaffected; the same everywhere with the tunable
+# glibc.cpu.x86_rep_movsb_threshold raised past the row). Shard rows start on a page;
+# numpy's arrays of 128 KiB and more (glibc's mmap'd chunks) start 16 bytes
+# past one: every row of a batch into such an array hit it. Such rows go
+# through a staging buffer of this thread (at _STAGE_OFFSET in a page, away
+# from both) in pieces of _STAGE_BYTES, hot in cache.
+_PAGE = 4096
+_NEAR_AHEAD = 64
+_REP_MOVSB_ROWS = (2048, 1 << 20)
+_STAGE_BYTES = 256 << 10
+_STAGE_OFFSET = 2048
+_stage = threading.local()
+
+
+def _staging(nbytes):
+    """This thread's staging buffer: nbytes (or more), _STAGE_OFFSET bytes
+    into a page; allocated once and reused."""
+    buf = getattr(_stage, "buf", None)
+    if buf is None or buf.nbytes < nbytes:
+        raw = np.empty(nbytes + _PAGE, np.uint8)
+        off = (_STAGE_OFFSET - raw.ctypes.data) % _PAGE
+        buf = _stage.buf = raw[off:off + nbytes]
+    return buf[:nbytes]
+
+
+def _near_ahead(dst, src, rb):
+    """Whether every row copied from src to dst would have its destination
+    1 to _NEAR_AHEAD-1 bytes ahead of its source within a page, in the size
+    range glibc copies by rep movsb (rows of a whole number of pages keep
+    the distance of the arrays' starts)."""
+    return (rb % _PAGE == 0 and _REP_MOVSB_ROWS[0] <= rb < _REP_MOVSB_ROWS[1]
+            and 0 < (dst.ctypes.data - src.ctypes.data) % _PAGE < _NEAR_AHEAD)
+
+
+def _copy_staged(dst, src, loc, pos):
+    """copy_rows through this thread's staging buffer, a piece at a time."""
+    rb = src.shape[1]
+    step = max(1, _STAGE_BYTES // rb)
+    stage = _staging(step * rb).reshape(step, rb)
+    for a in range(0, loc.shape[0], step):
+        lo = loc[a:a + step]
+        m = lo.shape[0]
+        src.take(lo, axis=0, out=stage[:m], mode="clip")
+        if pos is None:
+            dst[a:a + m] = stage[:m]
+        else:
+            dst[pos[a:a + m]] = stage[:m]
+
+
 def copy_rows(dst, src, loc, pos=None):
     """dst[i] = src[loc[i]] (dst[pos[i]] = src[loc[i]] when pos is given),
-    as fast as numpy goes: rows under 1 KiB are taken as single items of a
-    row-sized void dtype (numpy copies an item with one memcpy, not byte by
-    byte); fancy indexing through a temporary beats take(out=) while the
-    temporary stays small (hot in cache and allocator); past 32 KiB a row is
-    large enough for a loop of copies, each row copied once, straight into
-    its place."""
+    as fast as numpy goes. Every loc[i] must be a row of src: the caller has
+    checked them (take's mode="clip" then never clips, and it writes
+    straight into dst, where take's default mode="raise" gathers into a
+    fresh temporary of the whole output and copies that: a second pass
+    over the batch and, past a few MiB, fresh pages to fault in on every
+    call). Rows under 1 KiB are taken as single items of a row-sized void
+    dtype (numpy copies an item with one memcpy, not byte by byte). Rows a
+    memmove would copy slowly (_near_ahead) go through a staging buffer.
+    With pos (rows of several owners), rows of 32 KiB and more are copied
+    by a loop, each row once, straight into its place; smaller rows
+    through the staging buffer, a piece at a time."""
     rb = src.shape[1]
     if rb < 1024:
         row = np.dtype((np.void, rb))
         s, d = src.view(row).reshape(-1), dst.view(row).reshape(-1)
         if pos is None:
-            s.take(loc, out=d[:loc.shape[0]])
+            s.take(loc, out=d[:loc.shape[0]], mode="clip")
         else:
-            d[pos] = s.take(loc)
+            d[pos] = s.take(loc, mode="clip")
         return
-    if rb >= (32 << 10):
-        if pos is None:
-            for i, j in enumerate(loc.tolist()):
-                dst[i] = src[j]
-        else:
-            for i, j in zip(pos.tolist(), loc.tolist()):
-                dst[i] = src[j]
-        return
-    step = max(1, (1 << 20) // rb)
-    for a in range(0, loc.shape[0], step):
-        if pos is None:
-            dst[a:a + step] = src[loc[a:a + step]]
-        else:
-            dst[pos[a:a + step]] = src[loc[a:a + step]]
+    if _near_ahead(dst, src, rb):
+        _copy_staged(dst, src, loc, pos)
+    elif pos is None:
+        src.take(loc, axis=0, out=dst[:loc.shape[0]], mode="clip")
+    elif rb >= (32 << 10):
+        for i, j in zip(pos.tolist(), loc.tolist()):
+            dst[i] = src[j]
+    else:
+        _copy_staged(dst, src, loc, pos)
 
 
 def count(v, rows, remote, wait):

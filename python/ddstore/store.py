@@ -639,6 +639,34 @@ class Store:
     def get_batch(self, name, arr, indices):
         """Rows indices[i] into arr[i]: any order, repeats, any owners. Every
         index is checked before any row is read."""
+        if self._pid != os.getpid():
+            self._check_fork()
+        v = self._vars.get(name)
+        # Fast path: numpy indices and a numpy destination of the
+        # variable's type, every row in one shard of this node (the lowest
+        # and the highest index in the same shard): one gather, none of the
+        # general path's owner lookup per row.
+        if (v is not None and type(arr) is np.ndarray and type(indices) is np.ndarray and indices.ndim == 1
+                and indices.dtype.kind == "i" and arr.dtype == v.npdtype and arr.flags.c_contiguous
+                and arr.flags.writeable):
+            n = indices.shape[0]
+            if n and arr.size == n * v.disp and (arr.shape[0] if arr.ndim else 1) == n:
+                lo, hi = int(indices.min()), int(indices.max())
+                b = v.bounds
+                r = bisect_right(b, lo) - 1
+                if 0 <= r < len(v.typed) and lo >= 0 and hi < b[r + 1] and v.typed[r] is not None:
+                    first = b[r]
+                    loc = indices - first if first else indices
+                    items = v.items[r]
+                    if items is not None:  # rows under 1 KiB, as in copy_rows
+                        items.take(loc, out=arr.reshape(-1).view(v.void), mode="clip")
+                    else:
+                        copy_rows(arr.reshape(n, -1).view(np.uint8), v.local[r], loc)
+                    if v.mark[r][0]:  # dropped: those rows may be a freed variable's
+                        self._forget(name, v)
+                    else:
+                        count(v, n, 0, 0.0)
+                        return arr
         self._check_fork()
         return self._reading(name, lambda v: self._get_batch(v, name, arr, indices))
 

@@ -1,7 +1,10 @@
 """`python -m ddstore_bench.bench`: the Python client's read figures next to the
 Go client's, measured in the same run on two nodes of this machine (two
 agents on loopback): get_batch GB/s of node-local and other-node rows, and
-get() latency of single rows.
+get() latency of single rows. Node-local get_batch is set beside numpy's own
+gather of the same rows (np.take(shard, idx, axis=0, out=...)) in the same
+run: the best of take's default mode and mode "clip" from an array of the
+rows in the heap and mode "clip" from the mapped shard.
 
     python -m ddstore_bench.bench [--quick] [--json]
 """
@@ -95,6 +98,74 @@ def _rate(dur, nbytes, op):
             return float(np.median(samples))
 
 
+# numpy's own gathers of the rows a node-local get_batch reads, the limit of
+# a Python client: np.take(out=) in its default mode (which gathers into a
+# temporary and copies that into out) and the take method in mode "clip"
+# (straight into out, without the function's dispatch), both from an array
+# of the same rows in the process's heap, and in mode "clip" from the
+# mapped shard itself.
+NUMPY_GATHERS = ("numpy_take_gbps", "numpy_take_clip_gbps", "numpy_take_shm_gbps")
+
+
+def local_vs_numpy(dur, s, name, heap, dst, idxs):
+    """Node-local get_batch of the batches idxs into dst and numpy's
+    gathers (NUMPY_GATHERS) of the same rows, their samples taken in turn
+    (the machine's load moves from second to second): the median GB/s of
+    each; numpy_gbps, the fastest of numpy's (by median); local_vs_numpy,
+    the median over the turns of get_batch's rate over that one's in the
+    same turn."""
+    shm = s._var(name).local[0]
+    k = [0]
+
+    def ours():
+        k[0] = (k[0] + 1) % len(idxs)
+        s.get_batch(name, dst, idxs[k[0]])
+
+    def gather(src, method=False, **kw):
+        take = src.take if method else lambda i, **kw2: np.take(src, i, axis=0, **kw2)
+
+        def op():
+            k[0] = (k[0] + 1) % len(idxs)
+            take(idxs[k[0]], axis=0, out=dst, **kw) if method else take(idxs[k[0]], out=dst, **kw)
+        return op
+    ops = {"local_gbps": ours, "numpy_take_gbps": gather(heap),
+           "numpy_take_clip_gbps": gather(heap, True, mode="clip"),
+           "numpy_take_shm_gbps": gather(shm, True, mode="clip")}
+    samples = _interleaved(dur, dst.nbytes, ops)
+    out = {key: float(np.median(v)) for key, v in samples.items()}
+    best = max(NUMPY_GATHERS, key=lambda key: out[key])
+    out["numpy_gbps"] = out[best]
+    out["local_vs_numpy"] = float(np.median(np.asarray(samples["local_gbps"]) / np.asarray(samples[best])))
+    return out
+
+
+def _interleaved(dur, nbytes, ops):
+    """GB/s samples of each op (a dict of them), at least ~2 ms of repeated
+    calls each, taken in turn for about dur seconds per op."""
+    groups = {}
+    for key, op in ops.items():
+        op()
+        g = 1
+        while True:
+            t0 = time.perf_counter()
+            for _ in range(g):
+                op()
+            if time.perf_counter() - t0 >= 0.002:
+                break
+            g *= 2
+        groups[key] = g
+    samples = {key: [] for key in ops}
+    t_end = time.perf_counter() + dur * len(ops)
+    while time.perf_counter() < t_end or len(samples[next(iter(ops))]) < 5:
+        for key, op in ops.items():
+            g = groups[key]
+            t0 = time.perf_counter()
+            for _ in range(g):
+                op()
+            samples[key].append(g * nbytes / (time.perf_counter() - t0) / 1e9)
+    return samples
+
+
 def _latency(iters, op):
     ts = np.empty(iters)
     for i in range(iters):
@@ -125,10 +196,14 @@ def run(row_sizes=(4096, 65536), batch=256, shard_bytes=64 << 20, dur=0.5, lat_i
             n = shard_bytes // rb
             name = f"b{rb}"
 
+            held = [None]
+
             def add(r, st):
                 data = np.empty((n, rb), np.uint8)
                 data[:, :8] = (np.arange(n, dtype=np.int64) + r * n).view(np.uint8).reshape(n, 8)
                 st.add(name, data)
+                if r == 0:
+                    held[0] = data
             both(add)
             rng = np.random.default_rng(1)
             idx_local = [rng.integers(0, n, batch) for _ in range(64)]
@@ -143,9 +218,11 @@ def run(row_sizes=(4096, 65536), batch=256, shard_bytes=64 << 20, dur=0.5, lat_i
                     s.get_batch(name, out, idxs[k[0]])
                 return op
             res = {"row_bytes": rb}
+            res.update(local_vs_numpy(dur, s, name, held[0], dst, idx_local))
+            held[0] = None
+            s.get_batch(name, dst, idx_local[5])
+            assert (dst[:, :8].copy().view(np.int64)[:, 0] == idx_local[5]).all()
             if rb != 64:
-                res["local_gbps"] = _rate(dur, batch * rb, reader(dst, idx_local))
-                assert (dst[:, :8].copy().view(np.int64)[:, 0] == idx_local[k[0]]).all()
                 res["remote_gbps"] = _rate(dur, batch * rb, reader(recv, idx_remote))
                 assert (recv[:, :8].copy().view(np.int64)[:, 0] == idx_remote[k[0]]).all()
                 res["remote_copy_gbps"] = _rate(dur, batch * rb, reader(dst, idx_remote))
@@ -179,7 +256,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     dur, shard, lat = (0.3, 32 << 20, 5000) if a.quick else (1.5, 128 << 20, 20000)
     binary = _agent.find_binary()
-    sizes = (4096, 65536)
+    sizes = (4096, 65536, 1 << 20)
     py = run(sizes, 256, shard, dur, lat, binary)
     go = go_figures(binary, sizes, 256, shard, dur)
     for r in py:
@@ -187,8 +264,8 @@ def main(argv=None):
         for key in ("local_gbps", "remote_gbps", "get_local_p50_us", "get_remote_p50_us"):
             if key in r:
                 r["go_" + key] = g[key]
-        if "local_gbps" in r:
-            r["local_vs_go"] = r["local_gbps"] / g["local_gbps"]
+        r["local_vs_go"] = r["local_gbps"] / g["local_gbps"]
+        if "remote_gbps" in r:
             r["remote_vs_go"] = r["remote_gbps"] / g["remote_gbps"]
     if a.json:
         print(json.dumps({"rows": py, "batch": 256, "shard_bytes": shard, "python": sys.version.split()[0],
@@ -196,12 +273,12 @@ def main(argv=None):
         return
     print(f"ddstore Python bench: 2 nodes on loopback, batches of 256 random rows, {shard >> 20} MiB per rank, "
           f"Python {sys.version.split()[0]}, numpy {np.__version__}\n")
-    hdr = ("row", "local GB/s", "go", "py/go", "remote GB/s", "go", "py/go", "remote copy GB/s",
+    hdr = ("row", "local GB/s", "numpy", "py/numpy", "go", "py/go", "remote GB/s", "go", "py/go", "remote copy GB/s",
            "get local p50 µs", "p99", "go p50", "get remote p50 µs", "p99", "go p50")
     print("  ".join(f"{h:>{max(len(h), 6)}}" for h in hdr))
     for r in py:
         f = lambda k, fmt="{:.2f}": fmt.format(r[k]) if k in r else "-"  # noqa: E731
-        cells = (str(r["row_bytes"]), f("local_gbps"), f("go_local_gbps"), f("local_vs_go"), f("remote_gbps"),
+        cells = (str(r["row_bytes"]), f("local_gbps"), f("numpy_gbps"), f("local_vs_numpy"), f("go_local_gbps"), f("local_vs_go"), f("remote_gbps"),
                  f("go_remote_gbps"), f("remote_vs_go"), f("remote_copy_gbps"), f("get_local_p50_us"),
                  f("get_local_p99_us"), f("go_get_local_p50_us"), f("get_remote_p50_us"), f("get_remote_p99_us"),
                  f("go_get_remote_p50_us"))

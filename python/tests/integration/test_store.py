@@ -39,6 +39,8 @@ def test_roundtrip_every_dtype(store, dtype):
     out = np.empty((4, 3), dtype)
     store.get_batch("v", out, [49, 0, 7, 49])
     np.testing.assert_array_equal(out, data[[49, 0, 7, 49]])
+    store.get_batch("v", out, np.array([3, 48, 3, 0]))  # numpy indices: the fast path
+    np.testing.assert_array_equal(out, data[[3, 48, 3, 0]])
     one = np.empty((1, 3), dtype)  # arr.shape[0] rows, as DDStore
     store.get("v", one, 12)
     np.testing.assert_array_equal(one[0], data[12])
@@ -100,6 +102,19 @@ def test_errors_and_the_store_keeps_working(store):
         store.add("bad", np.float32(3))
     store.get_batch("e", out, [9, 0, 9])
     np.testing.assert_array_equal(out, data[[9, 0, 9]])
+    # The same errors with numpy indices into a numpy destination (get_batch's
+    # fast path, once the variable is known), the destination untouched.
+    for bad in ([1, 10, 2], [-1, 0, 0]):
+        with pytest.raises(IndexError, match=str(bad[1])):
+            store.get_batch("e", out, np.array(bad))
+    np.testing.assert_array_equal(out, data[[9, 0, 9]])
+    with pytest.raises(ValueError, match="6 items for 2 rows"):
+        store.get_batch("e", out, np.array([0, 1]))
+    with pytest.raises(ValueError, match="destination is float32"):
+        store.get_batch("e", np.zeros((3, 2), np.float32), np.array([0, 1, 2]))
+    for dt in (np.int64, np.int32, np.uint16):
+        store.get_batch("e", out, np.array([3, 8, 3], dt))
+        np.testing.assert_array_equal(out, data[[3, 8, 3]])
     # A receive buffer freed from two threads at once is freed once, and
     # the other buffers stay.
     keep, twice = store.alloc_recv((4, 2), np.int32), store.alloc_recv((4, 2), np.int32)
