@@ -92,8 +92,8 @@ func (j *raggedJob) add(t testing.TB, c *cluster, name string, dt ddstore.Dtype,
 	})
 }
 
-// TestClusterRagged: batches of ragged rows of every node, in any order and
-// with repeats, read the same as a naive copy of the same rows, into plain
+// TestClusterRagged: batches of ragged rows of every node, in any order,
+// with repeats and runs of neighbouring rows, read the same as a naive copy of the same rows, into plain
 // memory and into a receive buffer; the sizes come before the read; one
 // row reads alone.
 func TestClusterRagged(t *testing.T) {
@@ -107,6 +107,11 @@ func TestClusterRagged(t *testing.T) {
 			idx := make([]int64, 1+rng.IntN(64))
 			for i := range idx {
 				idx[i] = rng.Int64N(j.total())
+				if batch%3 == 2 && i > 0 && rng.IntN(8) > 0 {
+					// Runs of neighbouring rows (across shards, nodes and
+					// rows of no items), which local reads copy at once.
+					idx[i] = (idx[i-1] + 1) % j.total()
+				}
 			}
 			want, wantLen := j.naive(idx)
 			lengths := make([]int64, len(idx))

@@ -154,12 +154,12 @@ func (v *variable) sizes(indices, lengths []int64) (int64, error) {
 	if lengths != nil && len(lengths) != len(indices) {
 		return 0, base.Errorf(base.ErrArgument, "variable %q: %d lengths for %d indices: want as many", v.name, len(lengths), len(indices))
 	}
-	if err := v.lay.CheckAll(indices); err != nil {
-		return 0, fmt.Errorf("variable %q: %w", v.name, err)
-	}
-	off := v.rag.off
+	off, total := v.rag.off, uint64(v.lay.Total())
 	var units int64
 	for i, g := range indices {
+		if uint64(g) >= total {
+			return 0, fmt.Errorf("variable %q: %w", v.name, v.lay.CheckAll(indices))
+		}
 		n := off[g+1] - off[g]
 		if lengths != nil {
 			lengths[i] = n
@@ -210,6 +210,10 @@ func (s *Store) getRagged(v *variable, name string, dst []byte, indices, lengths
 	g := v.rag
 	var pos, stored int64
 	var remote, at, size []int64
+	// Node-local rows go in runs: rows that follow one another in a shard
+	// and in dst (a batch of neighbouring indices) are one copy.
+	var run []byte
+	runRank, runLo, runHi, runAt := -1, int64(0), int64(0), int64(0)
 	for _, gi := range indices {
 		nb := (g.off[gi+1] - g.off[gi]) * g.ub
 		r, _ := v.lay.Owner(gi)
@@ -224,12 +228,18 @@ func (s *Store) getRagged(v *variable, name string, dst []byte, indices, lengths
 			if lo < 0 || lo+nb > int64(len(src)) {
 				return 0, base.Errorf(base.ErrInternal, "variable %q: row %d at bytes [%d, %d) of rank %d's shard of %d", name, gi, lo, lo+nb, r, len(src))
 			}
-			copy(dst[pos:pos+nb], src[lo:lo+nb])
+			if r == runRank && lo == runHi && pos == runAt+runHi-runLo {
+				runHi += nb
+			} else {
+				copy(dst[runAt:runAt+runHi-runLo], run[runLo:runHi])
+				run, runRank, runLo, runHi, runAt = src, r, lo, lo+nb, pos
+			}
 		} else if nb > 0 {
 			remote, at, size = append(remote, gi), append(at, pos), append(size, nb)
 		}
 		pos += nb
 	}
+	copy(dst[runAt:runAt+runHi-runLo], run[runLo:runHi])
 	err = s.fetchRagged(v, dst, remote, at, size)
 	p := &v.prof
 	p.calls.Add(1)
