@@ -447,3 +447,37 @@ func TestClusterRaggedReaderNode(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestClusterRaggedFromFailedRead: AddRaggedFrom fills each rank's shard
+// in place; a read that fails on one rank fails the add on every rank,
+// naming that rank's error there, and leaves the name free for an add
+// that reads.
+func TestClusterRaggedFromFailedRead(t *testing.T) {
+	c := startCluster(t, []int{1, 1}, viaHandshakeDir)
+	j := newRaggedJob(4, []int64{9, 12}, 12, 6)
+	unreadable := errors.New("values file unreadable at unit 3")
+	errs := c.each(func(r int, s *ddstore.Store) error {
+		v := j.values(r)
+		return s.AddRaggedFrom("from", int64(len(v)), func(dst []byte) error {
+			if r == 1 {
+				return unreadable
+			}
+			copy(dst, v)
+			return nil
+		}, j.lengths[r], ddstore.Float32, nil, 3)
+	})
+	if !errors.Is(errs[1], unreadable) || errs[0] == nil {
+		t.Fatalf("a failed read on rank 1: errors %v; want rank 1's own and one on rank 0", errs)
+	}
+	c.mustEach(t, func(r int, s *ddstore.Store) error {
+		v := j.values(r)
+		return s.AddRaggedFrom("from", int64(len(v)), func(dst []byte) error { copy(dst, v); return nil }, j.lengths[r], ddstore.Float32, nil, 3)
+	})
+	idx := []int64{20, 0, 9, 3}
+	want, wantLen := j.naive(idx)
+	dst := make([]byte, len(want))
+	lengths := make([]int64, len(idx))
+	if _, err := c.stores[0].GetRagged("from", dst, idx, lengths); err != nil || string(dst) != string(want) || !slices.Equal(lengths, wantLen) {
+		t.Fatalf("rows read back differ (%v)", err)
+	}
+}

@@ -81,6 +81,13 @@ func RaggedShape(name string, shape []int64) (int64, error) {
 // is this rank's error found before (a dtype unknown), which fails the
 // round for every rank.
 func (s *Store) CreateRagged(name string, values []byte, lengths []int64, shape []int64, dtype string, itemsize int64, bad error, b *Backing) error {
+	return s.CreateRaggedFrom(name, int64(len(values)), func(dst []byte) error { copy(dst, values); return nil }, lengths, shape, dtype, itemsize, bad, b)
+}
+
+// CreateRaggedFrom is CreateRagged of values of nbytes bytes that read
+// writes into the shard, in shared memory, before the variable is
+// published: an error of read fails the round for every rank.
+func (s *Store) CreateRaggedFrom(name string, nbytes int64, read func(dst []byte) error, lengths []int64, shape []int64, dtype string, itemsize int64, bad error, b *Backing) error {
 	disp, err := RaggedShape(name, shape)
 	if bad == nil {
 		bad = err
@@ -103,9 +110,9 @@ func (s *Store) CreateRagged(name string, values []byte, lengths []int64, shape 
 		}
 	}
 	ub := disp * itemsize
-	if bad == nil && (items > (1<<46)/ub || items*ub != int64(len(values))) {
+	if bad == nil && (items > (1<<46)/ub || items*ub != nbytes) {
 		bad = base.Errorf(base.ErrGeometry, "variable %q: lengths add up to %d units of %d bytes (%d bytes), but the values are %d bytes",
-			name, items, ub, items*ub, len(values))
+			name, items, ub, items*ub, nbytes)
 	}
 	if bad == nil && b != nil {
 		var sent string
@@ -115,14 +122,17 @@ func (s *Store) CreateRagged(name string, values []byte, lengths []int64, shape 
 	if bad != nil {
 		return s.create(name, 0, max(disp, 1), max(itemsize, 1), dtype, bad, nil, &raggedShard{shape: shape}, nil, false)
 	}
-	fill := func(seg *shm.Segment) {
+	fill := func(seg *shm.Segment) error {
 		var o int64
 		for i, n := range lengths {
 			seg.Offsets[i] = o
 			o += n
 		}
 		seg.Offsets[len(lengths)] = o
-		copy(seg.Data, values)
+		if int64(len(seg.Data)) != nbytes {
+			return base.Errorf(base.ErrInternal, "variable %q: shard segment of %d bytes of values for %d", name, len(seg.Data), nbytes)
+		}
+		return read(seg.Data)
 	}
 	if shape == nil {
 		shape = []int64{}
