@@ -481,3 +481,38 @@ func TestClusterRaggedFromFailedRead(t *testing.T) {
 		t.Fatalf("rows read back differ (%v)", err)
 	}
 }
+
+// TestClusterRaggedIndexPeerGone: a node holding no shard builds its
+// index from the other nodes' agents at once; with one of them gone, the
+// read fails naming that node's rank, the other fetches stop, and the node
+// keeps no half-built index (a second read fails the same way, no hang).
+func TestClusterRaggedIndexPeerGone(t *testing.T) {
+	c := startCluster(t, []int{1, 1, 1, 0}, viaHandshakeDir)
+	j := newRaggedJob(24, []int64{9, 14, 11}, 8, 5)
+	j.add(t, c, "rr", ddstore.Float64)
+	if err := c.agents[2].Close(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := ddstore.Open(ddstore.Config{Namespace: c.ns, Rank: 0, Size: 1, Node: "node3",
+		Socket: c.agents[3].Socket(), NoSpawn: true, Reader: true, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	dst := make([]byte, 1<<12)
+	for try := range 2 {
+		_, err := r.GetRagged("rr", dst, []int64{0, 30}, nil)
+		if err == nil || !strings.Contains(err.Error(), `rank 2's offsets from node "node2"`) {
+			t.Fatalf("read %d with node2's agent gone: %v; want the index's fetch of rank 2's offsets to fail", try, err)
+		}
+	}
+	in, err := ddstore.QueryAgent(c.agents[3].Socket(), c.ns, "node3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range in.Variables {
+		if v.IndexBytes != 0 {
+			t.Errorf("node3 keeps an index of %d bytes of %q after its build failed", v.IndexBytes, v.Name)
+		}
+	}
+}
