@@ -94,6 +94,8 @@ type raggedBench struct {
 	rows           int64 // rows per rank
 	mean           int64 // units per row on average, and per fixed row
 	first, lengths []int64
+	values         []byte // rank 0's rows, packed, in this process's memory
+	fixed          []byte // as many rows of the mean size, in this process's memory
 }
 
 func newRaggedBench(b *testing.B, mean int64) *raggedBench {
@@ -116,7 +118,9 @@ func newRaggedBench(b *testing.B, mean int64) *raggedBench {
 		}
 		rb.lengths = append(rb.lengths, lengths[r]...)
 	}
+	rb.values = values[0]
 	fixed := make([]byte, rows*mean*ub)
+	rb.fixed = fixed
 	rb.c.mustEach(b, func(r int, s *ddstore.Store) error {
 		if err := s.AddRagged("r", values[r], lengths[r], ddstore.Float32, 3); err != nil {
 			return err
@@ -147,9 +151,11 @@ func (rb *raggedBench) batches(remote bool) [][]int64 {
 }
 
 // BenchmarkRagged: a batch of 64 ragged rows (GetRagged) against GetBatch
-// of fixed rows of the same bytes, and against a Get per row of the same
-// bytes (per-sample), node-local and of the other node, into a receive
-// buffer.
+// of fixed rows of the same bytes, against a Get per row of the same bytes
+// (per-sample), node-local and of the other node, into a receive buffer;
+// node-local, against the limits (copy: the rows' bytes copied from this
+// process's memory, their extents known; copy-fixed: the same for the
+// fixed rows).
 func BenchmarkRagged(b *testing.B) {
 	for _, mean := range []int64{100, 1000} {
 		for _, remote := range []bool{false, true} {
@@ -185,6 +191,34 @@ func BenchmarkRagged(b *testing.B) {
 					}
 					b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 				})
+				if !remote {
+					// The limit: the same rows' bytes copied one after
+					// another, their extents known, no store.
+					b.Run("copy", func(b *testing.B) {
+						var bytes int64
+						for i := 0; b.Loop(); i++ {
+							var pos int64
+							for _, g := range idx[i%len(idx)] {
+								n := rb.lengths[g] * 12
+								copy(dst[pos:pos+n], rb.values[rb.first[g]:rb.first[g]+n])
+								pos += n
+							}
+							bytes += pos
+						}
+						b.ReportMetric(float64(bytes)/b.Elapsed().Seconds()/1e9, "GB/s")
+					})
+					// The fixed rows' limit: as many bytes as rows of one
+					// size (the mean), copied the same way.
+					b.Run("copy-fixed", func(b *testing.B) {
+						n := mean * 12
+						for i := 0; b.Loop(); i++ {
+							for k, g := range idx[i%len(idx)] {
+								copy(dst[int64(k)*n:int64(k+1)*n], rb.fixed[g*n:(g+1)*n])
+							}
+						}
+						b.ReportMetric(float64(64*mean*12)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+					})
+				}
 				b.Run("per-sample", func(b *testing.B) {
 					var bytes int64
 					for i := 0; b.Loop(); i++ {

@@ -35,6 +35,16 @@ func (s *Store) AddRaggedBacked(name string, values []byte, lengths []int64, dty
 	return s.c.CreateRagged(name, values, lengths, shape, string(dtype), size, err, (*client.Backing)(&b))
 }
 
+// AddRaggedFrom is AddRagged (AddRaggedBacked when b is not nil) of
+// values of nbytes bytes that read writes straight into this rank's shard
+// in shared memory (a file's rows, with no copy in between), before the
+// variable is published. An error of read, as any bad input, fails the
+// add on every rank; the store keeps working.
+func (s *Store) AddRaggedFrom(name string, nbytes int64, read func(values []byte) error, lengths []int64, dtype Dtype, b *Backing, shape ...int64) error {
+	size, err := dtype.ItemSize()
+	return s.c.CreateRaggedFrom(name, nbytes, read, lengths, shape, string(dtype), size, err, (*client.Backing)(b))
+}
+
 // RaggedSizes fills lengths (one per index; in units of the trailing
 // shape) with the lengths of rows indices of a ragged variable and returns
 // the bytes they take packed, which is what GetRagged needs of its

@@ -92,8 +92,8 @@ func (j *raggedJob) add(t testing.TB, c *cluster, name string, dt ddstore.Dtype,
 	})
 }
 
-// TestClusterRagged: batches of ragged rows of every node, in any order and
-// with repeats, read the same as a naive copy of the same rows, into plain
+// TestClusterRagged: batches of ragged rows of every node, in any order,
+// with repeats and runs of neighbouring rows, read the same as a naive copy of the same rows, into plain
 // memory and into a receive buffer; the sizes come before the read; one
 // row reads alone.
 func TestClusterRagged(t *testing.T) {
@@ -107,6 +107,11 @@ func TestClusterRagged(t *testing.T) {
 			idx := make([]int64, 1+rng.IntN(64))
 			for i := range idx {
 				idx[i] = rng.Int64N(j.total())
+				if batch%3 == 2 && i > 0 && rng.IntN(8) > 0 {
+					// Runs of neighbouring rows (across shards, nodes and
+					// rows of no items), which local reads copy at once.
+					idx[i] = (idx[i-1] + 1) % j.total()
+				}
 			}
 			want, wantLen := j.naive(idx)
 			lengths := make([]int64, len(idx))
@@ -440,5 +445,74 @@ func TestClusterRaggedReaderNode(t *testing.T) {
 	}
 	if err := readAll(reader(), j2); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestClusterRaggedFromFailedRead: AddRaggedFrom fills each rank's shard
+// in place; a read that fails on one rank fails the add on every rank,
+// naming that rank's error there, and leaves the name free for an add
+// that reads.
+func TestClusterRaggedFromFailedRead(t *testing.T) {
+	c := startCluster(t, []int{1, 1}, viaHandshakeDir)
+	j := newRaggedJob(4, []int64{9, 12}, 12, 6)
+	unreadable := errors.New("values file unreadable at unit 3")
+	errs := c.each(func(r int, s *ddstore.Store) error {
+		v := j.values(r)
+		return s.AddRaggedFrom("from", int64(len(v)), func(dst []byte) error {
+			if r == 1 {
+				return unreadable
+			}
+			copy(dst, v)
+			return nil
+		}, j.lengths[r], ddstore.Float32, nil, 3)
+	})
+	if !errors.Is(errs[1], unreadable) || errs[0] == nil {
+		t.Fatalf("a failed read on rank 1: errors %v; want rank 1's own and one on rank 0", errs)
+	}
+	c.mustEach(t, func(r int, s *ddstore.Store) error {
+		v := j.values(r)
+		return s.AddRaggedFrom("from", int64(len(v)), func(dst []byte) error { copy(dst, v); return nil }, j.lengths[r], ddstore.Float32, nil, 3)
+	})
+	idx := []int64{20, 0, 9, 3}
+	want, wantLen := j.naive(idx)
+	dst := make([]byte, len(want))
+	lengths := make([]int64, len(idx))
+	if _, err := c.stores[0].GetRagged("from", dst, idx, lengths); err != nil || string(dst) != string(want) || !slices.Equal(lengths, wantLen) {
+		t.Fatalf("rows read back differ (%v)", err)
+	}
+}
+
+// TestClusterRaggedIndexPeerGone: a node holding no shard builds its
+// index from the other nodes' agents at once; with one of them gone, the
+// read fails naming that node's rank, the other fetches stop, and the node
+// keeps no half-built index (a second read fails the same way, no hang).
+func TestClusterRaggedIndexPeerGone(t *testing.T) {
+	c := startCluster(t, []int{1, 1, 1, 0}, viaHandshakeDir)
+	j := newRaggedJob(24, []int64{9, 14, 11}, 8, 5)
+	j.add(t, c, "rr", ddstore.Float64)
+	if err := c.agents[2].Close(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := ddstore.Open(ddstore.Config{Namespace: c.ns, Rank: 0, Size: 1, Node: "node3",
+		Socket: c.agents[3].Socket(), NoSpawn: true, Reader: true, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	dst := make([]byte, 1<<12)
+	for try := range 2 {
+		_, err := r.GetRagged("rr", dst, []int64{0, 30}, nil)
+		if err == nil || !strings.Contains(err.Error(), `rank 2's offsets from node "node2"`) {
+			t.Fatalf("read %d with node2's agent gone: %v; want the index's fetch of rank 2's offsets to fail", try, err)
+		}
+	}
+	in, err := ddstore.QueryAgent(c.agents[3].Socket(), c.ns, "node3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range in.Variables {
+		if v.IndexBytes != 0 {
+			t.Errorf("node3 keeps an index of %d bytes of %q after its build failed", v.IndexBytes, v.Name)
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/layout"
@@ -184,37 +185,75 @@ func (a *Agent) ensureIndex(ctx context.Context, v *variable) error {
 	return nil
 }
 
-// fillIndex writes every row's job-wide offsets into idx (N+1 entries).
+// fillIndex writes every row's job-wide offsets into idx (N+1 entries):
+// local ranks' from their shards, the others' from their agents, every
+// rank's at once (at most indexFetches requests in flight), each rank's
+// rows in order; the first error cancels the others' and is returned once
+// all have stopped.
 func (a *Agent) fillIndex(ctx context.Context, v *variable, t *wire.Table, byRank []*shm.Segment, idx []int64) error {
 	g := v.rag
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	sem := make(chan struct{}, indexFetches)
+	var wg sync.WaitGroup
+	var once sync.Once
+	var first error
 	var row int64
 	for r, rows := range t.ShardRows {
-		from := g.first[r]
+		from, at := g.first[r], row
+		row += rows
 		if seg := byRank[r]; seg != nil {
 			for l, o := range seg.Offsets[:rows] {
-				idx[row+int64(l)] = from + o
+				idx[at+int64(l)] = from + o
 			}
-			row += rows
 			continue
 		}
-		node := t.RankNode[r]
-		for lo := int64(0); lo < rows; lo += wire.MaxOffsets {
-			cnt := min(rows-lo, wire.MaxOffsets)
-			off, err := a.peerOffsets(ctx, t.Addrs[node], t, r, lo, cnt)
-			if err != nil {
-				return fmt.Errorf("rank %d's offsets from node %q: %w", r, t.Nodes[node], err)
+		if rows == 0 {
+			continue
+		}
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			if err := a.fetchOffsets(ctx, t, r, idx[at:at+rows], from); err != nil {
+				once.Do(func() { first = err })
+				cancel(err)
 			}
-			if int64(len(off)) != cnt+1 || (lo == 0 && off[0] != 0) || (lo+cnt == rows && off[cnt] != t.ShardItems[r]) {
-				return base.Errorf(base.ErrProtocol, "rank %d's offsets [%d, %d] from node %q: %d values from %d to %d, for a shard of %d units",
-					r, lo, lo+cnt, t.Nodes[node], len(off), off[0], off[len(off)-1], t.ShardItems[r])
-			}
-			for l, o := range off[:cnt] {
-				idx[row+int64(l)] = from + o
-			}
-			row += cnt
+		})
+	}
+	wg.Wait()
+	idx[row] = g.first[len(g.first)-1]
+	if first != nil {
+		return first
+	}
+	// A fetch stops, saying nothing, once ctx is done: the caller's, here.
+	return context.Cause(ctx)
+}
+
+// indexFetches bounds the PeerOffsets requests one index has in flight.
+const indexFetches = 8
+
+// fetchOffsets reads rank r's offsets from its node's agent into dst (one
+// per row of its shard), shifted by from, its first job-wide unit.
+func (a *Agent) fetchOffsets(ctx context.Context, t *wire.Table, r int, dst []int64, from int64) error {
+	node := t.RankNode[r]
+	rows := int64(len(dst))
+	for lo := int64(0); lo < rows; lo += wire.MaxOffsets {
+		if err := ctx.Err(); err != nil {
+			return nil // another rank's fetch failed: its error is the one returned
+		}
+		cnt := min(rows-lo, wire.MaxOffsets)
+		off, err := a.peerOffsets(ctx, t.Addrs[node], t, r, lo, cnt)
+		if err != nil {
+			return fmt.Errorf("rank %d's offsets from node %q: %w", r, t.Nodes[node], err)
+		}
+		if int64(len(off)) != cnt+1 || (lo == 0 && off[0] != 0) || (lo+cnt == rows && off[cnt] != t.ShardItems[r]) {
+			return base.Errorf(base.ErrProtocol, "rank %d's offsets [%d, %d] from node %q: %d values from %d to %d, for a shard of %d units",
+				r, lo, lo+cnt, t.Nodes[node], len(off), off[0], off[len(off)-1], t.ShardItems[r])
+		}
+		for l, o := range off[:cnt] {
+			dst[lo+int64(l)] = from + o
 		}
 	}
-	idx[row] = g.first[len(g.first)-1]
 	return nil
 }
 

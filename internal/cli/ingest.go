@@ -26,6 +26,7 @@ import (
 
 const ingestSynopsis = `
 ddstore ingest FILE[:DATASET] --name NAME [flags]
+ddstore ingest VALUES[:DATASET] --offsets OFFSETS[:DATASET] --name NAME [flags]
 
 Load a dataset file into the store as the variable NAME. The rows are the
 file's first dimension: each node's ingest process loads its contiguous
@@ -42,6 +43,14 @@ to the file through the node's agent: on demand, coalesced by position and
 chunk, or ahead of use when the reader says what comes next (Prefetch,
 ddstore.torch.ScheduledSampler). The file must stay where it is, readable
 from every node.
+
+With --offsets, the rows are ragged (graphs of n_i atoms, token
+sequences): FILE (.npy, or HDF5 as FILE:DATASET) holds their values, the
+units of every row one after another along its first dimension, and the
+offsets dataset rows + 1 integers, row g being units [off[g], off[g+1]).
+The variable is a ragged variable of the values' type and trailing shape;
+each node loads the rows of its share of the units, and --capacity counts
+bytes of whole rows.
 
 Run one ingest per node (srun --ntasks-per-node=1, mpirun --map-by
 ppr:1:node) with --rank and --size, or let the launcher's environment say
@@ -69,6 +78,7 @@ func runIngest(args []string, stdout, stderr io.Writer) error {
 	workers := fs.Int("readers", 4, "reads at once on each node")
 	readSize := fs.String("read-size", "16M", "bytes per read, rounded to whole chunks")
 	timeout := fs.Duration("timeout", 5*time.Minute, "bound on waiting for the other nodes")
+	offsets := fs.String("offsets", "", "ragged rows: FILE holds their values, units one after another, and this (FILE.npy or FILE.h5:DATASET) their offsets, rows + 1 integers")
 	file, err := parseIngestArgs(fs, args)
 	if err != nil {
 		return err
@@ -108,6 +118,10 @@ func runIngest(args []string, stdout, stderr io.Writer) error {
 		cfg.AgentArgs = append(cfg.AgentArgs, "--handshake-dir", *hs)
 	}
 
+	ro := source.ReadOptions{Workers: *workers, PieceBytes: piece}
+	if *offsets != "" {
+		return ingestRagged(cfg, file, *offsets, *name, source.Options{RowBytes: *rowBytes, Dtype: *dtype}, capBytes, ro, stdout)
+	}
 	src, err := source.Open(file, source.Options{RowBytes: *rowBytes, Dtype: *dtype})
 	if err == nil {
 		err = checkIngest(file, src, capBytes)
@@ -146,7 +160,8 @@ func runIngest(args []string, stdout, stderr io.Writer) error {
 	if held < src.Rows() {
 		backing = &ddstore.Backing{File: file, Rows: src.Rows()}
 	}
-	err = ingest(ctx, s, src, *name, held, backing, source.ReadOptions{Workers: *workers, PieceBytes: piece, Progress: prog.add})
+	ro.Progress = prog.add
+	err = ingest(ctx, s, src, *name, held, backing, ro)
 	prog.finish()
 	if err != nil {
 		return err
@@ -253,10 +268,19 @@ func ingest(ctx context.Context, s *ddstore.Store, src source.Source, name strin
 	if err == nil {
 		err = source.Read(ctx, src, lo, hi-lo, shard, o)
 	}
+	return commit(s, name, src.Rows(), err)
+}
+
+// commit ends an ingest of rows of a file into the variable name, which
+// every rank created: err is this rank's error loading its rows. With
+// several ranks, a second collective says whether every rank loaded its
+// rows of a file of as many rows; if not, or on err, every rank frees the
+// variable, so nothing half-loaded is left.
+func commit(s *ddstore.Store, name string, rows int64, err error) error {
 	if s.Size() > 1 {
 		// disp carries the rows each rank counted: ranks that read files
 		// of other lengths disagree on it, and the commit fails.
-		disp := src.Rows()
+		disp := rows
 		if err != nil {
 			disp = 0 // refuses the collective: every rank fails at once
 		}

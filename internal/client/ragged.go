@@ -81,6 +81,13 @@ func RaggedShape(name string, shape []int64) (int64, error) {
 // is this rank's error found before (a dtype unknown), which fails the
 // round for every rank.
 func (s *Store) CreateRagged(name string, values []byte, lengths []int64, shape []int64, dtype string, itemsize int64, bad error, b *Backing) error {
+	return s.CreateRaggedFrom(name, int64(len(values)), func(dst []byte) error { copy(dst, values); return nil }, lengths, shape, dtype, itemsize, bad, b)
+}
+
+// CreateRaggedFrom is CreateRagged of values of nbytes bytes that read
+// writes into the shard, in shared memory, before the variable is
+// published: an error of read fails the round for every rank.
+func (s *Store) CreateRaggedFrom(name string, nbytes int64, read func(dst []byte) error, lengths []int64, shape []int64, dtype string, itemsize int64, bad error, b *Backing) error {
 	disp, err := RaggedShape(name, shape)
 	if bad == nil {
 		bad = err
@@ -103,9 +110,9 @@ func (s *Store) CreateRagged(name string, values []byte, lengths []int64, shape 
 		}
 	}
 	ub := disp * itemsize
-	if bad == nil && (items > (1<<46)/ub || items*ub != int64(len(values))) {
+	if bad == nil && (items > (1<<46)/ub || items*ub != nbytes) {
 		bad = base.Errorf(base.ErrGeometry, "variable %q: lengths add up to %d units of %d bytes (%d bytes), but the values are %d bytes",
-			name, items, ub, items*ub, len(values))
+			name, items, ub, items*ub, nbytes)
 	}
 	if bad == nil && b != nil {
 		var sent string
@@ -115,14 +122,17 @@ func (s *Store) CreateRagged(name string, values []byte, lengths []int64, shape 
 	if bad != nil {
 		return s.create(name, 0, max(disp, 1), max(itemsize, 1), dtype, bad, nil, &raggedShard{shape: shape}, nil, false)
 	}
-	fill := func(seg *shm.Segment) {
+	fill := func(seg *shm.Segment) error {
 		var o int64
 		for i, n := range lengths {
 			seg.Offsets[i] = o
 			o += n
 		}
 		seg.Offsets[len(lengths)] = o
-		copy(seg.Data, values)
+		if int64(len(seg.Data)) != nbytes {
+			return base.Errorf(base.ErrInternal, "variable %q: shard segment of %d bytes of values for %d", name, len(seg.Data), nbytes)
+		}
+		return read(seg.Data)
 	}
 	if shape == nil {
 		shape = []int64{}
@@ -154,12 +164,12 @@ func (v *variable) sizes(indices, lengths []int64) (int64, error) {
 	if lengths != nil && len(lengths) != len(indices) {
 		return 0, base.Errorf(base.ErrArgument, "variable %q: %d lengths for %d indices: want as many", v.name, len(lengths), len(indices))
 	}
-	if err := v.lay.CheckAll(indices); err != nil {
-		return 0, fmt.Errorf("variable %q: %w", v.name, err)
-	}
-	off := v.rag.off
+	off, total := v.rag.off, uint64(v.lay.Total())
 	var units int64
 	for i, g := range indices {
+		if uint64(g) >= total {
+			return 0, fmt.Errorf("variable %q: %w", v.name, v.lay.CheckAll(indices))
+		}
 		n := off[g+1] - off[g]
 		if lengths != nil {
 			lengths[i] = n
@@ -210,6 +220,10 @@ func (s *Store) getRagged(v *variable, name string, dst []byte, indices, lengths
 	g := v.rag
 	var pos, stored int64
 	var remote, at, size []int64
+	// Node-local rows go in runs: rows that follow one another in a shard
+	// and in dst (a batch of neighbouring indices) are one copy.
+	var run []byte
+	runRank, runLo, runHi, runAt := -1, int64(0), int64(0), int64(0)
 	for _, gi := range indices {
 		nb := (g.off[gi+1] - g.off[gi]) * g.ub
 		r, _ := v.lay.Owner(gi)
@@ -224,12 +238,18 @@ func (s *Store) getRagged(v *variable, name string, dst []byte, indices, lengths
 			if lo < 0 || lo+nb > int64(len(src)) {
 				return 0, base.Errorf(base.ErrInternal, "variable %q: row %d at bytes [%d, %d) of rank %d's shard of %d", name, gi, lo, lo+nb, r, len(src))
 			}
-			copy(dst[pos:pos+nb], src[lo:lo+nb])
+			if r == runRank && lo == runHi && pos == runAt+runHi-runLo {
+				runHi += nb
+			} else {
+				copy(dst[runAt:runAt+runHi-runLo], run[runLo:runHi])
+				run, runRank, runLo, runHi, runAt = src, r, lo, lo+nb, pos
+			}
 		} else if nb > 0 {
 			remote, at, size = append(remote, gi), append(at, pos), append(size, nb)
 		}
 		pos += nb
 	}
+	copy(dst[runAt:runAt+runHi-runLo], run[runLo:runHi])
 	err = s.fetchRagged(v, dst, remote, at, size)
 	p := &v.prof
 	p.calls.Add(1)

@@ -104,12 +104,12 @@ type Backing struct {
 // nil. A rank that cannot take part (bad, its local error) still tells the
 // coordinator, so that the other ranks fail at once instead of waiting.
 func (s *Store) Create(name string, rows []byte, nrows, disp, itemsize int64, dtype string, bad error, b *Backing) error {
-	return s.create(name, nrows, disp, itemsize, dtype, bad, b, nil, func(seg *shm.Segment) { copy(seg.Data, rows) }, len(rows) > 0)
+	return s.create(name, nrows, disp, itemsize, dtype, bad, b, nil, func(seg *shm.Segment) error { copy(seg.Data, rows); return nil }, len(rows) > 0)
 }
 
 // create is Create of either kind: rg declares a ragged shard (nil: fixed
 // rows), fill writes the shard's contents into its segment when write.
-func (s *Store) create(name string, nrows, disp, itemsize int64, dtype string, bad error, b *Backing, rg *raggedShard, fill func(*shm.Segment), write bool) error {
+func (s *Store) create(name string, nrows, disp, itemsize int64, dtype string, bad error, b *Backing, rg *raggedShard, fill func(*shm.Segment) error, write bool) error {
 	if err := naming.CheckVariable(name); err != nil {
 		return err
 	}
@@ -160,8 +160,11 @@ func (s *Store) create(name string, nrows, disp, itemsize int64, dtype string, b
 		if err != nil {
 			return fail(err)
 		}
-		fill(seg)
+		err = fill(seg)
 		seg.Close()
+		if err != nil {
+			return fail(err)
+		}
 	}
 	body, err = s.request(wire.OpPublish, sh.Encode, s.cfg.PublishTimeout+s.cfg.Timeout)
 	if err != nil {

@@ -25,7 +25,8 @@ class Var:
 
     __slots__ = ("name", "label", "id", "disp", "itemsize", "rb", "dtype", "npdtype", "total", "held", "backing", "prefix",
                  "bounds", "shard_rows", "nodes", "local", "typed", "own", "segs", "single", "single_first", "profile",
-                 "win", "ragged", "shape", "index", "first_unit", "marks", "mark", "void", "items")
+                 "win", "ragged", "shape", "index", "first_unit", "extents", "views", "marks", "mark", "void",
+                 "items")
 
     def __init__(self, t, own_rank):
         self.name, self.id, self.disp, self.itemsize, self.dtype = t.name, t.id, t.disp, t.itemsize, t.dtype
@@ -52,7 +53,7 @@ class Var:
         # local shard's values (uint8), never written after publication.
         self.ragged = t.kind == _wire.KIND_RAGGED
         self.shape = tuple(int(x) for x in t.shape)
-        self.index = self.first_unit = None
+        self.index = self.first_unit = self.extents = None
         try:
             if self.ragged:
                 if not t.index:
@@ -73,6 +74,9 @@ class Var:
                 if seg.kind != KIND_INDEX or seg.nrows != self.total or not units_ok:
                     raise ProtocolError(f"ddstore: protocol error: index {t.index} does not match the table of "
                                         f"{t.name!r}")
+                # Row g's extent, (offsets[g], offsets[g + 1]), as one row of
+                # two: a batch's extents are one fancy lookup.
+                self.extents = np.lib.stride_tricks.as_strided(self.index, (self.total, 2), (8, 8), writeable=False)
             for r, path in enumerate(t.paths):
                 if not path:
                     continue
@@ -116,6 +120,10 @@ class Var:
         self.local.append(None)
         self.typed.append(None)
         self.items.append(None)
+        # A ragged variable's local shards as memoryviews: a row is then
+        # copied by one slice assignment, a third of what numpy's slicing
+        # costs a row of a batch.
+        self.views = [memoryview(x) if x is not None and self.ragged else None for x in self.local]
         self.profile = {"calls": 0, "rows": 0, "bytes": 0, "local_rows": 0, "remote_rows": 0, "storage_rows": 0,
                         "remote_calls": 0, "wait_s": 0.0, "onesided_rows": 0}
         # The MPI window over the job's shards (Store(method="mpi")), or None.
@@ -135,7 +143,8 @@ class Var:
         self.local = [None] * len(self.local)
         self.typed = [None] * len(self.local)
         self.items = [None] * len(self.local)
-        self.own = self.single = self.index = None
+        self.views = [None] * len(self.local)
+        self.own = self.single = self.index = self.extents = None
         for s in self.segs:
             s.close()
         self.segs = []

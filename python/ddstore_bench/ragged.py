@@ -19,7 +19,11 @@ each; rank 0 reads). Rates are GB/s of the rows' bytes, the median over
 rounds; each round reads the same batches every way, in turn. Ratios are
 the medians of the per-round ratios.
 
-    python -m ddstore_bench.ragged [--structures N] [--rounds R] [--batches K] [--json]
+    python -m ddstore_bench.ragged [--structures N] [--rounds R] [--batches K] [--json] [--before FILE]
+
+--before FILE: also times get_ragged as another version of the client's
+ragged module (FILE, e.g. `git show REV:python/ddstore/_ragged.py`) reads
+the same batches, in the same rounds ("before" and after/before columns).
 """
 
 import argparse
@@ -48,7 +52,16 @@ def _sizes(n, seed=0):
     return np.clip(np.round(np.exp(rng.uniform(np.log(8), np.log(257), n))), 8, 256).astype(np.int64)
 
 
-def run(structures=8192, rounds=7, batches=20, binary=None):
+def _module(path):
+    """The ragged module of another version of the client, from its file."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("ddstore._ragged_before", path)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+def run(structures=8192, rounds=7, batches=20, binary=None, before=None):
     import h5py
     import torch
     ns = f"pybench-ragged-{os.getpid()}"
@@ -119,7 +132,14 @@ def run(structures=8192, rounds=7, batches=20, binary=None):
             loader = torch.utils.data.DataLoader(H5Rows(), batch_sampler=[b.tolist() for b in bs], collate_fn=cat)
             nbytes = [int(atoms[b].sum()) * row_bytes for b in bs]
             rates = {k: [] for k in ("ragged", "fixed", "per_sample", "dataloader_h5py")}
+            if before is not None:
+                rates["before"] = []
             for _ in range(rounds):
+                if before is not None:
+                    t0 = time.perf_counter()
+                    for b in bs:
+                        s._reading("pos", lambda v: before.get(s, v, "pos", b, recv))
+                    rates["before"].append(sum(nbytes) / (time.perf_counter() - t0) / 1e9)
                 t0 = time.perf_counter()
                 for b in bs:
                     s.get_ragged("pos", b, out=recv)
@@ -141,7 +161,7 @@ def run(structures=8192, rounds=7, batches=20, binary=None):
                 rates["per_sample"].append(total / (t3 - t2) / 1e9)
                 rates["dataloader_h5py"].append(total / (t4 - t3) / 1e9)
             r = {f"{k}_gbs": float(np.median(v)) for k, v in rates.items()}
-            for k in ("fixed", "per_sample", "dataloader_h5py"):
+            for k in [k for k in rates if k != "ragged"]:
                 r[f"ragged_over_{k}"] = float(np.median(np.array(rates["ragged"]) / np.array(rates[k])))
             r["bytes_per_batch"] = float(np.mean(nbytes))
             out[w] = r
@@ -163,8 +183,10 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--batches", type=int, default=20)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--before", metavar="FILE", help="another version's python/ddstore/_ragged.py, timed beside")
     a = ap.parse_args(argv)
-    res = run(a.structures, a.rounds, a.batches, binary=_agent.find_binary())
+    res = run(a.structures, a.rounds, a.batches, binary=_agent.find_binary(),
+              before=_module(a.before) if a.before else None)
     if a.json:
         print(json.dumps(dict(res, batch=BATCH, rounds=a.rounds)))
         return
@@ -177,6 +199,11 @@ def main(argv=None):
         print(f"| {w} | {r['bytes_per_batch'] / 1e3:.0f} | {r['ragged_gbs']:.3f} | {r['fixed_gbs']:.3f} | "
               f"{r['per_sample_gbs']:.3f} | {r['dataloader_h5py_gbs']:.3f} | {r['ragged_over_fixed']:.2f} | "
               f"{r['ragged_over_per_sample']:.1f} | {r['ragged_over_dataloader_h5py']:.1f} |")
+    if a.before:
+        print(f"\nbefore ({a.before}):\n\n| rows | before GB/s | ragged GB/s | ragged/before | before/fixed |\n|---|---|---|---|---|")
+        for w, r in res["results"].items():
+            print(f"| {w} | {r['before_gbs']:.3f} | {r['ragged_gbs']:.3f} | {r['ragged_over_before']:.2f} | "
+                  f"{r['ragged_over_fixed'] / r['ragged_over_before']:.2f} |")
 
 
 if __name__ == "__main__":

@@ -285,30 +285,29 @@ class _Schema:
     def samples(self, arrays, n, device):
         """n samples as views into per-field batch arrays (a ragged field's
         values are cut at its rows' offsets)."""
-        cols = []
-        for f, a in zip(self.fields, arrays):
-            if f.ragged:
-                values, lengths = a
-                off = _offsets(lengths)
-                if f.layout == "ragged" and f.torch:
-                    t = f.tensor(values, device)
-                    cols.append([t[off[j]:off[j + 1]].movedim(0, f.axis).contiguous() if f.axis
-                                 else t[off[j]:off[j + 1]] for j in range(n)])
-                else:
-                    cols.append([f.unit_value(values[off[j]:off[j + 1]], device) for j in range(n)])
-                continue
-            if f.scalar == "py":
-                cols.append(a.tolist())
-                continue
-            b = f.batch_value(a, device)
-            if f.torch:
-                cols.append(b.unbind(0))
-            elif f.scalar == "np" or f.rkind in ("void", "record"):
-                cols.append([b[j] for j in range(n)])  # numpy scalars, records
-            else:
-                # a[j, ...] keeps a 0-d row an array; a[j] would give a numpy scalar.
-                cols.append([b[j, ...] for j in range(n)])
+        cols = [self.column(f, a, n, device) for f, a in zip(self.fields, arrays)]
         return [self.pack([c[j] for c in cols]) for j in range(n)]
+
+    @staticmethod
+    def column(f, a, n, device):
+        """Field f of n samples, one value each, from its batch array a."""
+        if f.ragged:
+            values, lengths = a
+            off = _offsets(lengths)
+            if f.layout == "ragged" and f.torch:
+                t = f.tensor(values, device)
+                return [t[off[j]:off[j + 1]].movedim(0, f.axis).contiguous() if f.axis
+                        else t[off[j]:off[j + 1]] for j in range(n)]
+            return [f.unit_value(values[off[j]:off[j + 1]], device) for j in range(n)]
+        if f.scalar == "py":
+            return a.tolist()
+        b = f.batch_value(a, device)
+        if f.torch:
+            return b.unbind(0)
+        if f.scalar == "np" or f.rkind in ("void", "record"):
+            return [b[j] for j in range(n)]  # numpy scalars, records
+        # a[j, ...] keeps a 0-d row an array; a[j] would give a numpy scalar.
+        return [b[j, ...] for j in range(n)]
 
     def collated(self, arrays, device, collate=None):
         """What default_collate makes of the samples: tensors (numpy fields

@@ -69,6 +69,22 @@ def _cols_of_arrays(schema, arrays, device):
     return cols
 
 
+def _window_rows(kind, samples, w):
+    """The rows of window samples (of a schema of this kind; each field w
+    rows stacked, or a list of w values), window after window."""
+    rows = []
+    for s in samples:
+        if kind in ("tensor", "bare"):
+            rows.extend(s[k] for k in range(w))
+            continue
+        _, items = _items(s)
+        for k in range(w):
+            vals = [v[k] for _, v in items]
+            rows.append(dict(zip((key for key, _ in items), vals)) if kind == "dict" else
+                        tuple(vals) if kind == "tuple" else vals)
+    return rows
+
+
 def _as_tensor(v):
     if isinstance(v, torch.Tensor):
         return v
@@ -92,12 +108,19 @@ class _Collate:
         schema = getattr(ds, "_schema", None) if ds is not None else None
         # A dataset whose samples are decoded is not of its stored schema.
         self._schema = schema if schema is not None and getattr(ds, "decode", None) is None else None
+        # A WindowedDataset with fields of varying size: its window samples
+        # are collated as the batch of their rows, window after window.
+        self._window = getattr(ds, "_ddstore_window", None) if ds is not None else None
+        if self._window is not None:
+            self._schema, self._window_len = self._window, ds.window
 
     def __call__(self, samples):
         if not isinstance(samples, (list, tuple)) or not samples:
             raise ArgumentError(f"ddstore: bad argument: {type(self).__name__}: a batch of "
                                 f"{len(samples) if hasattr(samples, '__len__') else '?'} samples: want a non-empty "
                                 f"list of samples")
+        if self._window is not None:
+            samples = _window_rows(self._window.kind, samples, self._window_len)
         kind, items = _items(samples[0])
         keys = [k for k, _ in items]
         cols = []

@@ -939,6 +939,15 @@ class WindowedDataset(_tud.Dataset):
     __getitems__) is one get_batch per field; over other datasets the rows
     are fetched with ds.__getitems__ when it has one, else one by one.
     A start whose window does not lie in ds is an IndexError.
+
+    A field of varying size (ragged, str, bytes: of a DistDataset or
+    DistDatasetReader) comes as a list of the window's values, row after
+    row, each what the dataset's sample holds; a batch of windows is one
+    get_ragged per such field. Collated (ThreadDataLoader, or a collate of
+    ddstore.torch.collate given ds=this dataset), B windows are the batch
+    of their B * window rows, window after window: every field as the
+    collate makes it of that many samples (a fixed field [B * window,
+    *shape]).
     """
 
     def __init__(self, ds, window, stride=1, dilation=1, starts=None, fields=None):
@@ -962,11 +971,13 @@ class WindowedDataset(_tud.Dataset):
             self.starts = None
             self._len = max(0, (n - span) // stride + 1)
         self._ddstore_fast = bool(getattr(ds, "_ddstore_fast", False))
+        # With fields of varying size: the schema of the rows (the collates
+        # of ddstore.torch.collate cut window samples into rows by it).
+        self._ddstore_window = None
         if self._ddstore_fast:
-            ragged = [f.key for f in ds._schema.select(fields).fields if f.ragged]  # an unknown field fails here
-            if ragged:
-                raise Unsupported(f"ddstore: bad argument: WindowedDataset over ragged fields {ragged}: windows "
-                                  f"stack rows of one shape; pick fixed fields with fields=")
+            schema = ds._schema.select(fields)  # an unknown field fails here
+            if schema.ragged:
+                self._ddstore_window = schema
 
     def __len__(self):
         return self._len
@@ -993,6 +1004,8 @@ class WindowedDataset(_tud.Dataset):
         if -self._len <= i < 0:
             i += self._len
         i = _check_index(i, self._len, "window")
+        if self._ddstore_window is not None:
+            return self._ddstore_samples(np.array([i], np.int64))[0]
         if self._ddstore_fast:
             schema, arrays = self.ds._ddstore_read(self._rows(np.array([i], np.int64)), self.fields)
             schema = self._schema_of(schema)
@@ -1031,10 +1044,33 @@ class WindowedDataset(_tud.Dataset):
             rows = self._fetch(self._rows(idx).tolist())
             w = self.window
             return [self._stack(rows[j * w:(j + 1) * w]) for j in range(idx.shape[0])]
+        if self._ddstore_window is not None:
+            return self._ragged_windows(indices, buffers)
         schema, arrays, n = self._ddstore_windows(indices, buffers)
         return schema.samples(arrays, n, self.ds.device)
 
+    def _ragged_windows(self, indices, buffers):
+        """Window samples with fields of varying size: their rows read in one
+        get_ragged or get_batch per field, a fixed field stacked over the
+        window, any other a list of the window's values."""
+        idx = self._windows(indices)
+        schema, arrays = self.ds._ddstore_read(self._rows(idx), self.fields, buffers)
+        n, w, device = idx.shape[0], self.window, self.ds.device
+        cols = []
+        for f, a in zip(schema.fields, arrays):
+            if f.ragged:
+                rows = schema.column(f, a, n * w, device)
+                cols.append([list(rows[j * w:(j + 1) * w]) for j in range(n)])
+            else:
+                cols.append(schema.column(f.stacked(), a.reshape(n, w, *a.shape[1:]), n, device))
+        windows = self._schema_of(schema)  # a list of fields: a dict of them
+        return [windows.pack([c[j] for c in cols]) for j in range(n)]
+
     def _ddstore_collated(self, indices, buffers=None, collate=None):
+        if self._ddstore_window is not None:  # the batch of the windows' rows
+            idx = self._windows(indices)
+            schema, arrays = self.ds._ddstore_read(self._rows(idx), self.fields, buffers)
+            return schema.collated(arrays, self.ds.device, collate)
         schema, arrays, _ = self._ddstore_windows(indices, buffers)
         return schema.collated(arrays, self.ds.device, collate)
 

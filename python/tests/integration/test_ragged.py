@@ -104,6 +104,22 @@ for k in range(20):
         v, lens = s.get_ragged("pos", idx)
     assert np.array_equal(v, want), (r, k, idx)
     assert np.array_equal(lens, all_len[idx])
+# batches of this node's rows alone (one shard, or several), of the other
+# node's alone (in order: the staged rows land in one piece; shuffled),
+# each into a fresh array and into a receive buffer
+nodes = sys.argv[2].split(",")
+mine = np.concatenate([np.arange(first[k], first[k + 1]) for k in range(n) if nodes[k] == nodes[r]])
+theirs = np.concatenate([np.arange(first[k], first[k + 1]) for k in range(n) if nodes[k] != nodes[r]])
+own = np.arange(first[r], first[r + 1])
+for idx in (mine, mine[::-1], own, theirs, theirs[::-1], rr.permutation(theirs), np.repeat(mine[:3], 2)):
+    if not idx.size:
+        continue
+    want = np.concatenate([everything[off[g]:off[g + 1]] for g in idx])
+    buf = s.alloc_recv((int(s.ragged_sizes("pos", idx).sum()) + 2, 3), np.float32)
+    for v, lens in (s.get_ragged("pos", idx), s.get_ragged("pos", idx, out=buf)):
+        assert np.array_equal(v, want), (r, idx)
+        assert np.array_equal(lens, all_len[idx])
+    s.free_recv(buf)
 # a node reads the other's rows, and this node's own, in one batch
 p = s.get_profile("pos")
 print("rank", r, "remote", p["remote_rows"], "local", p["local_rows"])
@@ -122,8 +138,9 @@ s.close()
 @pytest.mark.parametrize("nodes,counts", [
     (["a", "b"], "30,17"),
     (["a", "a", "b"], "5,0,12"),
+    (["a", "a", "b", "b"], "9,6,0,11"),
 ])
 def test_ragged_two_nodes(job, nodes, counts):
-    outs = run_ranks(SCRIPT, nodes, job, args=(counts,))
+    outs = run_ranks(SCRIPT, nodes, job, args=(counts, ",".join(nodes)))
     remote = [int(o.split()[3]) for o in outs]
     assert all(x > 0 for x in remote), outs

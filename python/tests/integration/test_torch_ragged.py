@@ -130,9 +130,55 @@ def test_graph_dataset(store, chunk):
     check_samples(ds, src)
     assert ds[1]["edge_index"].is_contiguous() and ds.__getitems__([2])[0]["edge_index"].is_contiguous()
     check_samples(DistDatasetReader("g", store=store), src)
-    with pytest.raises(ddstore.Unsupported, match=r"ragged fields \['x'"):
-        WindowedDataset(ds, 2)
-    WindowedDataset(ds, 2, fields=["y"])  # fixed fields window as before
+
+
+def naive_window(src, rows, fields):
+    """A window of src's rows: y (fixed) stacked, the fields of varying
+    size as lists of the rows' values; fields a list, or one key (bare)."""
+    samples = [src[r] for r in rows]
+    keys = [fields] if isinstance(fields, str) else fields
+    out = {k: torch.stack([s[k] for s in samples]) if k == "y" else [s[k] for s in samples] for k in keys}
+    return out[fields] if isinstance(fields, str) else out
+
+
+def test_windowed_ragged(store):
+    src = Molecules()
+    ds = DistDataset(src, "g", store=store)
+    every = ["x", "pos", "edge_index", "y", "name", "raw"]
+    for w, fields in ((WindowedDataset(ds, 3, stride=2, dilation=2), every),
+                      (WindowedDataset(DistDatasetReader("g", store=store), 2, fields=["edge_index", "y"]),
+                       ["edge_index", "y"]),
+                      (WindowedDataset(ds, 4, starts=[49, 0, 3, 3], fields="x"), "x")):
+        rows = [w._rows(np.array([i]))[0:w.window].tolist() for i in range(len(w))]
+        for i in range(len(w)):
+            same(w[i], naive_window(src, rows[i], fields), f"window {i}")
+        b = [len(w) - 1, 0, 2, 2]
+        for i, got in zip(b, w.__getitems__(b)):
+            same(got, naive_window(src, rows[i], fields), f"__getitems__ window {i}")
+        # A batch of windows collates as the batch of their rows, whether
+        # read as a batch (ThreadDataLoader) or cut into window samples.
+        flat = [src[r] for i in b for r in rows[i]]
+        if isinstance(fields, str):
+            flat = [s[fields] for s in flat]
+        else:
+            flat = [{k: s[k] for k in fields} for s in flat]
+        collates = [Packed()] if isinstance(fields, str) else [Packed(), Graphs(edges={"edge_index": "edge_index"},
+                                                                               nodes="edge_index")]
+        for c in collates:
+            want = c(flat)
+            same(next(iter(ThreadDataLoader(w, batch_sampler=[b], collate_fn=c))), want)
+            kw = dict(ds=w) if not isinstance(c, Graphs) else dict(ds=w, edges={"edge_index": "edge_index"},
+                                                                    nodes="edge_index")
+            same(type(c)(**kw)(w.__getitems__(b)), want)
+            same(next(iter(DataLoader(w, batch_sampler=[b], collate_fn=type(c)(**kw)))), want)
+        same(next(iter(ThreadDataLoader(w, batch_sampler=[b]))), Packed()(flat))  # the default
+    # Graphs over the windows of every field, read ahead in threads.
+    w = WindowedDataset(ds, 2, stride=3)
+    got = list(ThreadDataLoader(w, batch_size=5, num_workers=2, collate_fn=Graphs(edges=EDGES)))
+    for k, g in enumerate(got):
+        windows = range(5 * k, min(5 * k + 5, len(w)))
+        same(g, naive_graphs([src[r] for i in windows for r in (3 * i, 3 * i + 1)]), f"batch {k}")
+    assert WindowedDataset(ds, 2, fields=["y"])[0]["y"].shape == (2,)  # fixed fields window as before
 
 
 class PlainGraphs(Dataset):
