@@ -1,0 +1,341 @@
+package client
+
+// Direct reads: a small read whose rows are all on one other node goes
+// straight to that node's agent, on its peer port, over a pooled TCP
+// connection that proved the job's direct key (docs/design.md, Reading;
+// docs/protocol.md, Authentication): one network round trip, the rows
+// read with readv into the caller's buffer. The owner checks the variable's
+// name and table id as it does for its peers' Fetch; on any failure (no
+// key, no address, a refused or broken connection, an error reply) the
+// read goes through this node's agent instead, which gives the answer that
+// path gives (ErrFreed for a re-created variable, the backing file for a
+// lost node, a refreshed address for a restarted one).
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/ddstore-go/ddstore/internal/auth"
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/layout"
+	"github.com/ddstore-go/ddstore/internal/transport"
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
+
+// DirectMaxBytes is the largest read (its rows of other nodes) sent
+// straight to the owner's agent; a larger one goes through this node's
+// agent, which cuts it into pieces over several connections so that both
+// ends move rows on several cores. Measured with `ddstore bench`
+// (docs/benchmarks.md, One hop).
+const DirectMaxBytes = 256 << 10
+
+// DirectIdle is how long an unused direct connection stays open.
+const DirectIdle = 10 * time.Second
+
+// directRetry is how long an owner address whose dial failed, or a key the
+// agent could not give, is left alone before being tried again.
+const directRetry = 5 * time.Second
+
+// maxIdleDirect bounds the idle connections kept per owner node.
+const maxIdleDirect = 4
+
+// directConn is one connection to another node's agent.
+type directConn struct {
+	addr string
+	nc   *net.TCPConn
+	raw  syscall.RawConn
+	id   uint64
+	out  []byte
+	in   []byte
+	iovs [][]byte
+	used time.Time
+	// reused: taken from the pool, not dialed for this read.
+	reused bool
+}
+
+// directPool is a Store's direct connections, by owner address.
+type directPool struct {
+	// mu guards everything below; a leaf (lock order: internal/LOCKS.md).
+	mu       sync.Mutex
+	key      *auth.Key
+	keyRetry time.Time // no key before then (the agent had none to give)
+	idle     map[string][]*directConn
+	bad      map[string]time.Time // addr: its dial failed; not tried before then
+	timer    *time.Timer          // closes idle connections; nil when none is idle
+	closed   bool
+	idleFor  time.Duration
+}
+
+// tryDirect reads the rows at positions pos of dst (global index at(i))
+// straight from their owner's agent when the rule says so; false: they
+// were not (all) read, and the caller reads them through the agent.
+func (s *Store) tryDirect(v *variable, dst []byte, pos []int64, at func(int) int64) bool {
+	if s.cfg.NoDirect || v.rag != nil || len(pos) == 0 || int64(len(pos))*v.rb > DirectMaxBytes {
+		return false
+	}
+	addr := ""
+	for _, p := range pos {
+		r, _ := v.lay.Owner(at(int(p)))
+		if r == layout.Backed || v.addrs[r] == "" {
+			return false
+		}
+		if addr == "" {
+			addr = v.addrs[r]
+		} else if v.addrs[r] != addr {
+			return false
+		}
+	}
+	c := s.direct.take(s, addr)
+	if c == nil {
+		return false
+	}
+	if err := c.read(v, dst, pos, at, s.cfg.Timeout); err != nil {
+		c.nc.Close()
+		// A pooled connection may have died with its agent (a restart):
+		// the next read dials afresh. A new one that fails, or any error
+		// other than the owner's answer, leaves the address alone a while.
+		if !errors.Is(err, errReply) && !c.reused {
+			s.direct.markBad(addr)
+		} else if !errors.Is(err, errReply) {
+			s.direct.dropIdle(addr)
+		}
+		return false
+	}
+	s.direct.put(c)
+	v.prof.directRows.Add(int64(len(pos)))
+	return true
+}
+
+// errReply marks an error the owner answered (the connection is sound).
+var errReply = errors.New("owner's error reply")
+
+// read is one Fetch (or, for consecutive rows into consecutive bytes, one
+// FetchRange) on c, the rows read straight into dst.
+func (c *directConn) read(v *variable, dst []byte, pos []int64, at func(int) int64, timeout time.Duration) error {
+	rb := v.rb
+	run := true // pos and their globals consecutive
+	for k := 1; k < len(pos) && run; k++ {
+		run = pos[k] == pos[k-1]+1 && at(int(pos[k])) == at(int(pos[k-1]))+1
+	}
+	c.id++
+	op := wire.OpFetchRange
+	if run {
+		m := wire.FetchRange{Name: v.name, ID: v.id, Start: at(int(pos[0])), Count: int64(len(pos))}
+		c.out = wire.AppendFrame(c.out[:0], op, 0, c.id, 0, m.Encode)
+		c.iovs = append(c.iovs[:0], dst[pos[0]*rb:(pos[0]+int64(len(pos)))*rb])
+	} else {
+		op = wire.OpFetch
+		c.out = wire.AppendFrame(c.out[:0], op, 0, c.id, 0, func(e *wire.Encoder) {
+			e.String(v.name)
+			e.I64(v.id)
+			e.U32(uint32(len(pos)))
+			for _, p := range pos {
+				e.I64(at(int(p)))
+			}
+		})
+		c.iovs = c.iovs[:0]
+		for k := 0; k < len(pos); {
+			j := k + 1
+			for j < len(pos) && pos[j] == pos[j-1]+1 {
+				j++
+			}
+			c.iovs = append(c.iovs, dst[pos[k]*rb:(pos[j-1]+1)*rb])
+			k = j
+		}
+	}
+	c.nc.SetDeadline(time.Now().Add(timeout))
+	if _, err := c.nc.Write(c.out); err != nil {
+		return err
+	}
+	h, body, err := wire.ReadFrame(c.nc, c.in)
+	c.in = body[:0]
+	if err != nil {
+		return err
+	}
+	if h.ID != c.id || h.Op != op {
+		return base.Errorf(base.ErrProtocol, "reply %s #%d to %s #%d from %s", h.Op, h.ID, op, c.id, c.addr)
+	}
+	if serr := wire.StatusError(h, body); serr != nil {
+		if h.Payload != 0 {
+			return base.Errorf(base.ErrProtocol, "error reply from %s carries %d payload bytes", c.addr, h.Payload)
+		}
+		return fmt.Errorf("%w: %w", errReply, serr)
+	}
+	if want := uint64(len(pos)) * uint64(rb); h.Payload != want {
+		return base.Errorf(base.ErrProtocol, "%s sent %d row bytes, want %d", c.addr, h.Payload, want)
+	}
+	err = transport.ReadvFull(c.raw, c.iovs)
+	clear(c.iovs)
+	return err
+}
+
+// take returns an idle connection to addr, or dials one; nil: none (no
+// key, an address that failed lately, a refused dial).
+func (p *directPool) take(s *Store, addr string) *directConn {
+	p.mu.Lock()
+	if p.closed || time.Now().Before(p.bad[addr]) {
+		p.mu.Unlock()
+		return nil
+	}
+	if cs := p.idle[addr]; len(cs) > 0 {
+		c := cs[len(cs)-1]
+		p.idle[addr] = cs[:len(cs)-1]
+		p.mu.Unlock()
+		c.reused = true
+		return c
+	}
+	key := p.key
+	if key == nil && time.Now().Before(p.keyRetry) {
+		p.mu.Unlock()
+		return nil
+	}
+	p.mu.Unlock()
+	if key == nil {
+		k, err := s.directKey()
+		p.mu.Lock()
+		if err != nil {
+			p.keyRetry = time.Now().Add(directRetry)
+			p.mu.Unlock()
+			return nil
+		}
+		p.key, key = &k, &k
+		p.mu.Unlock()
+	}
+	c, err := dialDirect(addr, *key, min(s.cfg.Timeout, 5*time.Second))
+	if err != nil {
+		p.markBad(addr)
+		return nil
+	}
+	return c
+}
+
+// directKey asks this node's agent for the job's direct key.
+func (s *Store) directKey() (auth.Key, error) {
+	body, err := s.request(wire.OpDirectKey, nil, s.cfg.Timeout)
+	if err != nil {
+		return auth.Key{}, err
+	}
+	m, err := wire.DecodeDirectKey(body)
+	if err != nil {
+		return auth.Key{}, err
+	}
+	return auth.FromBytes(m.Key), nil
+}
+
+func dialDirect(addr string, key auth.Key, timeout time.Duration) (*directConn, error) {
+	d := net.Dialer{Timeout: timeout}
+	nc, err := d.Dial("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	tc := nc.(*net.TCPConn)
+	tc.SetNoDelay(true)
+	tc.SetDeadline(time.Now().Add(timeout))
+	if err := auth.Initiate(tc, key, auth.Direct); err != nil {
+		tc.Close()
+		return nil, err
+	}
+	tc.SetDeadline(time.Time{})
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		tc.Close()
+		return nil, err
+	}
+	return &directConn{addr: addr, nc: tc, raw: raw, id: auth.FirstID - 1}, nil
+}
+
+// put keeps c for the next read of its node, and arms the idle timer.
+func (p *directPool) put(c *directConn) {
+	c.used = time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || len(p.idle[c.addr]) >= maxIdleDirect {
+		c.nc.Close()
+		return
+	}
+	if p.idle == nil {
+		p.idle = make(map[string][]*directConn)
+	}
+	p.idle[c.addr] = append(p.idle[c.addr], c)
+	if p.timer == nil {
+		p.timer = time.AfterFunc(p.idleFor, p.sweep)
+	}
+}
+
+// sweep closes the connections idle for idleFor, and comes back while
+// some remain.
+func (p *directPool) sweep() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.timer = nil
+	if p.closed {
+		return
+	}
+	now, next := time.Now(), time.Duration(0)
+	for addr, cs := range p.idle {
+		kept := cs[:0]
+		for _, c := range cs {
+			if left := p.idleFor - now.Sub(c.used); left > 0 {
+				kept = append(kept, c)
+				if next == 0 || left < next {
+					next = left
+				}
+			} else {
+				c.nc.Close()
+			}
+		}
+		clear(cs[len(kept):])
+		if len(kept) == 0 {
+			delete(p.idle, addr)
+		} else {
+			p.idle[addr] = kept
+		}
+	}
+	if next > 0 {
+		p.timer = time.AfterFunc(next, p.sweep)
+	}
+}
+
+// dropIdle closes the idle connections to addr.
+func (p *directPool) dropIdle(addr string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.idle[addr] {
+		c.nc.Close()
+	}
+	delete(p.idle, addr)
+}
+
+// markBad leaves addr alone for a while (its agent is gone or moved: reads
+// go through this node's agent, which finds the new address).
+func (p *directPool) markBad(addr string) {
+	p.mu.Lock()
+	if p.bad == nil {
+		p.bad = make(map[string]time.Time)
+	}
+	p.bad[addr] = time.Now().Add(directRetry)
+	p.mu.Unlock()
+	p.dropIdle(addr)
+}
+
+// close closes every idle connection; connections in use are closed when
+// they come back.
+func (p *directPool) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	if p.timer != nil {
+		p.timer.Stop()
+		p.timer = nil
+	}
+	for _, cs := range p.idle {
+		for _, c := range cs {
+			c.nc.Close()
+		}
+	}
+	p.idle = nil
+}
