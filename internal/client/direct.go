@@ -15,6 +15,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -30,8 +32,25 @@ import (
 // straight to the owner's agent; a larger one goes through this node's
 // agent, which cuts it into pieces over several connections so that both
 // ends move rows on several cores. Measured with `ddstore bench`
-// (docs/benchmarks.md, One hop).
-const DirectMaxBytes = 256 << 10
+// (docs/benchmarks.md, One hop). DirectMaxEnv overrides it (bytes; 0:
+// never direct), to measure the rule again.
+const DirectMaxBytes = 1 << 20
+
+// DirectMaxEnv names the variable that overrides DirectMaxBytes.
+const DirectMaxEnv = "DDSTORE_DIRECT_MAX_BYTES"
+
+// directMax is DirectMaxBytes, or DirectMaxEnv's value.
+func directMax() (int64, error) {
+	v := os.Getenv(DirectMaxEnv)
+	if v == "" {
+		return DirectMaxBytes, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return 0, base.Errorf(base.ErrArgument, "%s=%q: want a number of bytes >= 0", DirectMaxEnv, v)
+	}
+	return n, nil
+}
 
 // DirectIdle is how long an unused direct connection stays open.
 const DirectIdle = 10 * time.Second
@@ -68,13 +87,14 @@ type directPool struct {
 	timer    *time.Timer          // closes idle connections; nil when none is idle
 	closed   bool
 	idleFor  time.Duration
+	max      int64 // the largest read sent direct (directMax)
 }
 
 // tryDirect reads the rows at positions pos of dst (global index at(i))
 // straight from their owner's agent when the rule says so; false: they
 // were not (all) read, and the caller reads them through the agent.
 func (s *Store) tryDirect(v *variable, dst []byte, pos []int64, at func(int) int64) bool {
-	if s.cfg.NoDirect || v.rag != nil || len(pos) == 0 || int64(len(pos))*v.rb > DirectMaxBytes {
+	if s.cfg.NoDirect || v.rag != nil || len(pos) == 0 || int64(len(pos))*v.rb > s.direct.max {
 		return false
 	}
 	addr := ""

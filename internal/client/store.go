@@ -163,6 +163,9 @@ func Open(cfg Config) (*Store, error) {
 	s.hello = wire.Hello{Namespace: cfg.Namespace, Node: id.Node, Rank: helloRank, Size: int64(id.Size),
 		LocalRank: int64(id.LocalRank), LocalSize: int64(id.LocalSize), Pid: int64(os.Getpid())}
 	s.direct.idleFor = cfg.DirectIdle
+	if s.direct.max, err = directMax(); err != nil {
+		return nil, err
+	}
 	s.mu.vars = make(map[string]*variable)
 	s.mu.freed = make(map[string]bool)
 	s.mu.attempts = make(map[string]int64)
