@@ -12,6 +12,7 @@ used)."""
 import hmac
 import os
 import socket
+import struct
 import threading
 import time
 
@@ -46,6 +47,11 @@ def max_bytes():
     return n
 
 
+_TIMEVAL = struct.Struct("@ll")
+_RANGE = struct.Struct("<qqq")  # FetchRange after its name: id, start, count
+_FETCH = struct.Struct("<qI")  # Fetch after its name: id, count of globals
+
+
 class Failed(Exception):
     """A direct read did not happen; the caller reads through its agent."""
 
@@ -60,7 +66,13 @@ class Conn:
         try:
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._handshake(key)
-            self.sock.settimeout(timeout)
+            # Blocking, bounded by the kernel (SO_RCVTIMEO, SO_SNDTIMEO):
+            # no poll() before each send and receive, as a Python timeout
+            # costs; a peer that stops answering fails the read.
+            self.sock.settimeout(None)
+            tv = _TIMEVAL.pack(int(timeout), int((timeout % 1) * 1e6))
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
         except BaseException:
             self.sock.close()
             raise
@@ -102,16 +114,35 @@ class Conn:
                 raise EOFError(f"connection to {self.addr} closed")
             n += k
 
-    def read(self, op, enc, dst, want):
-        """op's rows (want bytes) into dst (a writable contiguous buffer)."""
-        status, body, payload = self._call(op, enc)
+    def read(self, op, body, dst, want):
+        """op (its body's bytes) and its reply's rows (want bytes) into dst
+        (a writable contiguous buffer): the header and the rows in one
+        receive when they come together."""
+        self.req += 1
+        self.sock.sendall(_wire.HEADER.pack(_wire.MAGIC, _wire.VERSION, op, 0, 0, len(body), 0, self.req, 0) + body)
+        view, hdr = memoryview(dst).cast("B"), self.hdr
+        n = self.sock.recvmsg_into([hdr, view])[0]
+        while n < len(hdr):
+            k = self.sock.recv_into(memoryview(hdr)[n:])
+            if k == 0:
+                raise EOFError(f"connection to {self.addr} closed")
+            n += k
+        rop, status, blen, rid, payload = _wire.parse_header(hdr)
+        got = n - len(hdr)  # bytes already in dst: rows, or an error's body
+        if rid != self.req or rop != op:
+            raise OSError(f"reply op {rop} #{rid} to op {op} #{self.req} from {self.addr}")
         if status:
             if payload:
                 raise OSError(f"error reply from {self.addr} with {payload} payload bytes")
-            raise Failed(str(_wire.status_error(status, body)))  # the connection stays sound
-        if payload != want:
-            raise OSError(f"{self.addr} sent {payload} row bytes, want {want}")
-        self._recv_into(dst)
+            b = bytearray(blen)
+            b[:got] = view[:got]
+            if blen > got:
+                self._recv_into(memoryview(b)[got:])
+            raise Failed(str(_wire.status_error(status, b)))  # the connection stays sound
+        if blen or payload != want:
+            raise OSError(f"{self.addr} sent a body of {blen} bytes and {payload} row bytes, want none and {want}")
+        if got < want:
+            self._recv_into(view[got:])
 
     def close(self):
         try:
@@ -135,6 +166,7 @@ class Pool:
         self.key, self.key_retry = None, 0.0
         self.idle, self.bad = {}, {}
         self.timer, self.closed = None, False
+        self.names = {}
 
     def _take(self, addr):
         now = time.monotonic()
@@ -210,13 +242,13 @@ class Pool:
             self.bad[addr] = time.monotonic() + RETRY
         self._drop_idle(addr)
 
-    def _run(self, addr, op, enc, dst, want):
+    def _run(self, addr, op, body, dst, want):
         got = self._take(addr)
         if got is None:
             return False
         c, reused = got
         try:
-            c.read(op, enc, dst, want)
+            c.read(op, body, dst, want)
         except Failed:
             c.close()
             return False
@@ -232,6 +264,14 @@ class Pool:
             return False
         self._put(c)
         return True
+
+    def _name(self, v):
+        """v's name as a wire String, kept for the next read."""
+        b = self.names.get(v.name)
+        if b is None:
+            e = v.name.encode()
+            b = self.names[v.name] = struct.pack("<H", len(e)) + e
+        return b
 
     def addr_of(self, v, ranks):
         """The one address of ranks' node, or None (several nodes, or one
@@ -253,8 +293,8 @@ class Pool:
         addr = self.addr_of(v, range(rank_lo, rank_hi + 1))
         if addr is None:
             return False
-        enc = _wire.Encoder().string(v.name).i64(v.id, first, k)
-        if not self._run(addr, OP_FETCH_RANGE, enc, dst, k * v.rb):
+        body = self._name(v) + _RANGE.pack(v.id, first, k)
+        if not self._run(addr, OP_FETCH_RANGE, body, dst, k * v.rb):
             return False
         v.profile["direct_rows"] += k
         return True
@@ -268,8 +308,8 @@ class Pool:
         addr = self.addr_of(v, np.unique(owners).tolist())
         if addr is None:
             return False
-        enc = _wire.Encoder().string(v.name).i64(v.id).i64s(globals_)
-        if not self._run(addr, OP_FETCH, enc, dst, k * v.rb):
+        body = self._name(v) + _FETCH.pack(v.id, k) + np.ascontiguousarray(globals_, dtype="<i8").tobytes()
+        if not self._run(addr, OP_FETCH, body, dst, k * v.rb):
             return False
         v.profile["direct_rows"] += k
         return True
