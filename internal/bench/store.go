@@ -390,11 +390,19 @@ func (j *job) measure(opts Options, rb int, src []byte, progress io.Writer, remo
 		if err != nil {
 			return res, err
 		}
-		tcp, err := PingPong("tcp", rb, iters)
+		// The raw round trips cross processes as the Get does, unless the
+		// agents run in this process.
+		bin := ""
+		if !opts.InProcess {
+			if bin, err = ddstore.AgentBinary(); err != nil {
+				return res, err
+			}
+		}
+		tcp, err := PingPong("tcp", rb, iters, bin)
 		if err != nil {
 			return res, err
 		}
-		unix, err := PingPong("unix", rb, iters)
+		unix, err := PingPong("unix", rb, iters, bin)
 		if err != nil {
 			return res, err
 		}
