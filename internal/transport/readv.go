@@ -10,10 +10,6 @@ import (
 // maxIov is the kernel's IOV_MAX.
 const maxIov = 1024
 
-// ReadvFull is readvFull, for a client reading rows of another node
-// straight from its agent (internal/client, direct.go).
-func ReadvFull(rc syscall.RawConn, iovs [][]byte) error { return readvFull(rc, iovs) }
-
 // readvFull fills every buffer of iovs from a connection with scatter reads,
 // so rows land in their destinations without a staging copy. It consumes
 // iovs (the slice, not the buffers it points to).
