@@ -67,7 +67,7 @@ func vectorAuth(t *testing.T) obj {
 	return obj{
 		"direct_key": auth.DirectKeyOf(ks.Peer).Hex(), "direct_key_label": "ddstore direct key",
 		"direct_key_frames": obj{"request": frame(wire.OpDirectKey, 3, 0, nil), "reply": frame(wire.OpDirectKey, 3, 0, direct.Encode)},
-		"secret": secret, "salt": "ddstore secret v1", "iterations": auth.SecretIterations, "min_secret_bytes": auth.MinSecret,
+		"secret":            secret, "salt": "ddstore secret v1", "iterations": auth.SecretIterations, "min_secret_bytes": auth.MinSecret,
 		"client_key": ks.Client.Hex(), "peer_key": ks.Peer.Hex(),
 		"client_key_label": "ddstore client key", "peer_key_label": "ddstore peer key",
 		"handshakes": handshakes,
