@@ -74,7 +74,6 @@ type directConn struct {
 	raw  syscall.RawConn
 	id   uint64
 	out  []byte
-	in   []byte
 	iovs [][]byte
 	all  [][]byte // the header, then iovs
 	hdr  []byte
@@ -121,14 +120,18 @@ func (s *Store) tryDirect(v *variable, dst []byte, pos []int64, at func(int) int
 		return false
 	}
 	if err := c.read(v, dst, pos, at, s.cfg.Timeout); err != nil {
-		c.nc.Close()
-		// A pooled connection may have died with its agent (a restart):
-		// the next read dials afresh. A new one that fails, or any error
-		// other than the owner's answer, leaves the address alone a while.
-		if !errors.Is(err, errReply) && !c.reused {
-			s.direct.markBad(addr)
-		} else if !errors.Is(err, errReply) {
+		switch {
+		case errors.Is(err, errReply): // the owner answered: the connection is sound
+			s.direct.put(c)
+		case c.reused:
+			// A pooled connection may have died with its agent (a
+			// restart): the next read dials afresh.
+			c.nc.Close()
 			s.direct.dropIdle(addr)
+		default:
+			// A new one that fails leaves the address alone a while.
+			c.nc.Close()
+			s.direct.markBad(addr)
 		}
 		return false
 	}

@@ -250,7 +250,7 @@ class Pool:
         try:
             c.read(op, body, dst, want)
         except Failed:
-            c.close()
+            self._put(c)  # the owner answered: the connection is sound
             return False
         except Exception:
             # A pooled connection may have died with its agent (a restart):
