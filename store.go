@@ -67,6 +67,16 @@ type Config struct {
 	// rows of a backing file still come through the agent; one such store
 	// per process.
 	Method string
+	// NoDirect sends every read of other nodes' rows through this node's
+	// agent. By default a small read whose rows are all on one other node
+	// goes straight to that node's agent over a pooled, authenticated TCP
+	// connection (one network round trip, the rows read into the
+	// destination; docs/design.md, Reading), and falls back to this
+	// node's agent on any doubt. For processes that may not open TCP
+	// connections.
+	NoDirect bool
+	// DirectIdle closes a direct connection unused that long; zero: 10 s.
+	DirectIdle time.Duration
 }
 
 // Store is one rank's handle on the job's variables. Its methods are safe
@@ -194,6 +204,7 @@ type Profile struct {
 	StorageRows int64         // rows read from the backing file (by the agent: read ahead, or on demand)
 	RemoteCalls int64         // calls that needed other nodes or the backing file
 	OneSided    int64         // rows of other nodes read with MPI gets from this process (Method "mpi")
+	Direct      int64         // rows of other nodes read straight from their agents (a direct connection)
 	Wait        time.Duration // time spent in calls that needed other nodes or the backing file
 }
 

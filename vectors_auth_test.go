@@ -34,6 +34,7 @@ func vectorAuth(t *testing.T) obj {
 	}{
 		{auth.Client, ks.Client, wire.OpAuth, wire.OpAuthProof},
 		{auth.Peer, ks.Peer, wire.OpPeerAuth, wire.OpPeerAuthProof},
+		{auth.Direct, auth.DirectKeyOf(ks.Peer), wire.OpDirectAuth, wire.OpDirectAuthProof},
 	} {
 		rmac := auth.MAC(c.key, c.proto, auth.Responder, &ni, &nr)
 		imac := auth.MAC(c.key, c.proto, auth.Initiator, &ni, &nr)
@@ -60,8 +61,13 @@ func vectorAuth(t *testing.T) obj {
 	// What an agent answers to a Hello sent before the handshake (then it
 	// closes the connection).
 	refused := base.Errorf(base.ErrAuth, "hello before the authentication handshake (auth): a client or agent of an older ddstore?")
+	// The direct key, as a client's agent hands it out (client op
+	// DirectKey, an empty request).
+	direct := wire.DirectKey{Key: auth.DirectKeyOf(ks.Peer).Bytes()}
 	return obj{
-		"secret": secret, "salt": "ddstore secret v1", "iterations": auth.SecretIterations, "min_secret_bytes": auth.MinSecret,
+		"direct_key": auth.DirectKeyOf(ks.Peer).Hex(), "direct_key_label": "ddstore direct key",
+		"direct_key_frames": obj{"request": frame(wire.OpDirectKey, 3, 0, nil), "reply": frame(wire.OpDirectKey, 3, 0, direct.Encode)},
+		"secret":            secret, "salt": "ddstore secret v1", "iterations": auth.SecretIterations, "min_secret_bytes": auth.MinSecret,
 		"client_key": ks.Client.Hex(), "peer_key": ks.Peer.Hex(),
 		"client_key_label": "ddstore client key", "peer_key_label": "ddstore peer key",
 		"handshakes": handshakes,

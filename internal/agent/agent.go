@@ -551,6 +551,7 @@ func (a *Agent) info() Info {
 	in.Transport = a.transportName()
 	in.Counters["refused_connections"] = int(a.auth.refusedClients.Load() + a.peer.Refused.Load())
 	in.Counters["peer_shed_connections"] = int(a.peer.Shed.Load())
+	in.Counters["direct_connections"] = int(a.peer.Direct.Load())
 	in.Counters["peer_throttled"] = int(a.peer.Throttled.Load())
 	return in
 }

@@ -105,6 +105,12 @@ func newMetrics(a *Agent) *metrics {
 			}
 			return a.peer.Throttled.Load()
 		}),
+		gauge(opts("direct_connections", "Connections of other nodes' clients reading rows straight from this agent."), func() int64 {
+			if a.peer == nil {
+				return 0
+			}
+			return a.peer.Direct.Load()
+		}),
 		gauge(opts("clients", "Client connections open."), func() int64 {
 			a.mu.Lock()
 			defer a.mu.Unlock()

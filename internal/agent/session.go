@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ddstore-go/ddstore/internal/auth"
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/layout"
 	"github.com/ddstore-go/ddstore/internal/naming"
@@ -338,6 +339,17 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 	case wire.OpInfo:
 		t := wire.Text{Text: a.infoJSON()}
 		return t.Encode, nil
+	case wire.OpDirectKey:
+		if len(body) != 0 {
+			s.decodeFailed = true
+			return nil, base.Errorf(base.ErrProtocol, "direct-key request with a body of %d bytes: want none", len(body))
+		}
+		k, err := a.peerKey()
+		if err != nil {
+			return nil, err
+		}
+		m := wire.DirectKey{Key: auth.DirectKeyOf(k).Bytes()}
+		return m.Encode, nil
 	}
 	s.decodeFailed = true
 	return nil, base.Errorf(base.ErrProtocol, "unknown client op %d", op)

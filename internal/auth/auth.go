@@ -147,22 +147,52 @@ type Proto uint8
 const (
 	Client Proto = iota // a client and its node's agent, on the Unix socket
 	Peer                // agent and agent, on TCP
+	Direct              // a client and another node's agent, on its peer port: rows only
 )
 
 func (p Proto) String() string {
-	if p == Peer {
+	switch p {
+	case Peer:
 		return "peer"
+	case Direct:
+		return "direct"
 	}
 	return "client"
 }
 
 // ops are the handshake's two requests on p.
 func (p Proto) ops() (hello, proof wire.Op) {
-	if p == Peer {
+	switch p {
+	case Peer:
 		return wire.OpPeerAuth, wire.OpPeerAuthProof
+	case Direct:
+		return wire.OpDirectAuth, wire.OpDirectAuthProof
 	}
 	return wire.OpAuth, wire.OpAuthProof
 }
+
+// DirectKeyOf derives the key a client proves to another node's agent on
+// its peer port (Direct) from the job's peer key:
+//
+//	direct = HMAC-SHA256(peer, "ddstore direct key")
+//
+// A client gets it from its own agent over the authenticated Unix socket;
+// it opens only the row reads of the peer port (Fetch, FetchRange), never
+// the agents' control ops, and the peer key cannot be found from it.
+func DirectKeyOf(peer Key) Key {
+	h := hmac.New(sha256.New, peer.b[:])
+	h.Write([]byte("ddstore direct key"))
+	var k Key
+	h.Sum(k.b[:0])
+	return k
+}
+
+// FromBytes makes a key of 32 bytes (a DirectKey reply).
+func FromBytes(b [KeySize]byte) Key { return Key{b: b} }
+
+// Bytes are the key's bytes, for the one message that hands one out
+// (DirectKey, on a client's authenticated Unix socket).
+func (k Key) Bytes() [KeySize]byte { return k.b }
 
 // Role says which side of a handshake made a MAC. The two sides' MACs
 // differ, so a side can never be answered with its own proof (reflection).
@@ -177,7 +207,7 @@ const (
 //
 //	HMAC-SHA256(k, "ddstore-auth-v1 " + proto + " " + role + initiator's nonce + responder's nonce)
 //
-// with proto "client" or "peer" and role "initiator" or "responder".
+// with proto "client", "peer" or "direct" and role "initiator" or "responder".
 func MAC(k Key, p Proto, r Role, initiator, responder *[wire.NonceSize]byte) [wire.MACSize]byte {
 	h := hmac.New(sha256.New, k.b[:])
 	h.Write([]byte("ddstore-auth-v1 " + p.String() + " " + string(r)))

@@ -143,7 +143,7 @@ func TestHandshake(t *testing.T) {
 		{"other key", other, keyOf(k), false, false, "does not hold this key", "hung up after this side's proof"},
 		{"responder without a key", k, noKey, false, false, "no key here yet", "no key here yet"},
 	}
-	for _, p := range []Proto{Client, Peer} {
+	for _, p := range []Proto{Client, Peer, Direct} {
 		for _, c := range cases {
 			t.Run(p.String()+"/"+c.name, func(t *testing.T) {
 				ie, re := handshake(t, p, c.ki, c.kr)
@@ -165,6 +165,62 @@ func TestHandshake(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestRespondAny: the peer port answers agents (the peer key) and clients
+// reading rows directly (the direct key, derived from it): the initiator's
+// first op says which, and a key proved on one is worth nothing on the
+// other.
+func TestRespondAny(t *testing.T) {
+	peer := Generate()
+	direct := DirectKeyOf(peer)
+	if direct == peer || DirectKeyOf(peer) != direct || DirectKeyOf(Generate()) == direct {
+		t.Fatal("DirectKeyOf: not a deterministic key of its own")
+	}
+	keys := func(p Proto) (Key, error) {
+		if p == Direct {
+			return direct, nil
+		}
+		return peer, nil
+	}
+	for _, c := range []struct {
+		name string
+		p    Proto
+		k    Key
+		ok   bool
+	}{
+		{"agent", Peer, peer, true},
+		{"client", Direct, direct, true},
+		{"client with the peer key", Direct, peer, false},
+		{"agent with the direct key", Peer, direct, false},
+		{"client protocol", Client, peer, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ci, cr := pair(t)
+			type res struct {
+				p   Proto
+				err error
+			}
+			done := make(chan res, 1)
+			go func() {
+				p, err := RespondAny(cr, []Proto{Peer, Direct}, keys)
+				cr.Close()
+				done <- res{p, err}
+			}()
+			ie := Initiate(ci, c.k, c.p)
+			ci.Close()
+			r := <-done
+			if c.ok {
+				if ie != nil || r.err != nil || r.p != c.p {
+					t.Fatalf("initiator %v, responder %v as %s; want both nil, as %s", ie, r.err, r.p, c.p)
+				}
+				return
+			}
+			if !errors.Is(ie, base.ErrAuth) || !errors.Is(r.err, base.ErrAuth) {
+				t.Fatalf("initiator %v, responder %v: want ErrAuth on both sides", ie, r.err)
+			}
+		})
 	}
 }
 

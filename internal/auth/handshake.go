@@ -113,32 +113,59 @@ func readReply(c io.Reader, op wire.Op, id uint64) ([]byte, error) {
 // checked from its header, and its body is read into a buffer of MaxBody
 // bytes on the stack (a longer one is refused unread).
 func Respond(c io.ReadWriter, p Proto, key func() (Key, error)) error {
-	helloOp, proofOp := p.ops()
+	_, err := RespondAny(c, []Proto{p}, func(Proto) (Key, error) { return key() })
+	return err
+}
+
+// RespondAny is Respond for a listener that serves several protocols (the
+// peer port: agents, and clients reading rows directly): the initiator's
+// first op says which of protos it runs, key gives that protocol's key,
+// and the protocol is returned once both sides have proved it.
+func RespondAny(c io.ReadWriter, protos []Proto, key func(Proto) (Key, error)) (Proto, error) {
 	var frame [wire.HeaderSize + MaxBody]byte
-	h, body, err := readRequest(c, frame[:0], helloOp)
+	h, buf, err := wire.ReadHeader(c, frame[:0])
 	if errors.Is(err, io.EOF) {
-		return ErrHungUp
+		return 0, ErrHungUp
 	}
 	if err != nil {
-		return err
+		return 0, err
 	}
-	if h.Op != helloOp {
-		return refuse(c, h, base.Errorf(base.ErrAuth, "%s before the authentication handshake (%s): a client or agent of an older ddstore?", h.Op, helloOp))
+	if h.Status != 0 || h.Payload != 0 {
+		return protos[0], base.Errorf(base.ErrProtocol, "%s request with status %d, payload %d", h.Op, h.Status, h.Payload)
 	}
+	p, found := protos[0], false
+	for _, q := range protos {
+		if hello, _ := q.ops(); hello == h.Op {
+			p, found = q, true
+		}
+	}
+	helloOp, proofOp := p.ops()
+	if !found {
+		return p, refuse(c, h, base.Errorf(base.ErrAuth, "%s before the authentication handshake (%s): a client or agent of an older ddstore?", h.Op, helloOp))
+	}
+	h, body, err := wire.ReadBody(c, h, buf[:0], MaxBody)
+	if err != nil {
+		return p, err
+	}
+	return p, respond(c, p, h, body, proofOp, frame[:0], key)
+}
+
+// respond is the handshake after the initiator's hello (h, body) of p.
+func respond(c io.ReadWriter, p Proto, h wire.Header, body []byte, proofOp wire.Op, frame []byte, key func(Proto) (Key, error)) error {
 	m, err := wire.DecodeAuthHello(body)
 	if err != nil {
 		return err
 	}
-	k, err := key()
+	k, err := key(p)
 	if err != nil {
 		return refuse(c, h, err)
 	}
 	r := wire.AuthReply{Nonce: nonce()}
 	r.MAC = MAC(k, p, Responder, &m.Nonce, &r.Nonce)
-	if _, err := c.Write(wire.AppendFrame(nil, helloOp, 0, h.ID, 0, r.Encode)); err != nil {
+	if _, err := c.Write(wire.AppendFrame(nil, h.Op, 0, h.ID, 0, r.Encode)); err != nil {
 		return err
 	}
-	h, body, err = readRequest(c, frame[:0], proofOp)
+	h, body, err = readRequest(c, frame, proofOp)
 	if errors.Is(err, io.EOF) {
 		return base.Errorf(base.ErrAuth, "the other side hung up after this side's proof (it holds another key?)")
 	}

@@ -181,6 +181,28 @@ func TestTCPLimitSmoke(t *testing.T) {
 	}
 }
 
+// TestPingPongSmoke: a round trip per sample on TCP and on a Unix socket,
+// each positive, with the answering goroutine gone afterwards.
+func TestPingPongSmoke(t *testing.T) {
+	before := runtime.NumGoroutine()
+	for _, network := range []string{"tcp", "unix"} {
+		us, err := PingPong(network, 64, 50, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(us) != 50 || Percentile(us, 0) <= 0 {
+			t.Fatalf("%s: %d samples, the least %v µs: want 50, all > 0", network, len(us), Percentile(us, 0))
+		}
+	}
+	for deadline := time.Now().Add(time.Second); runtime.NumGoroutine() > before; {
+		if time.Now().After(deadline) {
+			t.Errorf("goroutines: %d before, %d after", before, runtime.NumGoroutine())
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func benchmarkGather(b *testing.B, rowBytes int) {
 	const batch = 256
 	// 256 MiB is far past any last-level cache, so rows come from DRAM as

@@ -73,6 +73,16 @@ type Result struct {
 	// Remote2VsRemote its ratio to one batch at a time.
 	Remote2GBps     float64 `json:"remote_2_in_flight_gbps"`
 	Remote2VsRemote float64 `json:"remote_2_in_flight_vs_remote"`
+	// The single-row Get of the other node's row next to its limits, in
+	// one run: through this node's agent (Config.NoDirect, the path of
+	// every read before direct reads), one raw round trip of the same
+	// bytes over loopback TCP and over a Unix socket, and the ratio of
+	// GetRemoteP50us (direct) to the TCP round trip.
+	RemoteViaAgentGBps      float64 `json:"remote_via_agent_gbps,omitempty"`
+	GetRemoteViaAgentP50us  float64 `json:"get_remote_via_agent_p50_us,omitempty"`
+	TCPRoundTripP50us       float64 `json:"tcp_round_trip_p50_us,omitempty"`
+	UnixRoundTripP50us      float64 `json:"unix_round_trip_p50_us,omitempty"`
+	GetRemoteVsTCPRoundTrip float64 `json:"get_remote_vs_tcp_round_trip,omitempty"`
 }
 
 // Report is a whole run.
@@ -189,8 +199,11 @@ type job struct {
 	ns     string
 	agents []*agent.Agent
 	stores [2]*ddstore.Store
-	dir    string
-	mpi    *mpiLaunch // the agents' mpirun (transport mpi)
+	// via is a reader on rank 0's node whose reads of the other node all
+	// go through its agent (NoDirect), for the figures before direct reads.
+	via *ddstore.Store
+	dir string
+	mpi *mpiLaunch // the agents' mpirun (transport mpi)
 }
 
 func startJob(inProcess bool, tr string) (*job, error) {
@@ -235,11 +248,21 @@ func startJob(inProcess bool, tr string) (*job, error) {
 			return nil, err
 		}
 		j.stores[rank] = s
+		if rank == 0 {
+			cfg.Reader, cfg.NoDirect, cfg.NoSpawn = true, true, true
+			if j.via, err = ddstore.Open(cfg); err != nil {
+				j.close()
+				return nil, err
+			}
+		}
 	}
 	return j, nil
 }
 
 func (j *job) close() {
+	if j.via != nil {
+		j.via.Close()
+	}
 	for _, s := range j.stores {
 		if s != nil {
 			s.Close()
@@ -321,7 +344,7 @@ func (j *job) measure(opts Options, rb int, src []byte, progress io.Writer, remo
 		}
 		return nil
 	}
-	read := func(dst []byte, idx [][]int64) (Rate, error) {
+	readOn := func(s *ddstore.Store, dst []byte, idx [][]int64) (Rate, error) {
 		k := 0
 		r, err := Throughput(opts.Duration, opts.Batch*rb, rb, func() error {
 			k = (k + 1) % len(idx)
@@ -332,6 +355,7 @@ func (j *job) measure(opts Options, rb int, src []byte, progress io.Writer, remo
 		}
 		return r, err
 	}
+	read := func(dst []byte, idx [][]int64) (Rate, error) { return readOn(s, dst, idx) }
 
 	dst := make([]byte, opts.Batch*rb)
 	var local Rate
@@ -387,7 +411,7 @@ func (j *job) measure(opts Options, rb int, src []byte, progress io.Writer, remo
 	}
 	fmt.Fprint(progress, "latency ")
 	one := make([]byte, rb)
-	lat := func(lo int64, iters int) ([]float64, error) {
+	latOn := func(s *ddstore.Store, lo int64, iters int) ([]float64, error) {
 		rng := rand.New(rand.NewPCG(4, uint64(lo)))
 		ds := make([]time.Duration, iters)
 		for i := range ds {
@@ -403,9 +427,49 @@ func (j *job) measure(opts Options, rb int, src []byte, progress io.Writer, remo
 		}
 		return DurationsToMicros(ds), nil
 	}
+	lat := func(lo int64, iters int) ([]float64, error) { return latOn(s, lo, iters) }
 	rl, err := lat(n, max(opts.Latency/10, 100))
 	if err != nil {
 		return res, err
+	}
+	if j.via != nil {
+		fmt.Fprint(progress, "via-agent ping-pong ")
+		iters := max(opts.Latency/10, 100)
+		vl, err := latOn(j.via, n, iters)
+		if err != nil {
+			return res, err
+		}
+		// The raw round trips cross processes as the Get does, unless the
+		// agents run in this process.
+		bin := ""
+		if !opts.InProcess {
+			if bin, err = ddstore.AgentBinary(); err != nil {
+				return res, err
+			}
+		}
+		tcp, err := PingPong("tcp", rb, iters, bin)
+		if err != nil {
+			return res, err
+		}
+		unix, err := PingPong("unix", rb, iters, bin)
+		if err != nil {
+			return res, err
+		}
+		res.GetRemoteViaAgentP50us = Percentile(vl, 50)
+		vrecv, err := j.via.AllocRecv(opts.Batch * rb)
+		if err != nil {
+			return res, err
+		}
+		defer j.via.FreeRecv(vrecv)
+		vr, err := readOn(j.via, vrecv, batches(n, 2))
+		if err != nil {
+			return res, err
+		}
+		res.RemoteViaAgentGBps = vr.GBps
+		res.TCPRoundTripP50us, res.UnixRoundTripP50us = Percentile(tcp, 50), Percentile(unix, 50)
+		if res.TCPRoundTripP50us > 0 {
+			res.GetRemoteVsTCPRoundTrip = Percentile(rl, 50) / res.TCPRoundTripP50us
+		}
 	}
 	res.RemoteGBps, res.RemoteRowsPerSec = remote.GBps, remote.RowsPerSec
 	res.RemoteCopyGBps = remoteCopy.GBps
@@ -470,6 +534,20 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if l := r.UnderLoad; l != nil {
 		fmt.Fprintf(w, "\nGet of one %s row of the other node, alone: p50 %.1f µs, p99 %.1f µs; while another client streams batches of %d × %s of the other node (%.2f GB/s): p50 %.1f µs, p99 %.1f µs (p99 under load / p50 alone %.2f).\n",
 			sizeName(l.SmallRowBytes), l.AloneP50us, l.AloneP99us, l.LoadBatch, sizeName(l.LoadRowBytes), l.LoadGBps, l.LoadedP50us, l.LoadedP99us, l.LoadedP99VsAloneP50)
+	}
+	if len(r.Rows) > 0 && r.Rows[0].TCPRoundTripP50us > 0 {
+		fmt.Fprintln(w)
+		t := NewTable("row", "get remote p50 µs", "via agent p50 µs", "tcp round trip p50 µs", "unix round trip p50 µs", "get/tcp rtt",
+			"remote GB/s", "via agent GB/s")
+		for _, x := range r.Rows {
+			t.Row(sizeName(x.RowBytes), f(x.GetRemoteP50us), f(x.GetRemoteViaAgentP50us), f(x.TCPRoundTripP50us), f(x.UnixRoundTripP50us),
+				f(x.GetRemoteVsTCPRoundTrip), f(x.RemoteGBps), f(x.RemoteViaAgentGBps))
+		}
+		if err := t.Write(w); err != nil {
+			return err
+		}
+		fmt.Fprintln(w, "get remote: a Get of one row of the other node (direct to its agent when small); via agent: the same through this node's agent (NoDirect);")
+		fmt.Fprintln(w, "round trips: a 64-byte request answered with 32 + row bytes on one raw connection.")
 	}
 	if len(r.Transports) > len(r.Rows) || tr != "tcp" {
 		return r.writeTransports(w)

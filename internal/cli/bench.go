@@ -33,6 +33,10 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	if ok, err := bench.MPITrainerRank(); ok {
 		return err
 	}
+	// ... and as the answering end of its raw round trips.
+	if ok, err := bench.PingRole(); ok {
+		return err
+	}
 	// ... and as the ranks of one node of `ddstore bench scale`.
 	if ok, err := bench.ScaleNodeRole(); ok {
 		return err

@@ -139,7 +139,7 @@ func (s *Store) fetch(v *variable, dst []byte, pos []int64, at func(int) int64) 
 		}
 		pos = pos[maxRows:]
 	}
-	if len(pos) == 0 {
+	if len(pos) == 0 || s.tryDirect(v, dst, pos, at) {
 		return nil
 	}
 	return s.withLane(func(l *lane) error { return s.fetchOn(l, v, dst, pos, at) })

@@ -38,6 +38,8 @@ type Config struct {
 	WaitPublished                    time.Duration
 	Width                            int
 	Method                           string
+	NoDirect                         bool
+	DirectIdle                       time.Duration
 }
 
 // Store is one rank's connection to its node's agent and its view of the
@@ -77,6 +79,8 @@ type Store struct {
 	// one reads other ranks' rows from this process (Method "mpi"); nil
 	// otherwise.
 	one oneSided
+	// direct holds the connections to other nodes' agents (direct.go).
+	direct directPool
 }
 
 // group is a replica group (Config.Width).
@@ -137,6 +141,9 @@ func Open(cfg Config) (*Store, error) {
 	if cfg.MaxLanes <= 0 {
 		cfg.MaxLanes = 16
 	}
+	if cfg.DirectIdle <= 0 {
+		cfg.DirectIdle = DirectIdle
+	}
 	if cfg.Width < 0 {
 		return nil, base.Errorf(base.ErrArgument, "replica group width %d: want >= 1, or 0 for one group of the whole job", cfg.Width)
 	}
@@ -155,6 +162,10 @@ func Open(cfg Config) (*Store, error) {
 	}
 	s.hello = wire.Hello{Namespace: cfg.Namespace, Node: id.Node, Rank: helloRank, Size: int64(id.Size),
 		LocalRank: int64(id.LocalRank), LocalSize: int64(id.LocalSize), Pid: int64(os.Getpid())}
+	s.direct.idleFor = cfg.DirectIdle
+	if s.direct.max, err = directMax(); err != nil {
+		return nil, err
+	}
 	s.mu.vars = make(map[string]*variable)
 	s.mu.freed = make(map[string]bool)
 	s.mu.attempts = make(map[string]int64)
@@ -282,6 +293,7 @@ func (s *Store) Close() error {
 	}
 	s.idle.lanes = nil
 	s.idle.Unlock()
+	s.direct.close()
 	if s.one != nil {
 		// Collective: MPI_Win_free and MPI_Finalize wait for every rank.
 		return s.one.close()

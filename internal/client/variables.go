@@ -36,6 +36,7 @@ type variable struct {
 	exp      transport.Exposure
 	windowed bool
 	nodes    []string // per rank: node id
+	addrs    []string // per rank: its node's peer address, as the table says (direct reads)
 	dtype    string
 	id       int64 // the table's id: reads name it, so a re-created variable is never mixed in
 	// backing is the file holding every row, "" for none: rows from
@@ -53,7 +54,7 @@ type variable struct {
 }
 
 type profile struct {
-	calls, rows, bytes, localRows, remoteRows, storageRows, remoteCalls, waitNs, oneSidedRows atomic.Int64
+	calls, rows, bytes, localRows, remoteRows, storageRows, remoteCalls, waitNs, oneSidedRows, directRows atomic.Int64
 }
 
 // Init creates a variable whose shard on this rank is nrows zero-filled
@@ -197,7 +198,7 @@ func (s *Store) install(t *wire.Table, name string) (*variable, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := &variable{name: t.Name, lay: lay, rb: lay.Bytes(), local: make([][]byte, len(t.ShardRows)), nodes: make([]string, len(t.ShardRows)), dtype: t.Dtype, id: t.ID, backing: t.Backing}
+	v := &variable{name: t.Name, lay: lay, rb: lay.Bytes(), local: make([][]byte, len(t.ShardRows)), nodes: make([]string, len(t.ShardRows)), addrs: make([]string, len(t.ShardRows)), dtype: t.Dtype, id: t.ID, backing: t.Backing}
 	if t.Ragged() {
 		if v.rag, err = openRagged(t, lay); err != nil {
 			return nil, fmt.Errorf("variable %q: %w", name, err)
@@ -206,6 +207,9 @@ func (s *Store) install(t *wire.Table, name string) (*variable, error) {
 	}
 	for r := range t.ShardRows {
 		v.nodes[r] = t.Nodes[t.RankNode[r]]
+		if n := t.RankNode[r]; n < int64(len(t.Addrs)) {
+			v.addrs[r] = t.Addrs[n]
+		}
 		if r >= len(t.Paths) || t.Paths[r] == "" {
 			continue
 		}
@@ -462,6 +466,7 @@ type Profile struct {
 	StorageRows int64         // rows read from the backing file (by the agent: read ahead, or on demand)
 	RemoteCalls int64         // calls that needed other nodes or the backing file
 	OneSided    int64         // rows of other nodes read with MPI gets from this process (Method "mpi")
+	Direct      int64         // rows of other nodes read straight from their agents (a direct connection)
 	Wait        time.Duration // time spent in calls that needed other nodes or the backing file
 }
 
@@ -474,7 +479,7 @@ func (s *Store) Profile(name string) (Profile, error) {
 	defer v.mu.RUnlock()
 	p := &v.prof
 	return Profile{Calls: p.calls.Load(), Rows: p.rows.Load(), Bytes: p.bytes.Load(), LocalRows: p.localRows.Load(),
-		RemoteRows: p.remoteRows.Load(), StorageRows: p.storageRows.Load(), RemoteCalls: p.remoteCalls.Load(), OneSided: p.oneSidedRows.Load(), Wait: time.Duration(p.waitNs.Load())}, nil
+		RemoteRows: p.remoteRows.Load(), StorageRows: p.storageRows.Load(), RemoteCalls: p.remoteCalls.Load(), OneSided: p.oneSidedRows.Load(), Direct: p.directRows.Load(), Wait: time.Duration(p.waitNs.Load())}, nil
 }
 
 // Free releases a variable on this rank: its reads fail with ErrFreed from

@@ -39,6 +39,9 @@ type Server struct {
 	// Throttled counts the times a connection's read loop waited for one
 	// of its MaxInFlight requests to be answered before reading more.
 	Throttled atomic.Int64
+	// Direct is how many connections of clients reading rows straight
+	// from this node (auth.Direct) are open.
+	Direct atomic.Int64
 	// unauth counts the connections accepted that have not finished their
 	// handshake (incremented by the accept loop only).
 	unauth atomic.Int64
@@ -188,26 +191,34 @@ func (w *serverConn) reply(op wire.Op, id uint64, err error, fill func(*wire.Enc
 // the key by then is dropped.
 const authTimeout = 10 * time.Second
 
-// authenticate runs the handshake on a new connection; false: it is
+// authenticate runs the handshake on a new connection: an agent proving
+// the peer key, or a client of another node proving the direct key
+// (auth.DirectKeyOf the peer key), which may only read rows. False: it is
 // refused (counted, logged) and the caller closes it.
-func (s *Server) authenticate(nc net.Conn) bool {
+func (s *Server) authenticate(nc net.Conn) (p auth.Proto, ok bool) {
 	if s.key == nil {
-		return true
+		return auth.Peer, true
 	}
 	nc.SetDeadline(time.Now().Add(authTimeout))
-	err := auth.Respond(nc, auth.Peer, s.key)
+	p, err := auth.RespondAny(nc, []auth.Proto{auth.Peer, auth.Direct}, func(p auth.Proto) (auth.Key, error) {
+		k, err := s.key()
+		if p == auth.Direct {
+			k = auth.DirectKeyOf(k)
+		}
+		return k, err
+	})
 	nc.SetDeadline(time.Time{})
 	s.unauth.Add(-1)
 	if err == nil {
-		return true
+		return p, true
 	}
 	if errors.Is(err, auth.ErrHungUp) {
 		s.log.Debug("peer connection closed before authenticating", "remote", nc.RemoteAddr().String())
-		return false
+		return p, false
 	}
 	s.Refused.Add(1)
-	s.log.Warn("peer connection refused: it did not prove the job's key", "remote", nc.RemoteAddr().String(), "err", err)
-	return false
+	s.log.Warn("peer connection refused: it did not prove the job's key", "remote", nc.RemoteAddr().String(), "proto", p.String(), "err", err)
+	return p, false
 }
 
 // MaxInFlight bounds the control requests of one connection being answered
@@ -274,8 +285,14 @@ func (s *Server) acquire(f *inFlight, size int64) bool {
 }
 
 func (s *Server) serveConn(nc net.Conn) {
-	if !s.authenticate(nc) {
+	proto, ok := s.authenticate(nc)
+	if !ok {
 		return
+	}
+	direct := proto == auth.Direct
+	if direct {
+		s.Direct.Add(1)
+		defer s.Direct.Add(-1)
 	}
 	w := &serverConn{nc: nc, timeout: s.timeout}
 	busy := &inFlight{freed: make(chan struct{}, 1)}
@@ -339,6 +356,14 @@ func (s *Server) serveConn(nc net.Conn) {
 				return
 			}
 			continue
+		}
+		if direct {
+			// A client's direct connection reads rows, nothing else.
+			s.Refused.Add(1)
+			w.reply(h.Op, h.ID, base.Errorf(base.ErrAuth, "%s on a client's direct connection, which may only fetch rows", h.Op), nil, nil)
+			s.log.Warn("client's direct connection asked for a control op; dropping it", "remote", nc.RemoteAddr().String(), "op", h.Op)
+			nc.Close()
+			return
 		}
 		// Control ops may wait (a collective): answer them off the read
 		// loop, up to MaxInFlight at once.

@@ -16,9 +16,23 @@ const (
 	OpPeerAuthProof Op = 41 // AuthProof → empty
 )
 
+// Peer protocol ops of the handshake a client runs when it reads rows
+// straight from another node's agent (a direct connection): it proves the
+// direct key, not the peer key, and may then only read rows.
+const (
+	OpDirectAuth      Op = 51 // AuthHello → AuthReply
+	OpDirectAuthProof Op = 52 // AuthProof → empty
+)
+
+// OpDirectKey (client protocol 1.4) asks the client's agent for the key
+// its direct connections prove: an empty request, a DirectKey reply.
+const OpDirectKey Op = 15
+
 func init() {
 	opNames[OpAuth], opNames[OpAuthProof] = "auth", "auth-proof"
 	opNames[OpPeerAuth], opNames[OpPeerAuthProof] = "peer-auth", "peer-auth-proof"
+	opNames[OpDirectAuth], opNames[OpDirectAuthProof] = "direct-auth", "direct-auth-proof"
+	opNames[OpDirectKey] = "direct-key"
 }
 
 const (
@@ -70,5 +84,20 @@ func (m *AuthProof) Encode(e *Encoder) { e.b = append(e.b, m.MAC[:]...) }
 func DecodeAuthProof(b []byte) (m AuthProof, err error) {
 	d := NewDecoder(b)
 	copy(m.MAC[:], d.take(MACSize, "mac"))
+	return m, d.Done()
+}
+
+// DirectKey is the agent's answer to OpDirectKey: the job's direct key
+// (derived from the peer key, docs/protocol.md, Authentication), which the
+// client proves to other nodes' agents on their peer port.
+type DirectKey struct {
+	Key [32]byte
+}
+
+func (m *DirectKey) Encode(e *Encoder) { e.b = append(e.b, m.Key[:]...) }
+
+func DecodeDirectKey(b []byte) (m DirectKey, err error) {
+	d := NewDecoder(b)
+	copy(m.Key[:], d.take(len(m.Key), "key"))
 	return m, d.Done()
 }

@@ -439,7 +439,8 @@ func TestOpString(t *testing.T) {
 		{OpPeerWindow, "peer-window"}, {OpPeerOffsets, "peer-offsets"}, {OpBarrier, "barrier"}, {OpPeerBarrier, "peer-barrier"},
 		{OpReadRange, "read-range"}, {OpFetchRange, "fetch-range"}, {OpPeerGone, "peer-gone"},
 		{OpPeerRound, "peer-round"}, {OpPeerTable, "peer-table"}, {OpPeerShards, "peer-shards"}, {OpPeerFrees, "peer-frees"},
-		{Op(0), "op0"}, {Op(15), "op15"}, {Op(31), "op31"}, {Op(51), "op51"},
+		{OpDirectKey, "direct-key"}, {OpDirectAuth, "direct-auth"}, {OpDirectAuthProof, "direct-auth-proof"},
+		{Op(0), "op0"}, {Op(31), "op31"},
 		{Op(100), "op100"}, {Op(255), "op255"},
 	} {
 		if got := c.op.String(); got != c.want {

@@ -24,9 +24,9 @@ class Var:
     """A variable as this rank sees it."""
 
     __slots__ = ("name", "label", "id", "disp", "itemsize", "rb", "dtype", "npdtype", "total", "held", "backing", "prefix",
-                 "bounds", "shard_rows", "nodes", "local", "typed", "own", "segs", "single", "single_first", "profile",
-                 "win", "ragged", "shape", "index", "first_unit", "extents", "views", "marks", "mark", "void",
-                 "items")
+                 "bounds", "shard_rows", "nodes", "addrs", "local", "typed", "own", "segs", "single", "single_first",
+                 "profile", "win", "ragged", "shape", "index", "first_unit", "extents", "views", "marks", "mark",
+                 "void", "items")
 
     def __init__(self, t, own_rank):
         self.name, self.id, self.disp, self.itemsize, self.dtype = t.name, t.id, t.disp, t.itemsize, t.dtype
@@ -42,6 +42,8 @@ class Var:
         self.total = int(t.total) or self.held
         self.backing = t.backing
         self.nodes = [t.nodes[i] for i in t.rank_node]
+        # Per rank: its node's peer address, for direct reads (_direct.py).
+        self.addrs = [t.addrs[i] for i in t.rank_node]
         self.local, self.segs, self.own = [None] * len(t.shard_rows), [], None
         # marks: the dropped word of each mapped segment (stale()); mark[r]
         # rank r's, for get()'s one-shard path.
@@ -125,7 +127,8 @@ class Var:
         # costs a row of a batch.
         self.views = [memoryview(x) if x is not None and self.ragged else None for x in self.local]
         self.profile = {"calls": 0, "rows": 0, "bytes": 0, "local_rows": 0, "remote_rows": 0, "storage_rows": 0,
-                        "remote_calls": 0, "wait_s": 0.0, "onesided_rows": 0}
+                        "remote_calls": 0, "wait_s": 0.0, "onesided_rows": 0,
+                        "direct_rows": 0}
         # The MPI window over the job's shards (Store(method="mpi")), or None.
         self.win = None
 

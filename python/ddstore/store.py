@@ -20,8 +20,8 @@ import time
 
 import numpy as np
 
-from . import _agent, _bootstrap, _fence, _lanes, _onesided, _prefetch, _ragged, _wire
-from ._errors import (ArgumentError, BadBuffer, ClosedError, Error, FreedVariable, GeometryError, IndexOutOfRange,
+from . import _agent, _auth, _bootstrap, _direct, _fence, _lanes, _onesided, _prefetch, _ragged, _wire
+from ._errors import (ArgumentError, BadBuffer, ClosedError, Error, FreedVariable, GeometryError, IndexOutOfRange, ProtocolError,
                       UnknownVariable, VariableExists)
 from ._recv import RecvBuffers, close_regions
 from ._shm import Segment
@@ -76,7 +76,7 @@ class Store:
     def __init__(self, comm=None, namespace=None, *, rank=None, size=None, local_rank=None, local_size=None,
                  node=None, socket_path=None, run_dir=None, spawn=True, agent_args=(), binary=None,
                  timeout=120.0, publish_timeout=300.0, agent_wait=60.0, max_lanes=16, reader=False, width=None,
-                 wait_published=None, method=None, own_namespace=False, scope=None):
+                 wait_published=None, method=None, own_namespace=False, scope=None, direct=True):
         from .comm import identity, world_of
         ident = identity(comm, rank, size, local_rank, local_size, node)
         self.rank, self.size, self.local_rank, self.local_size, self.node = (
@@ -154,6 +154,7 @@ class Store:
                              self.local_rank, self._agent_args, binary, agent_env)
         self._pool = _lanes.LanePool(agent, max_lanes, self.rank)
         self._recv = RecvBuffers(self._pool, timeout)
+        self._direct = _direct.Pool(self._direct_key, timeout, direct)
         _lanes.track(self)
         hs = _handshake_arg(self._agent_args)
         if hs is not None:
@@ -213,8 +214,16 @@ class Store:
             return
         self._pool.forked()
         self._recv.forked()
+        self._direct.forked()
         self._prefetcher.forked()
         self._pid = os.getpid()
+
+    def _direct_key(self):
+        """The job's direct key, from this node's agent (_direct.py)."""
+        body = self._pool.with_lane(lambda lane: lane.call(_direct.OP_DIRECT_KEY, _wire.Encoder()))
+        if len(body) != _auth.KEY:
+            raise ProtocolError(f"ddstore: protocol error: direct-key reply of {len(body)} bytes: want {_auth.KEY}")
+        return body
 
     def _control(self, op, enc, timeout=None):
         self._check_fork()
@@ -554,6 +563,12 @@ class Store:
                     p["remote_rows"] += n
                     p["onesided_rows"] += n
                     p["remote_calls"] += 1
+                elif (v.win is None and r < len(v.shard_rows) and self._pid == os.getpid()
+                      and self._direct.range(v, arr.reshape(-1).view(np.uint8), start, n, r, r)):
+                    # Rows of one shard of another node: one round trip to
+                    # its agent, received into arr.
+                    p["remote_rows"] += n
+                    p["remote_calls"] += 1
                 else:
                     return self._get(name, arr, start)
                 p["calls"] += 1
@@ -622,6 +637,9 @@ class Store:
         ReadRange, into the destination itself when it lies in a buffer
         from alloc_recv, else through the lane's staging region."""
         rb = v.rb
+        b = v.bounds
+        if self._direct.range(v, dst[pos:pos + k], first, k, bisect_right(b, first) - 1, bisect_right(b, first + k - 1) - 1):
+            return
         region, base = self._recv.region_of(dst)
 
         def read(lane):
@@ -726,6 +744,18 @@ class Store:
         when it lies in a buffer from alloc_recv)."""
         rb = v.rb
         k = pos.shape[0]
+        if k * rb <= self._direct.max:
+            g = idx[pos]
+            owners = np.searchsorted(v.prefix, g, side="right") - 1
+            p0 = int(pos[0])
+            if int(pos[-1]) - p0 == k - 1 and (k == 1 or bool((np.diff(pos) == 1).all())):
+                if self._direct.fetch(v, dst[p0:p0 + k], g, owners):
+                    return
+            else:
+                tmp = np.empty((k, rb), dtype=np.uint8)
+                if self._direct.fetch(v, tmp, g, owners):
+                    dst[pos] = tmp
+                    return
         region, base = self._recv.region_of(dst)
 
         def read(lane):
@@ -922,6 +952,7 @@ class Store:
             vars_, self._vars = self._vars, {}
             lanes = self._pool.shut()
             recv = self._recv.take_all()
+        self._direct.close()
         for v in vars_.values():
             if v.win is not None and not collective:
                 # Not collective (a store collected as garbage): the window

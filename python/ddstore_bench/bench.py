@@ -175,6 +175,63 @@ def _latency(iters, op):
     return float(np.percentile(ts, 50) * 1e6), float(np.percentile(ts, 99) * 1e6)
 
 
+def _recv_exact(sock, buf):
+    view, n = memoryview(buf), 0
+    while n < len(buf):
+        k = sock.recv_into(view[n:])
+        if k == 0:
+            raise EOFError("ping peer closed")
+        n += k
+
+
+def pingpong(family, reply, iters):
+    """Round trips (µs: p50, p99) on one raw connection of family (AF_INET
+    on loopback, or AF_UNIX) between this process and a forked child: a
+    64-byte request answered with 32 + reply bytes (a frame header and a
+    row), as a direct get of one row of reply bytes moves."""
+    import tempfile
+    d = tempfile.mkdtemp(prefix="ddstore-ping-") if family == socket.AF_UNIX else None
+    ln = socket.socket(family, socket.SOCK_STREAM)
+    addr = os.path.join(d, "s") if d else ("127.0.0.1", 0)
+    ln.bind(addr)
+    ln.listen(1)
+    addr = ln.getsockname()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            c, _ = ln.accept()
+            if family == socket.AF_INET:
+                c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            req, out = bytearray(64), bytes(32 + reply)
+            for _ in range(iters):
+                _recv_exact(c, req)
+                c.sendall(out)
+            code = 0
+        finally:
+            os._exit(code)
+    ln.close()
+    try:
+        c = socket.socket(family, socket.SOCK_STREAM)
+        c.connect(addr)
+        if family == socket.AF_INET:
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        req, buf = bytes(64), bytearray(32 + reply)
+        ts = np.empty(iters)
+        for i in range(iters):
+            t0 = time.perf_counter()
+            c.sendall(req)
+            _recv_exact(c, buf)
+            ts[i] = time.perf_counter() - t0
+        c.close()
+    finally:
+        os.waitpid(pid, 0)
+        if d:
+            os.unlink(os.path.join(d, "s"))
+            os.rmdir(d)
+    return float(np.percentile(ts, 50) * 1e6), float(np.percentile(ts, 99) * 1e6)
+
+
 def run(row_sizes=(4096, 65536), batch=256, shard_bytes=64 << 20, dur=0.5, lat_iters=20000, binary=None):
     ns = f"pybench-{os.getpid()}"
     port = _free_port()
@@ -186,6 +243,10 @@ def run(row_sizes=(4096, 65536), batch=256, shard_bytes=64 << 20, dur=0.5, lat_i
     stores = [Store(namespace=ns, rank=r, size=2, local_rank=0, local_size=1, node=f"bench-{'ab'[r]}",
                     agent_args=args, binary=binary) for r in range(2)]
     s = stores[0]
+    # A reader on rank 0's node whose reads of the other node all go
+    # through its agent (direct=False): the path before direct reads.
+    via = Store(namespace=ns, reader=True, rank=0, size=2, local_rank=0, local_size=1, node="bench-a", spawn=False,
+                direct=False)
 
     def both(f):
         _both(stores, f)
@@ -231,10 +292,15 @@ def run(row_sizes=(4096, 65536), batch=256, shard_bytes=64 << 20, dur=0.5, lat_i
             gr = rng.integers(n, 2 * n, max(lat_iters // 10, 100))
             res["get_local_p50_us"], res["get_local_p99_us"] = _latency(lat_iters, lambda i: s.get(name, one, gl[i]))
             res["get_remote_p50_us"], res["get_remote_p99_us"] = _latency(len(gr), lambda i: s.get(name, one, gr[i]))
+            res["get_remote_via_agent_p50_us"], _ = _latency(len(gr), lambda i: via.get(name, one, gr[i]))
+            res["tcp_round_trip_p50_us"], _ = pingpong(socket.AF_INET, rb, len(gr))
+            res["unix_round_trip_p50_us"], _ = pingpong(socket.AF_UNIX, rb, len(gr))
+            res["get_remote_vs_tcp_round_trip"] = res["get_remote_p50_us"] / res["tcp_round_trip_p50_us"]
             s.free_recv(recv)
             both(lambda r, st: st.free(name))
             rows_out.append(res)
     finally:
+        via.close()
         for st in stores:
             st.close()
         subprocess.run(["pkill", "-f", "--", f"--namespace {ns} "], check=False)
@@ -261,7 +327,8 @@ def main(argv=None):
     go = go_figures(binary, sizes, 256, shard, dur)
     for r in py:
         g = go[r["row_bytes"]]
-        for key in ("local_gbps", "remote_gbps", "get_local_p50_us", "get_remote_p50_us"):
+        for key in ("local_gbps", "remote_gbps", "get_local_p50_us", "get_remote_p50_us", "tcp_round_trip_p50_us",
+                    "get_remote_via_agent_p50_us"):
             if key in r:
                 r["go_" + key] = g[key]
         r["local_vs_go"] = r["local_gbps"] / g["local_gbps"]
@@ -282,6 +349,17 @@ def main(argv=None):
                  f("go_remote_gbps"), f("remote_vs_go"), f("remote_copy_gbps"), f("get_local_p50_us"),
                  f("get_local_p99_us"), f("go_get_local_p50_us"), f("get_remote_p50_us"), f("get_remote_p99_us"),
                  f("go_get_remote_p50_us"))
+        print("  ".join(f"{c:>{max(len(h), 6)}}" for c, h in zip(cells, hdr)))
+    print("\nget() of one row of the other node: direct (one round trip to its agent), through this node's agent "
+          "(direct=False), and raw round trips of the same bytes (a 64-byte request, 32 + row bytes back)")
+    hdr = ("row", "get remote p50 µs", "via agent", "tcp rtt", "unix rtt", "get/tcp rtt", "go get p50", "go via agent",
+           "go tcp rtt")
+    print("  ".join(f"{h:>{max(len(h), 6)}}" for h in hdr))
+    for r in py:
+        f = lambda k, fmt="{:.2f}": fmt.format(r[k]) if k in r else "-"  # noqa: E731
+        cells = (str(r["row_bytes"]), f("get_remote_p50_us"), f("get_remote_via_agent_p50_us"), f("tcp_round_trip_p50_us"),
+                 f("unix_round_trip_p50_us"), f("get_remote_vs_tcp_round_trip"), f("go_get_remote_p50_us"),
+                 f("go_get_remote_via_agent_p50_us"), f("go_tcp_round_trip_p50_us"))
         print("  ".join(f"{c:>{max(len(h), 6)}}" for c, h in zip(cells, hdr)))
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import ddstore
-from ddstore import _agent, _lanes, _wire
+from ddstore import _agent, _direct, _lanes, _wire
 from ddstore import store as store_mod
 from ddstore._errors import Error, NoAgent, from_status
 
@@ -184,6 +184,7 @@ def test_region_recovery(case):
     s._pool = Pool()
     s._recv = type("Recv", (), {"region_of": lambda self, dst: (region, 0)})()
     s._timeout = 1.0
+    s._direct = _direct.Pool(None, 1.0, False)  # reads through the agent only
     v = type("V", (), {"rb": 8, "name": "v", "id": 1})()
     dst = np.zeros((1, 8), np.uint8)
     try:

@@ -453,3 +453,46 @@ def test_auth_refused_hello():
     op, status, blen, rid, payload = _wire.parse_header(frame[:_wire.HEADER.size])
     e = _wire.status_error(status, frame[_wire.HEADER.size:])
     assert (op, status, type(e), str(e)) == (_wire.OP_HELLO, r["status"], ddstore.AuthError, r["message"])
+
+
+def test_direct_key_and_handshake(monkeypatch):
+    """The direct key (HMAC of the peer key) and the direct handshake a
+    client runs on another node's peer port: the frames it sends are Go's,
+    over a socket pair whose other end answers Go's replies."""
+    import hashlib
+    import hmac as hmac_
+    import socket
+    import threading
+
+    from ddstore import _direct
+    peer = bytes.fromhex(AUTH["peer_key"])
+    key = hmac_.new(peer, AUTH["direct_key_label"].encode(), hashlib.sha256).digest()
+    assert key.hex() == AUTH["direct_key"]
+    f = AUTH["direct_key_frames"]
+    assert (f["request"]["op"], f["reply"]["op"]) == (_direct.OP_DIRECT_KEY, _direct.OP_DIRECT_KEY)
+    assert bytes.fromhex(f["reply"]["hex"])[_wire.HEADER.size:] == key
+    hs = next(h for h in AUTH["handshakes"] if h["proto"] == "direct")
+    assert hs["key"] == AUTH["direct_key"]
+    assert [hs["frames"][k]["op"] for k in ("auth", "auth_proof")] == [_direct.OP_DIRECT_AUTH, _direct.OP_DIRECT_AUTH_PROOF]
+    monkeypatch.setattr(_direct.os, "urandom", lambda n: bytes.fromhex(hs["initiator_nonce"]))
+    a, b = socket.socketpair()
+    got = []
+
+    def agent():
+        for k, reply in (("auth", "auth_reply"), ("auth_proof", "auth_proof_reply")):
+            want = bytes.fromhex(hs["frames"][k]["hex"])
+            buf = b""
+            while len(buf) < len(want):
+                buf += b.recv(len(want) - len(buf))
+            got.append(buf.hex())
+            b.sendall(bytes.fromhex(hs["frames"][reply]["hex"]))
+
+    t = threading.Thread(target=agent)
+    t.start()
+    c = _direct.Conn.__new__(_direct.Conn)
+    c.addr, c.req, c.hdr, c.sock = "pair", 0, bytearray(_wire.HEADER.size), a
+    c._handshake(key)
+    t.join()
+    assert got == [hs["frames"]["auth"]["hex"], hs["frames"]["auth_proof"]["hex"]]
+    a.close()
+    b.close()

@@ -1,0 +1,257 @@
+package ddstore_test
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/ddstore-go/ddstore"
+	"github.com/ddstore-go/ddstore/internal/auth"
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/testutil"
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
+
+// agentInfo is the info of the agent of node in c's job.
+func agentInfo(t *testing.T, c *cluster, runDir, node string) ddstore.AgentInfo {
+	t.Helper()
+	in, err := ddstore.QueryAgent(ddstore.SocketPath(runDir, c.ns, node), c.ns, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return in
+}
+
+// checkRows reads idx of v from s (GetBatch) and each run from start
+// (Get), and checks every row against the pattern, shifted by shift.
+func checkRows(s *ddstore.Store, v string, idx []int64, rb int, shift int64) error {
+	dst := make([]byte, len(idx)*rb)
+	if err := s.GetBatch(v, dst, idx); err != nil {
+		return err
+	}
+	for i, g := range idx {
+		if err := samePattern(dst[i*rb:(i+1)*rb], g+shift); err != nil {
+			return fmt.Errorf("GetBatch: %w", err)
+		}
+	}
+	if err := s.Get(v, dst[:3*rb], idx[0]); err != nil {
+		return err
+	}
+	for k := range int64(3) {
+		if err := samePattern(dst[k*int64(rb):(k+1)*int64(rb)], idx[0]+k+shift); err != nil {
+			return fmt.Errorf("Get: %w", err)
+		}
+	}
+	return nil
+}
+
+// TestDirectReads: rows of the other node are read straight from its agent
+// (agents as processes on two simulated nodes), the connection is closed
+// when idle, a connection without the direct key is refused and counted,
+// a direct connection can fetch rows and nothing else, and with NoDirect
+// the same rows come through the own agent.
+func TestDirectReads(t *testing.T) {
+	c, _ := startTwoNodeProcs(t, "direct", "5s")
+	runDir := filepath.Dir(c.stores[0].Socket())
+	c.addPattern(t, "v", []int64{10, 10}, 16, 4)
+	const rb = 64
+	// A store of n0 that closes its direct connections at once.
+	quick, err := ddstore.Open(ddstore.Config{Namespace: c.ns, Reader: true, Node: "n0", Rank: 0, Size: 2, RunDir: runDir,
+		NoSpawn: true, Timeout: 10 * time.Second, DirectIdle: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer quick.Close()
+	for _, s := range []*ddstore.Store{c.stores[0], quick} {
+		if err := checkRows(s, "v", []int64{15, 13, 19, 11}, rb, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := c.stores[0].Profile("v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Direct != 7 || p.RemoteRows != 7 {
+		t.Fatalf("profile after a GetBatch of 4 and a Get of 3 rows of n1: Direct %d, RemoteRows %d; want 7, 7", p.Direct, p.RemoteRows)
+	}
+	// The rank's connection stays (10 s idle), quick's goes.
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if n := agentInfo(t, c, runDir, "n1").Counters["direct_connections"]; n != 1 {
+			return fmt.Errorf("n1's direct_connections = %d, want 1 (the rank's; the quick store's closed when idle)", n)
+		}
+		return nil
+	})
+
+	// A client with the wrong key is refused and counted; with the right
+	// key it may fetch rows but not ask a control op.
+	addr := agentInfo(t, c, runDir, "n1").PeerAddr
+	before := agentInfo(t, c, runDir, "n1").Counters["refused_connections"]
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := auth.Initiate(nc, auth.Generate(), auth.Direct); !errors.Is(err, base.ErrAuth) {
+		t.Fatalf("direct handshake with a wrong key: %v, want ErrAuth", err)
+	}
+	nc.Close()
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if n := agentInfo(t, c, runDir, "n1").Counters["refused_connections"]; n != before+1 {
+			return fmt.Errorf("n1's refused_connections = %d, want %d", n, before+1)
+		}
+		return nil
+	})
+	key, err := directKeyOf(c.stores[0].Socket(), c.ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err = net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	nc.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := auth.Initiate(nc, key, auth.Direct); err != nil {
+		t.Fatalf("direct handshake with the key n0's agent gives: %v", err)
+	}
+	info := wire.Text{}
+	if _, err := nc.Write(wire.AppendFrame(nil, wire.OpPeerInfo, 0, auth.FirstID, 0, info.Encode)); err != nil {
+		t.Fatal(err)
+	}
+	h, body, err := wire.ReadFrame(nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wire.StatusError(h, body); !errors.Is(err, base.ErrAuth) {
+		t.Fatalf("peer-info on a direct connection: %v, want ErrAuth", err)
+	}
+
+	// NoDirect: the same rows through n0's agent.
+	via, err := ddstore.Open(ddstore.Config{Namespace: c.ns, Reader: true, Node: "n0", Rank: 0, Size: 2, RunDir: runDir,
+		NoSpawn: true, Timeout: 10 * time.Second, NoDirect: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer via.Close()
+	if err := checkRows(via, "v", []int64{15, 13, 19, 11}, rb, 0); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := via.Profile("v"); p.Direct != 0 || p.RemoteRows != 7 {
+		t.Fatalf("NoDirect profile: Direct %d, RemoteRows %d; want 0, 7", p.Direct, p.RemoteRows)
+	}
+	// Larger reads than DirectMaxBytes, and reads over both nodes' rows
+	// with rows of n1, go direct for n1's rows only when small.
+	if err := checkRows(c.stores[0], "v", []int64{2, 12, 5, 18}, rb, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// directKeyOf asks the agent at socket for the direct key, as a client
+// does.
+func directKeyOf(socket, ns string) (auth.Key, error) {
+	k, _, err := auth.ClientKey(socket)
+	if err != nil {
+		return auth.Key{}, err
+	}
+	nc, err := net.Dial("unix", socket)
+	if err != nil {
+		return auth.Key{}, err
+	}
+	defer nc.Close()
+	nc.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := auth.Initiate(nc, k, auth.Client); err != nil {
+		return auth.Key{}, err
+	}
+	hello := wire.Hello{Namespace: ns, Node: "n0", Rank: -1, Size: 2}
+	if _, err := nc.Write(wire.AppendFrame(nil, wire.OpHello, 0, auth.FirstID, 0, hello.Encode)); err != nil {
+		return auth.Key{}, err
+	}
+	if _, _, err := wire.ReadFrame(nc, nil); err != nil {
+		return auth.Key{}, err
+	}
+	if _, err := nc.Write(wire.AppendFrame(nil, wire.OpDirectKey, 0, auth.FirstID+1, 0, nil)); err != nil {
+		return auth.Key{}, err
+	}
+	h, body, err := wire.ReadFrame(nc, nil)
+	if err != nil {
+		return auth.Key{}, err
+	}
+	if err := wire.StatusError(h, body); err != nil {
+		return auth.Key{}, err
+	}
+	m, err := wire.DecodeDirectKey(body)
+	return auth.FromBytes(m.Key), err
+}
+
+// TestDirectFreedReadded: a reader that read a variable's rows of the other
+// node directly (its connection pooled) never gets the old rows once every
+// rank freed the variable and added a new one of the same name: the owner
+// refuses the old table id, the read goes through its agent, which says
+// ErrFreed, and the reader looks the name up again.
+func TestDirectFreedReadded(t *testing.T) {
+	c, _ := startTwoNodeProcs(t, "directfree", "5s")
+	runDir := filepath.Dir(c.stores[0].Socket())
+	c.addPattern(t, "v", []int64{10, 10}, 16, 4)
+	r, err := ddstore.Open(ddstore.Config{Namespace: c.ns, Reader: true, Node: "n0", Rank: 0, Size: 2, RunDir: runDir,
+		NoSpawn: true, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	idx := []int64{15, 13, 19, 11}
+	if err := checkRows(r, "v", idx, 64, 0); err != nil {
+		t.Fatal(err)
+	}
+	c.mustEach(t, func(_ int, s *ddstore.Store) error { return s.Free("v") })
+	// The same name, the same geometry, other rows: each row holds the
+	// pattern of the row 1000 further.
+	c.mustEach(t, func(rank int, s *ddstore.Store) error {
+		buf := make([]byte, 10*64)
+		for i := range int64(10) {
+			pattern(buf[i*64:(i+1)*64], int64(rank)*10+i+1000)
+		}
+		return s.Add("v", buf, 16, 4)
+	})
+	// The first read after it is of one row: the owner's error reply is
+	// longer than the row, so it comes partly past the destination.
+	one := make([]byte, 64)
+	if err := r.Get("v", one, 17); err != nil {
+		t.Fatal(err)
+	}
+	if err := samePattern(one, 1017); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := checkRows(r, "v", idx, 64, 1000); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The owner's refusal left the connection and the address in use: the
+	// new variable's rows came direct.
+	if p, _ := r.Profile("v"); p.Direct != 1+3*7 {
+		t.Fatalf("reads of the new variable: %d rows direct (profile %+v), want %d", p.Direct, p, 1+3*7)
+	}
+}
+
+// TestDirectOwnerRestart: the owner's agent is killed with a rank's
+// direct connection pooled, and started again on a new port; reads fail
+// as through the agent while it is gone (ErrPeer), then find it again
+// (through this node's agent, which learns the new address), always with
+// the right rows.
+func TestDirectOwnerRestart(t *testing.T) {
+	c, p1 := startTwoNodeProcs(t, "directrestart", "5s")
+	c.addPattern(t, "v", []int64{10, 10}, 16, 4)
+	idx := []int64{15, 13, 19, 11}
+	if err := checkRows(c.stores[0], "v", idx, 64, 0); err != nil {
+		t.Fatal(err)
+	}
+	p1.kill()
+	if err := checkRows(c.stores[0], "v", idx, 64, 0); !errors.Is(err, ddstore.ErrPeer) {
+		t.Fatalf("rows of a dead node: %v, want ErrPeer", err)
+	}
+	p1.start()
+	testutil.WaitFor(t, 20*time.Second, func() error { return checkRows(c.stores[0], "v", idx, 64, 0) })
+}

@@ -1,0 +1,461 @@
+package client
+
+// Direct reads: a small read whose rows are all on one other node goes
+// straight to that node's agent, on its peer port, over a pooled TCP
+// connection that proved the job's direct key (docs/design.md, Reading;
+// docs/protocol.md, Authentication): one network round trip, the rows
+// read with readv into the caller's buffer. The owner checks the variable's
+// name and table id as it does for its peers' Fetch; on any failure (no
+// key, no address, a refused or broken connection, an error reply) the
+// read goes through this node's agent instead, which gives the answer that
+// path gives (ErrFreed for a re-created variable, the backing file for a
+// lost node, a refreshed address for a restarted one).
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ddstore-go/ddstore/internal/auth"
+	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/layout"
+	"github.com/ddstore-go/ddstore/internal/wire"
+)
+
+// DirectMaxBytes is the largest read (its rows of other nodes) sent
+// straight to the owner's agent; a larger one goes through this node's
+// agent, which cuts it into pieces over several connections so that both
+// ends move rows on several cores. Measured with `ddstore bench`
+// (docs/benchmarks.md, One hop). DirectMaxEnv overrides it (bytes; 0:
+// never direct), to measure the rule again.
+const DirectMaxBytes = 1 << 20
+
+// DirectMaxEnv names the variable that overrides DirectMaxBytes.
+const DirectMaxEnv = "DDSTORE_DIRECT_MAX_BYTES"
+
+// directMax is DirectMaxBytes, or DirectMaxEnv's value.
+func directMax() (int64, error) {
+	v := os.Getenv(DirectMaxEnv)
+	if v == "" {
+		return DirectMaxBytes, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return 0, base.Errorf(base.ErrArgument, "%s=%q: want a number of bytes >= 0", DirectMaxEnv, v)
+	}
+	return n, nil
+}
+
+// DirectIdle is how long an unused direct connection stays open.
+const DirectIdle = 10 * time.Second
+
+// directRetry is how long an owner address whose dial failed, or a key the
+// agent could not give, is left alone before being tried again.
+const directRetry = 5 * time.Second
+
+// maxIov is the kernel's IOV_MAX: the most buffers one readv fills.
+const maxIov = 1024
+
+// maxIdleDirect bounds the idle connections kept per owner node.
+const maxIdleDirect = 4
+
+// directConn is one connection to another node's agent.
+type directConn struct {
+	addr string
+	nc   *net.TCPConn
+	raw  syscall.RawConn
+	id   uint64
+	out  []byte
+	iovs [][]byte
+	all  [][]byte // the header, then iovs
+	hdr  []byte
+	used time.Time
+	// reused: taken from the pool, not dialed for this read.
+	reused bool
+}
+
+// directPool is a Store's direct connections, by owner address.
+type directPool struct {
+	// mu guards everything below; a leaf (lock order: internal/LOCKS.md).
+	mu       sync.Mutex
+	key      *auth.Key
+	keyRetry time.Time // no key before then (the agent had none to give)
+	idle     map[string][]*directConn
+	bad      map[string]time.Time // addr: its dial failed; not tried before then
+	timer    *time.Timer          // closes idle connections; nil when none is idle
+	closed   bool
+	idleFor  time.Duration
+	max      int64 // the largest read sent direct (directMax)
+}
+
+// tryDirect reads the rows at positions pos of dst (global index at(i))
+// straight from their owner's agent when the rule says so; false: they
+// were not (all) read, and the caller reads them through the agent.
+func (s *Store) tryDirect(v *variable, dst []byte, pos []int64, at func(int) int64) bool {
+	if s.cfg.NoDirect || v.rag != nil || len(pos) == 0 || int64(len(pos))*v.rb > s.direct.max {
+		return false
+	}
+	addr := ""
+	for _, p := range pos {
+		r, _ := v.lay.Owner(at(int(p)))
+		if r == layout.Backed || v.addrs[r] == "" {
+			return false
+		}
+		if addr == "" {
+			addr = v.addrs[r]
+		} else if v.addrs[r] != addr {
+			return false
+		}
+	}
+	c := s.direct.take(s, addr)
+	if c == nil {
+		return false
+	}
+	if err := c.read(v, dst, pos, at, s.cfg.Timeout); err != nil {
+		switch {
+		case errors.Is(err, errReply): // the owner answered: the connection is sound
+			s.direct.put(c)
+		case c.reused:
+			// A pooled connection may have died with its agent (a
+			// restart): the next read dials afresh.
+			c.nc.Close()
+			s.direct.dropIdle(addr)
+		default:
+			// A new one that fails leaves the address alone a while.
+			c.nc.Close()
+			s.direct.markBad(addr)
+		}
+		return false
+	}
+	s.direct.put(c)
+	v.prof.directRows.Add(int64(len(pos)))
+	return true
+}
+
+// errReply marks an error the owner answered (the connection is sound).
+var errReply = errors.New("owner's error reply")
+
+// read is one Fetch (or, for consecutive rows into consecutive bytes, one
+// FetchRange) on c, the rows read straight into dst.
+func (c *directConn) read(v *variable, dst []byte, pos []int64, at func(int) int64, timeout time.Duration) error {
+	rb := v.rb
+	run := true // pos and their globals consecutive
+	for k := 1; k < len(pos) && run; k++ {
+		run = pos[k] == pos[k-1]+1 && at(int(pos[k])) == at(int(pos[k-1]))+1
+	}
+	c.id++
+	op := wire.OpFetchRange
+	if run {
+		m := wire.FetchRange{Name: v.name, ID: v.id, Start: at(int(pos[0])), Count: int64(len(pos))}
+		c.out = wire.AppendFrame(c.out[:0], op, 0, c.id, 0, m.Encode)
+		c.iovs = append(c.iovs[:0], dst[pos[0]*rb:(pos[0]+int64(len(pos)))*rb])
+	} else {
+		op = wire.OpFetch
+		c.out = wire.AppendFrame(c.out[:0], op, 0, c.id, 0, func(e *wire.Encoder) {
+			e.String(v.name)
+			e.I64(v.id)
+			e.U32(uint32(len(pos)))
+			for _, p := range pos {
+				e.I64(at(int(p)))
+			}
+		})
+		c.iovs = c.iovs[:0]
+		for k := 0; k < len(pos); {
+			j := k + 1
+			for j < len(pos) && pos[j] == pos[j-1]+1 {
+				j++
+			}
+			c.iovs = append(c.iovs, dst[pos[k]*rb:(pos[j-1]+1)*rb])
+			k = j
+		}
+	}
+	by := time.Now().Add(timeout)
+	c.nc.SetWriteDeadline(by)
+	if _, err := c.nc.Write(c.out); err != nil {
+		return err
+	}
+	// The header and the rows in one readv when they come together: the
+	// rows land in dst, or, for an error reply, its body's first bytes,
+	// which are copied out.
+	want := int64(len(pos)) * rb
+	c.hdr = c.hdr[:wire.HeaderSize]
+	c.all = append(append(c.all[:0], c.hdr), c.iovs...)
+	left := c.all
+	n, err := c.fill(&left, wire.HeaderSize, by)
+	if err != nil {
+		return err
+	}
+	h, err := wire.ParseHeader(c.hdr)
+	if err != nil {
+		return err
+	}
+	if h.ID != c.id || h.Op != op {
+		return base.Errorf(base.ErrProtocol, "reply %s #%d to %s #%d from %s", h.Op, h.ID, op, c.id, c.addr)
+	}
+	got := n - wire.HeaderSize // bytes past the header, in dst
+	if h.Status != 0 {
+		if h.Payload != 0 || h.BodyLen > 1<<16 {
+			return base.Errorf(base.ErrProtocol, "error reply from %s with a body of %d bytes and %d payload bytes", c.addr, h.BodyLen, h.Payload)
+		}
+		body := make([]byte, h.BodyLen)
+		k := 0
+		for _, b := range c.iovs {
+			if k >= got || k >= len(body) {
+				break
+			}
+			k += copy(body[k:min(got, len(body))], b)
+		}
+		if k < len(body) {
+			rest := [][]byte{body[k:]}
+			if _, err := c.fill(&rest, len(body)-k, by); err != nil {
+				return err
+			}
+		}
+		return fmt.Errorf("%w: %w", errReply, wire.StatusError(h, body))
+	}
+	if h.BodyLen != 0 || h.Payload != uint64(want) {
+		return base.Errorf(base.ErrProtocol, "%s sent a body of %d bytes and %d row bytes, want none and %d", c.addr, h.BodyLen, h.Payload, want)
+	}
+	if int64(got) < want {
+		_, err = c.fill(&left, int(want)-got, by)
+	}
+	clear(c.all)
+	clear(c.iovs)
+	return err
+}
+
+// fill reads into *iovs (advancing it past what was filled) until at
+// least min bytes came, by then: readv, and while nothing is there a
+// poll(2) that blocks this thread, so that the kernel wakes it as the
+// reply arrives rather than the runtime's network poller a goroutine
+// (one wake-up less on the round trip).
+func (c *directConn) fill(left *[][]byte, min int, by time.Time) (int, error) {
+	iovs := *left
+	defer func() { *left = iovs }()
+	total := 0
+	var ioErr error
+	err := c.raw.Read(func(fd uintptr) bool {
+		for total < min {
+			batch := iovs
+			if len(batch) > maxIov {
+				batch = batch[:maxIov]
+			}
+			n, err := unix.Readv(int(fd), batch)
+			switch {
+			case err == unix.EINTR:
+				continue
+			case err == unix.EAGAIN:
+				ms := int(time.Until(by) / time.Millisecond)
+				if ms <= 0 {
+					ioErr = base.Errorf(base.ErrTimeout, "%s did not answer in time", c.addr)
+					return true
+				}
+				pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+				if _, err := unix.Poll(pfd, ms); err != nil && err != unix.EINTR {
+					ioErr = err
+					return true
+				}
+				continue
+			case err != nil:
+				ioErr = err
+				return true
+			case n == 0:
+				ioErr = io.ErrUnexpectedEOF
+				return true
+			}
+			total += n
+			for n > 0 {
+				if n >= len(iovs[0]) {
+					n -= len(iovs[0])
+					iovs = iovs[1:]
+				} else {
+					iovs[0] = iovs[0][n:]
+					n = 0
+				}
+			}
+			for len(iovs) > 0 && len(iovs[0]) == 0 {
+				iovs = iovs[1:]
+			}
+		}
+		return true
+	})
+	if err == nil {
+		err = ioErr
+	}
+	return total, err
+}
+
+// take returns an idle connection to addr, or dials one; nil: none (no
+// key, an address that failed lately, a refused dial).
+func (p *directPool) take(s *Store, addr string) *directConn {
+	p.mu.Lock()
+	if p.closed || time.Now().Before(p.bad[addr]) {
+		p.mu.Unlock()
+		return nil
+	}
+	if cs := p.idle[addr]; len(cs) > 0 {
+		c := cs[len(cs)-1]
+		p.idle[addr] = cs[:len(cs)-1]
+		p.mu.Unlock()
+		c.reused = true
+		return c
+	}
+	key := p.key
+	if key == nil && time.Now().Before(p.keyRetry) {
+		p.mu.Unlock()
+		return nil
+	}
+	p.mu.Unlock()
+	if key == nil {
+		k, err := s.directKey()
+		p.mu.Lock()
+		if err != nil {
+			p.keyRetry = time.Now().Add(directRetry)
+			p.mu.Unlock()
+			return nil
+		}
+		p.key, key = &k, &k
+		p.mu.Unlock()
+	}
+	c, err := dialDirect(addr, *key, min(s.cfg.Timeout, 5*time.Second))
+	if err != nil {
+		p.markBad(addr)
+		return nil
+	}
+	return c
+}
+
+// directKey asks this node's agent for the job's direct key.
+func (s *Store) directKey() (auth.Key, error) {
+	body, err := s.request(wire.OpDirectKey, nil, s.cfg.Timeout)
+	if err != nil {
+		return auth.Key{}, err
+	}
+	m, err := wire.DecodeDirectKey(body)
+	if err != nil {
+		return auth.Key{}, err
+	}
+	return auth.FromBytes(m.Key), nil
+}
+
+func dialDirect(addr string, key auth.Key, timeout time.Duration) (*directConn, error) {
+	d := net.Dialer{Timeout: timeout}
+	nc, err := d.Dial("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	tc := nc.(*net.TCPConn)
+	tc.SetNoDelay(true)
+	tc.SetDeadline(time.Now().Add(timeout))
+	if err := auth.Initiate(tc, key, auth.Direct); err != nil {
+		tc.Close()
+		return nil, err
+	}
+	tc.SetDeadline(time.Time{})
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		tc.Close()
+		return nil, err
+	}
+	return &directConn{addr: addr, nc: tc, raw: raw, id: auth.FirstID - 1, hdr: make([]byte, wire.HeaderSize)}, nil
+}
+
+// put keeps c for the next read of its node, and arms the idle timer.
+func (p *directPool) put(c *directConn) {
+	c.used = time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || len(p.idle[c.addr]) >= maxIdleDirect {
+		c.nc.Close()
+		return
+	}
+	if p.idle == nil {
+		p.idle = make(map[string][]*directConn)
+	}
+	p.idle[c.addr] = append(p.idle[c.addr], c)
+	if p.timer == nil {
+		p.timer = time.AfterFunc(p.idleFor, p.sweep)
+	}
+}
+
+// sweep closes the connections idle for idleFor, and comes back while
+// some remain.
+func (p *directPool) sweep() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.timer = nil
+	if p.closed {
+		return
+	}
+	now, next := time.Now(), time.Duration(0)
+	for addr, cs := range p.idle {
+		kept := cs[:0]
+		for _, c := range cs {
+			if left := p.idleFor - now.Sub(c.used); left > 0 {
+				kept = append(kept, c)
+				if next == 0 || left < next {
+					next = left
+				}
+			} else {
+				c.nc.Close()
+			}
+		}
+		clear(cs[len(kept):])
+		if len(kept) == 0 {
+			delete(p.idle, addr)
+		} else {
+			p.idle[addr] = kept
+		}
+	}
+	if next > 0 {
+		p.timer = time.AfterFunc(next, p.sweep)
+	}
+}
+
+// dropIdle closes the idle connections to addr.
+func (p *directPool) dropIdle(addr string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.idle[addr] {
+		c.nc.Close()
+	}
+	delete(p.idle, addr)
+}
+
+// markBad leaves addr alone for a while (its agent is gone or moved: reads
+// go through this node's agent, which finds the new address).
+func (p *directPool) markBad(addr string) {
+	p.mu.Lock()
+	if p.bad == nil {
+		p.bad = make(map[string]time.Time)
+	}
+	p.bad[addr] = time.Now().Add(directRetry)
+	p.mu.Unlock()
+	p.dropIdle(addr)
+}
+
+// close closes every idle connection; connections in use are closed when
+// they come back.
+func (p *directPool) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	if p.timer != nil {
+		p.timer.Stop()
+		p.timer = nil
+	}
+	for _, cs := range p.idle {
+		for _, c := range cs {
+			c.nc.Close()
+		}
+	}
+	p.idle = nil
+}

@@ -1,0 +1,334 @@
+"""Direct reads (docs/design.md, Reading): a small read whose rows are all on
+one other node goes straight to that node's agent, on its peer port, over a
+pooled TCP connection that proved the job's direct key (docs/protocol.md,
+Authentication): one network round trip, the rows received into the
+destination. The owner checks the variable's name and table id as for its
+peers; on any failure (no key, no address, a refused or broken connection,
+an error reply) the caller reads through its own agent instead, which gives
+that path's answer. A connection unused for `idle` seconds is closed; a
+forked child opens its own (the parent's are closed in the child, never
+used)."""
+
+import hmac
+import os
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+
+from . import _auth, _wire
+
+# The largest read sent direct (bytes of rows of other nodes), as the Go
+# client's DirectMaxBytes; DDSTORE_DIRECT_MAX_BYTES overrides it (0: never).
+MAX_BYTES = 1 << 20
+MAX_ENV = "DDSTORE_DIRECT_MAX_BYTES"
+IDLE = 10.0  # seconds an unused connection stays open
+RETRY = 5.0  # seconds an address that failed (or a missing key) is left alone
+MAX_IDLE = 4  # idle connections kept per owner node
+
+OP_DIRECT_KEY = 15  # client protocol: the direct key, from the own agent
+OP_DIRECT_AUTH, OP_DIRECT_AUTH_PROOF = 51, 52  # peer protocol: the direct handshake
+OP_FETCH, OP_FETCH_RANGE = 35, 45  # peer protocol: rows
+
+
+def max_bytes():
+    v = os.environ.get(MAX_ENV, "")
+    if not v:
+        return MAX_BYTES
+    try:
+        n = int(v)
+    except ValueError:
+        n = -1
+    if n < 0:
+        from ._errors import ArgumentError
+        raise ArgumentError(f"ddstore: bad argument: {MAX_ENV}={v!r}: want a number of bytes >= 0")
+    return n
+
+
+_TIMEVAL = struct.Struct("@ll")
+_RANGE = struct.Struct("<qqq")  # FetchRange after its name: id, start, count
+_FETCH = struct.Struct("<qI")  # Fetch after its name: id, count of globals
+
+
+class Failed(Exception):
+    """A direct read did not happen; the caller reads through its agent."""
+
+
+class Conn:
+    __slots__ = ("addr", "sock", "req", "hdr", "used")
+
+    def __init__(self, addr, key, timeout):
+        host, _, port = addr.rpartition(":")
+        self.addr, self.req, self.hdr, self.used = addr, 0, bytearray(_wire.HEADER.size), 0.0
+        self.sock = socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=min(timeout, 5.0))
+        try:
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._handshake(key)
+            # Blocking, bounded by the kernel (SO_RCVTIMEO, SO_SNDTIMEO):
+            # no poll() before each send and receive, as a Python timeout
+            # costs; a peer that stops answering fails the read.
+            self.sock.settimeout(None)
+            tv = _TIMEVAL.pack(int(timeout), int((timeout % 1) * 1e6))
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+        except BaseException:
+            self.sock.close()
+            raise
+
+    def _call(self, op, enc):
+        """One request, its reply's (status, body, payload length)."""
+        self.req += 1
+        self.sock.sendall(enc.frame(op, self.req))
+        self._recv_into(self.hdr)
+        rop, status, blen, rid, payload = _wire.parse_header(self.hdr)
+        body = bytearray(blen)
+        if blen:
+            self._recv_into(body)
+        if rid != self.req or rop != op:
+            raise Failed(f"reply op {rop} #{rid} to op {op} #{self.req} from {self.addr}")
+        return status, body, payload
+
+    def _handshake(self, key):
+        ni = os.urandom(_auth.NONCE)
+        e = _wire.Encoder()
+        e.b += ni
+        status, body, _ = self._call(OP_DIRECT_AUTH, e)
+        if status or len(body) != _auth.NONCE + 32:
+            raise Failed(f"direct handshake refused by {self.addr}")
+        nr, theirs = bytes(body[:_auth.NONCE]), bytes(body[_auth.NONCE:])
+        if not hmac.compare_digest(theirs, _auth.mac(key, "direct", "responder", ni, nr)):
+            raise Failed(f"the agent at {self.addr} does not hold the direct key")
+        e = _wire.Encoder()
+        e.b += _auth.mac(key, "direct", "initiator", ni, nr)
+        status, body, _ = self._call(OP_DIRECT_AUTH_PROOF, e)
+        if status or body:
+            raise Failed(f"direct proof refused by {self.addr}")
+
+    def _recv_into(self, buf):
+        view, n = memoryview(buf).cast("B"), 0
+        while n < len(view):
+            k = self.sock.recv_into(view[n:])
+            if k == 0:
+                raise EOFError(f"connection to {self.addr} closed")
+            n += k
+
+    def read(self, op, body, dst, want):
+        """op (its body's bytes) and its reply's rows (want bytes) into dst
+        (a writable contiguous buffer): the header and the rows in one
+        receive when they come together."""
+        self.req += 1
+        self.sock.sendall(_wire.HEADER.pack(_wire.MAGIC, _wire.VERSION, op, 0, 0, len(body), 0, self.req, 0) + body)
+        view, hdr = memoryview(dst).cast("B"), self.hdr
+        n = self.sock.recvmsg_into([hdr, view])[0]
+        while n < len(hdr):
+            k = self.sock.recv_into(memoryview(hdr)[n:])
+            if k == 0:
+                raise EOFError(f"connection to {self.addr} closed")
+            n += k
+        rop, status, blen, rid, payload = _wire.parse_header(hdr)
+        got = n - len(hdr)  # bytes already in dst: rows, or an error's body
+        if rid != self.req or rop != op:
+            raise OSError(f"reply op {rop} #{rid} to op {op} #{self.req} from {self.addr}")
+        if status:
+            if payload:
+                raise OSError(f"error reply from {self.addr} with {payload} payload bytes")
+            b = bytearray(blen)
+            b[:got] = view[:got]
+            if blen > got:
+                self._recv_into(memoryview(b)[got:])
+            raise Failed(str(_wire.status_error(status, b)))  # the connection stays sound
+        if blen or payload != want:
+            raise OSError(f"{self.addr} sent a body of {blen} bytes and {payload} row bytes, want none and {want}")
+        if got < want:
+            self._recv_into(view[got:])
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class Pool:
+    """A store's direct connections, by owner address. key() asks the own
+    agent for the direct key (raises when it cannot)."""
+
+    def __init__(self, key, timeout, enabled):
+        self._key_of, self.timeout = key, timeout
+        self.max = max_bytes() if enabled else 0
+        self.idle_for = IDLE
+        self._reset()
+
+    def _reset(self):
+        self.lock = threading.Lock()
+        self.key, self.key_retry = None, 0.0
+        self.idle, self.bad = {}, {}
+        self.timer, self.closed = None, False
+        self.names = {}
+
+    def _take(self, addr):
+        now = time.monotonic()
+        with self.lock:
+            if self.closed or self.bad.get(addr, 0.0) > now:
+                return None
+            cs = self.idle.get(addr)
+            if cs:
+                return cs.pop(), True
+            key = self.key
+            if key is None and self.key_retry > now:
+                return None
+        if key is None:
+            try:
+                key = bytes(self._key_of())
+            except Exception:
+                with self.lock:
+                    self.key_retry = time.monotonic() + RETRY
+                return None
+            with self.lock:
+                self.key = key
+        try:
+            return Conn(addr, key, self.timeout), False
+        except Exception:
+            self._mark_bad(addr)
+            return None
+
+    def _put(self, c):
+        c.used = time.monotonic()
+        with self.lock:
+            cs = self.idle.setdefault(c.addr, [])
+            if self.closed or len(cs) >= MAX_IDLE:
+                c.close()
+                return
+            cs.append(c)
+            if self.timer is None:
+                self.timer = threading.Timer(self.idle_for, self._sweep)
+                self.timer.daemon = True
+                self.timer.start()
+
+    def _sweep(self):
+        with self.lock:
+            self.timer = None
+            if self.closed:
+                return
+            now, nxt = time.monotonic(), None
+            for addr in list(self.idle):
+                kept = []
+                for c in self.idle[addr]:
+                    left = self.idle_for - (now - c.used)
+                    if left > 0:
+                        kept.append(c)
+                        nxt = left if nxt is None else min(nxt, left)
+                    else:
+                        c.close()
+                if kept:
+                    self.idle[addr] = kept
+                else:
+                    del self.idle[addr]
+            if nxt is not None:
+                self.timer = threading.Timer(nxt, self._sweep)
+                self.timer.daemon = True
+                self.timer.start()
+
+    def _drop_idle(self, addr):
+        with self.lock:
+            cs = self.idle.pop(addr, [])
+        for c in cs:
+            c.close()
+
+    def _mark_bad(self, addr):
+        with self.lock:
+            self.bad[addr] = time.monotonic() + RETRY
+        self._drop_idle(addr)
+
+    def _run(self, addr, op, body, dst, want):
+        got = self._take(addr)
+        if got is None:
+            return False
+        c, reused = got
+        try:
+            c.read(op, body, dst, want)
+        except Failed:
+            self._put(c)  # the owner answered: the connection is sound
+            return False
+        except Exception:
+            # A pooled connection may have died with its agent (a restart):
+            # the next read dials afresh; a new one that fails leaves the
+            # address alone a while.
+            c.close()
+            if reused:
+                self._drop_idle(addr)
+            else:
+                self._mark_bad(addr)
+            return False
+        self._put(c)
+        return True
+
+    def _name(self, v):
+        """v's name as a wire String, kept for the next read."""
+        b = self.names.get(v.name)
+        if b is None:
+            e = v.name.encode()
+            b = self.names[v.name] = struct.pack("<H", len(e)) + e
+        return b
+
+    def addr_of(self, v, ranks):
+        """The one address of ranks' node, or None (several nodes, or one
+        without an address)."""
+        addr = None
+        for r in ranks:
+            a = v.addrs[r] if r < len(v.addrs) else ""
+            if not a or (addr is not None and a != addr):
+                return None
+            addr = a
+        return addr
+
+    def range(self, v, dst, first, k, rank_lo, rank_hi):
+        """Rows [first, first+k) of ranks rank_lo..rank_hi into dst (k rows
+        of v.rb bytes, contiguous); False: not read (the caller reads them
+        through its agent)."""
+        if k * v.rb > self.max or v.ragged:
+            return False
+        addr = self.addr_of(v, range(rank_lo, rank_hi + 1))
+        if addr is None:
+            return False
+        body = self._name(v) + _RANGE.pack(v.id, first, k)
+        if not self._run(addr, OP_FETCH_RANGE, body, dst, k * v.rb):
+            return False
+        v.profile["direct_rows"] += k
+        return True
+
+    def fetch(self, v, dst, globals_, owners):
+        """Rows globals_ (of ranks owners) into dst (len(globals_) rows,
+        contiguous); False: not read."""
+        k = globals_.shape[0]
+        if k * v.rb > self.max or v.ragged:
+            return False
+        addr = self.addr_of(v, np.unique(owners).tolist())
+        if addr is None:
+            return False
+        body = self._name(v) + _FETCH.pack(v.id, k) + np.ascontiguousarray(globals_, dtype="<i8").tobytes()
+        if not self._run(addr, OP_FETCH, body, dst, k * v.rb):
+            return False
+        v.profile["direct_rows"] += k
+        return True
+
+    def forked(self):
+        """A forked child: the parent's connections are closed here (never
+        used), and the child dials its own."""
+        for cs in self.idle.values():
+            for c in cs:
+                c.close()
+        self._reset()
+
+    def close(self):
+        with self.lock:
+            self.closed = True
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+            idle, self.idle = self.idle, {}
+        for cs in idle.values():
+            for c in cs:
+                c.close()

@@ -1,0 +1,111 @@
+"""Direct reads (docs/design.md, Reading): a small read of one other node's
+rows goes straight to that node's agent over an authenticated, pooled TCP
+connection; a forked child opens its own; a connection without the direct
+key is refused; an idle one is closed; a variable freed and added again
+never gives its old rows; direct=False reads through the own agent."""
+
+from conftest import run_ranks
+
+SCRIPT = r"""
+import json, os, socket, subprocess, time
+import numpy as np, ddstore
+from ddstore import _direct
+
+def agent_info(node):
+    out = subprocess.run([os.environ["DDSTORE_BIN"], "info", "--json", "--namespace", os.environ["DDSTORE_NAMESPACE"],
+                          "--node", node, "--run-dir", os.environ["DDSTORE_RUN_DIR"]],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+def wait(cond, what, timeout=20):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+s = ddstore.Store()
+r = s.rank
+n = 50
+def rows(shift):
+    first = r * n
+    return (np.arange(first, first + n, dtype=np.int64)[:, None] * 10 + np.arange(8) + shift).astype(np.int64)
+def want(idx, shift):
+    return np.asarray(idx, dtype=np.int64)[:, None] * 10 + np.arange(8) + shift
+s.add("v", rows(0))
+if r == 0:
+    s._direct.idle_for = 0.05
+    out = np.empty((4, 8), np.int64)
+    idx = [55, 51, 99, 60]
+    s.get_batch("v", out, idx)
+    assert np.array_equal(out, want(idx, 0)), out
+    s.get("v", out[:3], 70)
+    assert np.array_equal(out[:3], want([70, 71, 72], 0))
+    one = np.empty((1, 8), np.int64)
+    s.get("v", one, 88)
+    assert np.array_equal(one, want([88], 0))
+    # Rows of both nodes: this node's copied, the other's direct.
+    s.get_batch("v", out, [3, 97, 4, 98])
+    assert np.array_equal(out, want([3, 97, 4, 98], 0))
+    p = s.get_profile("v")
+    assert p["direct_rows"] == 4 + 3 + 1 + 2 and p["remote_rows"] == 10, p
+    # The connection is closed once idle.
+    wait(lambda: not s._direct.idle, "the direct connection idle-closed on the client")
+    wait(lambda: agent_info("b")["counters"].get("direct_connections") == 0, "the direct connection gone at b's agent")
+    # A forked child opens its own connection and reads the right rows.
+    rd, wr = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        ok = 0
+        try:
+            o = np.empty((5, 8), np.int64)
+            s.get_batch("v", o, [90, 91, 92, 93, 94])
+            ok = int(np.array_equal(o, want([90, 91, 92, 93, 94], 0)) and s.get_profile("v")["direct_rows"] == 15)
+        finally:
+            os.write(wr, bytes([ok]))
+            os._exit(0)
+    os.close(wr)
+    assert os.read(rd, 1) == b"\x01", "forked child's direct read"
+    os.waitpid(pid, 0)
+    # A connection with a wrong key is refused, and counted.
+    before = agent_info("b")["counters"]["refused_connections"]
+    v = s._vars["v"]
+    try:
+        _direct.Conn(v.addrs[1], os.urandom(32), 10.0)
+        raise AssertionError("a wrong direct key was accepted")
+    except (_direct.Failed, OSError):
+        pass
+    wait(lambda: agent_info("b")["counters"]["refused_connections"] == before + 1, "the refusal counted")
+    # direct=False: the same rows through the own agent.
+    via = ddstore.Store(reader=True, direct=False)
+    o = np.empty((4, 8), np.int64)
+    via.get_batch("v", o, idx)
+    assert np.array_equal(o, want(idx, 0)) and via.get_profile("v")["direct_rows"] == 0
+    # A reader that keeps its table while the variable is freed and added
+    # again with other rows: never the old rows.
+    reader = ddstore.Store(reader=True)
+    reader.get_batch("v", o, idx)
+    assert reader.get_profile("v")["direct_rows"] == 4
+s.fence()
+s.free("v")
+s.fence()
+s.add("v", rows(1000))
+s.fence()
+if r == 0:
+    for _ in range(3):
+        reader.get_batch("v", o, idx)
+        assert np.array_equal(o, want(idx, 1000)), o
+        reader.get("v", o[:2], 60)
+        assert np.array_equal(o[:2], want([60, 61], 1000)), o
+    assert reader.get_profile("v")["direct_rows"] > 0
+    reader.close()
+    via.close()
+s.fence()
+s.free("v")
+s.close()
+print("ok", r)
+"""
+
+
+def test_direct_reads(job):
+    outs = run_ranks(SCRIPT, ["a", "b"], job)
+    assert [o.strip().splitlines()[-1] for o in outs] == ["ok 0", "ok 1"], outs
