@@ -23,7 +23,9 @@ import (
 // per thread reading at once); each is served by its own goroutine, one
 // request at a time.
 type session struct {
-	conn  *net.UnixConn
+	conn *net.UnixConn
+	// hello and said are written by the session's goroutine under
+	// Agent.mu (other sessions' publishes read them: localRanks).
 	hello wire.Hello
 	said  bool
 	fds   []int // descriptors received and not yet claimed by a Register
