@@ -286,16 +286,8 @@ func (p *Pool) getConn(ctx context.Context, addr string, l lane, dialed *bool) (
 	if c := pc.conns[i]; c != nil && !c.dead.Load() {
 		return c, nil
 	}
-	d := net.Dialer{Timeout: p.opts.DialTimeout}
-	nc, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil && ctx.Err() != nil {
-		return nil, fmt.Errorf("%w: connect to %s: %w", base.ErrTimeout, addr, ctx.Err())
-	}
+	nc, err := p.dial(ctx, addr)
 	if err != nil {
-		return nil, fmt.Errorf("%w: connect to %s: %w", base.ErrPeer, addr, err)
-	}
-	if err := p.authenticate(ctx, nc, addr); err != nil {
-		nc.Close()
 		return nil, err
 	}
 	c, err := newConn(nc.(*net.TCPConn), addr)
@@ -322,6 +314,46 @@ func (p *Pool) getConn(ctx context.Context, addr string, l lane, dialed *bool) (
 	return c, nil
 }
 
+// dial connects to addr and authenticates. A connection the peer closes
+// before the handshake ends — a server that sheds connections arriving
+// while too many others are unauthenticated (MaxUnauthenticated), as when
+// every node of a large job dials the coordinator at once — is dialed
+// again, a few times with a growing pause: nothing was sent on it. A peer
+// that refuses the connection, or the key, fails at once.
+func (p *Pool) dial(ctx context.Context, addr string) (net.Conn, error) {
+	pause := 10 * time.Millisecond
+	for try := 0; ; try++ {
+		d := net.Dialer{Timeout: p.opts.DialTimeout}
+		nc, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil && ctx.Err() != nil {
+			return nil, fmt.Errorf("%w: connect to %s: %w", base.ErrTimeout, addr, ctx.Err())
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: connect to %s: %w", base.ErrPeer, addr, err)
+		}
+		err = p.authenticate(ctx, nc, addr)
+		if err == nil {
+			return nc, nil
+		}
+		nc.Close()
+		if !errors.Is(err, errShed) || try == 4 {
+			return nil, err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("%w: connect to %s: %w", base.ErrTimeout, addr, ctx.Err())
+		}
+		pause *= 2
+	}
+}
+
+// errShed marks an authentication the peer cut short by closing the
+// connection.
+var errShed = errors.New("closed by the peer during the handshake")
+
 // authenticate proves the job's key on a new connection, before anything
 // else is sent on it.
 func (p *Pool) authenticate(ctx context.Context, nc net.Conn, addr string) error {
@@ -346,6 +378,8 @@ func (p *Pool) authenticate(ctx context.Context, nc net.Conn, addr string) error
 		return fmt.Errorf("authenticating to peer %s: %w", addr, err)
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		return fmt.Errorf("%w: peer %s did not complete authentication in time: %w", base.ErrTimeout, addr, err)
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET):
+		return fmt.Errorf("%w: authenticating to peer %s: %w (%w)", base.ErrPeer, addr, err, errShed)
 	default:
 		return fmt.Errorf("%w: authenticating to peer %s: %w", base.ErrPeer, addr, err)
 	}
