@@ -82,19 +82,25 @@ func (a *Agent) gatherShard(ctx context.Context, ld *lead, addr string, m wire.S
 	}
 	hold := time.NewTimer(min(gatherHold, a.roundTimeout(m)/10))
 	defer hold.Stop()
+	// The leader's round ending (it failed: it cannot succeed without
+	// these shards) lets them go at once, so that the coordinator answers
+	// them with the round's error without waiting for the hold.
+	ended := ld.done
 	for {
 		select {
 		case err := <-p.done:
 			return err
 		case <-hold.C:
-			ld.gmu.Lock()
-			flush := ld.takeGather(true)
-			ld.gmu.Unlock()
-			if flush != nil {
-				a.shardBatch.queue(a, flush)
-			}
+		case <-ended:
+			ended = nil
 		case <-ctx.Done():
 			return fmt.Errorf("%w: waiting for the coordinator's answer: %w", base.ErrTimeout, ctx.Err())
+		}
+		ld.gmu.Lock()
+		flush := ld.takeGather(true)
+		ld.gmu.Unlock()
+		if flush != nil {
+			a.shardBatch.queue(a, flush)
 		}
 	}
 }
