@@ -138,7 +138,7 @@ micro-mpi: build ## the same cross-node, 2 ranks of mpirun: through the agents a
 SCALE_ARGS   ?= --nodes 2,4,8,16,32,64,128 --rounds 3 --duration 1s
 SCALE_BEFORE ?=
 scale: build ## the scale driver (2 to 128 simulated nodes), the model to 1,024 nodes and its plots in docs/scale/ (a few minutes)
-	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore_bench.scale --out $(CURDIR)/docs/scale --args '$(SCALE_ARGS)' $(if $(SCALE_BEFORE),--before $(SCALE_BEFORE))
+	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore_bench.scale --out $(CURDIR)/docs/scale --args '$(SCALE_ARGS)' $(if $(SCALE_BEFORE),--before $(abspath $(SCALE_BEFORE)))
 
 report: build ## measure, then plot docs/figures/*.png (loading time, hit rate, throughput); needs python3-matplotlib
 	cd python && DDSTORE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m ddstore_bench.report --out $(CURDIR)/docs/figures $(REPORT_ARGS)

@@ -116,3 +116,91 @@ func TestClusterRoundFollowerMismatch(t *testing.T) {
 	c.addPattern(t, "mismatch", rows, 2, 8)
 	readAllRanks(t, c, "mismatch", 78, 16)
 }
+
+// TestClusterRoundGather: the shards of a node's ranks other than the one
+// that leads its round are held until all of the node's connected ranks
+// are in and go in one batch — two messages from the node per round —
+// and when one rank is late they go without it once the hold passes, the
+// late one after them, and the round still completes.
+func TestClusterRoundGather(t *testing.T) {
+	c := startCluster(t, []int{4, 4}, viaRendezvous)
+	coord := -1
+	for i, a := range c.agents {
+		in, err := ddstore.QueryAgent(a.Socket(), c.ns, fmt.Sprintf("node%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if in.Coordinator {
+			coord = i
+		}
+	}
+	if coord < 0 {
+		t.Fatal("no agent coordinates")
+	}
+	coordMsgs := func() int {
+		in, err := ddstore.QueryAgent(c.agents[coord].Socket(), c.ns, fmt.Sprintf("node%d", coord))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return in.Counters["coord_messages_in"]
+	}
+	node := 1 - coord
+	first := 4 * node
+	rows := []int64{1, 2, 3, 4, 5, 6, 7, 8}
+	c.addPattern(t, "warm", rows, 2, 8) // the other node joins the coordinator
+	readAllRanks(t, c, "warm", 36, 16)
+
+	errs := make([]error, len(c.stores))
+	var wg sync.WaitGroup
+	add := func(name string, r int) {
+		buf := make([]byte, 16*rows[r])
+		for i := range rows[r] {
+			pattern(buf[16*i:16*(i+1)], int64(r*(r+1)/2)+i) // rank r's first row is 1+2+…+r
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = c.stores[r].Add(name, buf, 2, 8)
+		}()
+	}
+	// Every rank at once: the leader's PeerRound, then one PeerShards.
+	before := coordMsgs()
+	for r := range c.stores {
+		add("all", r)
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	if got := coordMsgs() - before; got != 2 {
+		t.Errorf("node%d sent the coordinator %d messages in a round of its 4 ranks, want 2 (its leader's round, one batch of the others' shards)", node, got)
+	}
+
+	// The node's last rank late: the others' shards go once the hold
+	// passes, without it; it goes alone after.
+	before = coordMsgs()
+	for r := range c.stores {
+		if r != first+3 {
+			add("late", r)
+		}
+	}
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if n := coordMsgs() - before; n < 2 {
+			return fmt.Errorf("the coordinator has %d messages of node%d's round, want 2 before its last rank publishes", n, node)
+		}
+		return nil
+	})
+	add("late", first+3)
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	if got := coordMsgs() - before; got != 3 {
+		t.Errorf("node%d sent the coordinator %d messages in a round whose last rank was late, want 3", node, got)
+	}
+	readAllRanks(t, c, "late", 36, 16)
+}

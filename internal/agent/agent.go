@@ -56,6 +56,11 @@ type Config struct {
 	// started on demand use it); zero: never.
 	IdleExit     time.Duration
 	ConnsPerPeer int
+	// PeerIdle closes the connections to another agent unused that long
+	// (zero: never); MaxPeers caps the agents it holds connections to
+	// (zero: no cap). Both: transport.Options.
+	PeerIdle time.Duration
+	MaxPeers int
 	// RelayFanout is how many nodes the coordinator sends a round's table
 	// to, and each of them on to (docs/design.md, Publish rounds at
 	// scale); zero: 8.
@@ -276,7 +281,8 @@ func (a *Agent) start() error {
 	}
 	// The peer pool and the transport go before re-adoption, which
 	// exposes the adopted shards in the MPI window.
-	a.pool = transport.NewPool(transport.Options{ConnsPerPeer: cfg.ConnsPerPeer, Timeout: cfg.Timeout, Key: a.peerKey})
+	a.pool = transport.NewPool(transport.Options{ConnsPerPeer: cfg.ConnsPerPeer, Timeout: cfg.Timeout,
+		IdleClose: cfg.PeerIdle, MaxPeers: cfg.MaxPeers, Key: a.peerKey})
 	a.initBatchers()
 	if err := a.startTransport(); err != nil {
 		return err
@@ -540,6 +546,7 @@ func (a *Agent) info() Info {
 		"coord_messages_out": int(s.coord.out.Load()), "coord_bytes_out": int(s.coord.outBytes.Load()),
 		"manifest_writes": int(a.saves.written.Load()), "tables_relayed": int(s.tablesRelayed.Load()),
 		"goroutines": runtime.NumGoroutine(), "peer_conns_out": a.pool.Conns(), "peer_conns_in": a.peer.Conns(),
+		"peer_conns_idle_closed": int(a.pool.IdleClosed()),
 	}
 	s.errorKinds.counters(in.Counters)
 	in.MemoryBytes += a.stagingBytes.Load()

@@ -36,6 +36,73 @@ type roundLead struct {
 type lead struct {
 	done chan struct{}
 	err  error // set before done is closed
+	// The shards of the node's other ranks of the round, gathered until
+	// all of them are in (or gatherHold passes) and then sent together.
+	gmu     sync.Mutex // a leaf (lock order: internal/LOCKS.md)
+	gather  []*batchItem[wire.Shard]
+	flushed bool
+}
+
+// gatherHold bounds how long the shards of a node's ranks wait for the
+// rest of the node's ranks of their round before they go anyway: a round
+// ends only once every rank's shard is in, so waiting for the node's last
+// rank delays nothing; the bound (at most a tenth of the round's timeout,
+// so that a rank missing past it is named by the coordinator among the
+// right ones) only matters when a connected rank of the job is not in
+// the round, or is late.
+const gatherHold = time.Second
+
+// takeGather returns the gathered shards to send, once, when all is
+// true; ld.gmu is held.
+func (ld *lead) takeGather(all bool) []*batchItem[wire.Shard] {
+	if !all || ld.flushed {
+		return nil
+	}
+	ld.flushed = true
+	g := ld.gather
+	ld.gather = nil
+	return g
+}
+
+// gatherShard hands a follower's shard over with the node's other
+// followers of the round: held until want of them are in, or gatherHold
+// passes, then queued at once, so that they go in one PeerShards.
+func (a *Agent) gatherShard(ctx context.Context, ld *lead, addr string, m wire.Shard, want int) error {
+	p := &batchItem[wire.Shard]{v: m, addr: addr, done: make(chan error, 1)}
+	ld.gmu.Lock()
+	if ld.flushed { // a straggler: the others went already
+		ld.gmu.Unlock()
+		return a.shardBatch.submit(ctx, a, addr, m)
+	}
+	ld.gather = append(ld.gather, p)
+	flush := ld.takeGather(len(ld.gather) >= want)
+	ld.gmu.Unlock()
+	if flush != nil {
+		a.shardBatch.queue(a, flush)
+	}
+	hold := time.NewTimer(min(gatherHold, a.roundTimeout(m)/10))
+	defer hold.Stop()
+	// The leader's round ending (it failed: it cannot succeed without
+	// these shards) lets them go at once, so that the coordinator answers
+	// them with the round's error without waiting for the hold.
+	ended := ld.done
+	for {
+		select {
+		case err := <-p.done:
+			return err
+		case <-hold.C:
+		case <-ended:
+			ended = nil
+		case <-ctx.Done():
+			return fmt.Errorf("%w: waiting for the coordinator's answer: %w", base.ErrTimeout, ctx.Err())
+		}
+		ld.gmu.Lock()
+		flush := ld.takeGather(true)
+		ld.gmu.Unlock()
+		if flush != nil {
+			a.shardBatch.queue(a, flush)
+		}
+	}
 }
 
 // lead makes the caller the rank of this node that brings round k's
@@ -69,8 +136,10 @@ func (l *roundLeads) lead(k roundLead) (leader bool, ld *lead, finish func(error
 // passes a round's table on along a tree of nodes (PeerTable); the
 // node's other ranks hand their shards over in batches (PeerShards,
 // answered at once) and take the table from v, or the leader's error
-// (docs/design.md, Publish rounds at scale).
-func (a *Agent) coordRound(ctx context.Context, v *variable, m wire.Shard) (*wire.Table, error) {
+// (docs/design.md, Publish rounds at scale); with local (the node's ranks
+// in the round, 0: unknown) above 2 those shards are gathered first and
+// go together (gatherShard).
+func (a *Agent) coordRound(ctx context.Context, v *variable, m wire.Shard, local int64) (*wire.Table, error) {
 	addr, err := a.coordinatorAddr(ctx)
 	if err != nil {
 		return nil, err
@@ -80,7 +149,13 @@ func (a *Agent) coordRound(ctx context.Context, v *variable, m wire.Shard) (*wir
 	}
 	leader, ld, finish := a.leads.lead(roundLead{m.Name, m.Attempt})
 	if !leader {
-		if err := a.shardBatch.submit(ctx, a, addr, m); err != nil {
+		var err error
+		if local > 2 {
+			err = a.gatherShard(ctx, ld, addr, m, int(local)-1)
+		} else {
+			err = a.shardBatch.submit(ctx, a, addr, m)
+		}
+		if err != nil {
 			return nil, err // the round's error names the variable, a transport's the peer
 		}
 		select {
@@ -140,7 +215,7 @@ func (a *Agent) leadRound(ctx context.Context, addr string, m wire.Shard) (*wire
 // PeerRound go so (PeerShards), and the ranks' frees (PeerFrees).
 type batcher[T any] struct {
 	mu      sync.Mutex // a leaf (lock order: internal/LOCKS.md)
-	queue   []*batchItem[T]
+	pending []*batchItem[T]
 	sending bool
 	// send sends one batch to addr and returns each item's error.
 	send func(ctx context.Context, addr string, items []T) []error
@@ -155,14 +230,7 @@ type batchItem[T any] struct {
 // submit queues v for the coordinator at addr and returns its answer.
 func (b *batcher[T]) submit(ctx context.Context, a *Agent, addr string, v T) error {
 	p := &batchItem[T]{v: v, addr: addr, done: make(chan error, 1)}
-	b.mu.Lock()
-	b.queue = append(b.queue, p)
-	start := !b.sending
-	b.sending = true
-	b.mu.Unlock()
-	if start {
-		a.go_(func() { b.run(a) })
-	}
+	b.queue(a, []*batchItem[T]{p})
 	select {
 	case err := <-p.done:
 		return err
@@ -171,13 +239,26 @@ func (b *batcher[T]) submit(ctx context.Context, a *Agent, addr string, v T) err
 	}
 }
 
+// queue adds items, whose answers go to their done, to what the next
+// batch carries.
+func (b *batcher[T]) queue(a *Agent, items []*batchItem[T]) {
+	b.mu.Lock()
+	b.pending = append(b.pending, items...)
+	start := !b.sending
+	b.sending = true
+	b.mu.Unlock()
+	if start {
+		a.go_(func() { b.run(a) })
+	}
+}
+
 // run sends what is queued until the queue is empty, a batch per
 // coordinator address (one, unless the coordinator changed meanwhile).
 func (b *batcher[T]) run(a *Agent) {
 	for {
 		b.mu.Lock()
-		batch := b.queue
-		b.queue = nil
+		batch := b.pending
+		b.pending = nil
 		if len(batch) == 0 {
 			b.sending = false
 			b.mu.Unlock()

@@ -24,7 +24,9 @@ import (
 // per thread reading at once); each is served by its own goroutine, one
 // request at a time.
 type session struct {
-	conn  *net.UnixConn
+	conn *net.UnixConn
+	// hello and said are written by the session's goroutine under
+	// Agent.mu (other sessions' publishes read them: localRanks).
 	hello wire.Hello
 	said  bool
 	fds   []int // descriptors received and not yet claimed by a Register
@@ -204,7 +206,9 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 				return nil, err
 			}
 		}
+		a.mu.Lock() // localRanks reads it from other sessions
 		s.hello, s.said = m, true
+		a.mu.Unlock()
 		a.noteRank(s, m)
 		r := wire.HelloReply{Node: a.cfg.Node, AgentPid: int64(os.Getpid())}
 		return r.Encode, nil
@@ -232,7 +236,7 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 		a.noteRanked(s)
 		done := a.publishing(m.Name, m.Rank)
 		ctx, stop := a.watchLeave(s)
-		t, err := a.publish(ctx, m)
+		t, err := a.publish(ctx, m, a.localRanks(m))
 		stop()
 		done()
 		if err != nil {
@@ -535,9 +539,28 @@ func checkShard(m wire.Shard) error {
 // maxPath bounds a backing file's name (with its dataset).
 const maxPath = 4096
 
+// localRanks is how many ranks of this node can take part in m's round:
+// the distinct ranks of the clients connected now whose job size is the
+// round's, when the round is the whole job's (0 otherwise: not known).
+func (a *Agent) localRanks(m wire.Shard) int64 {
+	if m.Group != "" {
+		return 0
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ranks := make(map[int64]struct{}, 8)
+	for s := range a.mu.sessions {
+		if s.said && s.hello.Rank >= 0 && s.hello.Size == m.Size {
+			ranks[s.hello.Rank] = struct{}{}
+		}
+	}
+	return int64(len(ranks))
+}
+
 // publish declares a created shard complete and waits for the variable to
-// exist on every rank.
-func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) {
+// exist on every rank; local is how many ranks of this node take part in
+// the round (0: unknown), so that their shards go together.
+func (a *Agent) publish(ctx context.Context, m wire.Shard, local int64) (*wire.Table, error) {
 	if err := checkShard(m); err != nil || m.Failed {
 		// This rank cannot take part: fail the round for every rank now
 		// rather than let the others wait for it until their timeout, and
@@ -620,7 +643,7 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) 
 			a.takeBack(v, int(m.Rank), seg)
 		}
 		m.Failed, m.Why = true, bad.Error()
-		a.publish(ctx, m) // fails the round for every rank
+		a.publish(ctx, m, 0) // fails the round for every rank
 		return nil, bad
 	}
 	m.Node = a.cfg.Node
@@ -630,7 +653,7 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard) (*wire.Table, error) 
 	// gives up on a round the coordinator completes.
 	pctx, cancel := context.WithTimeout(ctx, timeout+a.cfg.Timeout)
 	defer cancel()
-	t, err := a.coordRound(pctx, v, m)
+	t, err := a.coordRound(pctx, v, m, local)
 	if err != nil {
 		// The variable does not exist (or this node could not get its
 		// table): take this rank's shard back so that a corrected retry

@@ -49,6 +49,12 @@ type ScaleOptions struct {
 	// Meet is how the agents find the coordinator: "rendezvous" (the
 	// default: one address) or "handshake" (a handshake directory).
 	Meet string
+	// MaxPeers and PeerIdle are the agents' --max-peers and --peer-idle
+	// (zero: their defaults). With PeerIdle, the reading node's
+	// connections are counted again once that long has passed after its
+	// reads.
+	MaxPeers int
+	PeerIdle time.Duration
 	// Command makes the command that runs ddstore with args and extra
 	// environment: the agents (`agent ...`) and the node helpers (`bench`
 	// with ScaleNodeEnv set).
@@ -107,6 +113,13 @@ type ScalePoint struct {
 	AgentConns       int `json:"agent_conns"`
 	ReaderGoroutines int `json:"reader_goroutines"`
 	ReaderConns      int `json:"reader_conns"`
+	// ReaderIdleClosed: connections the reading node's agent closed idle
+	// or over its --max-peers cap (MaxPeers echoes the cap, 0: the
+	// default); ReaderConnsIdle: its connections out once --peer-idle has
+	// passed after its reads (-1: not measured).
+	MaxPeers         int `json:"max_peers,omitempty"`
+	ReaderIdleClosed int `json:"reader_idle_closed"`
+	ReaderConnsIdle  int `json:"reader_conns_out_idle"`
 	// TableBytes is one variable's table on an ordinary node's agent.
 	TableBytes int64 `json:"table_bytes"`
 	// GetBatch of Batch random rows of the other nodes, by one rank.
@@ -402,6 +415,7 @@ func runScaleJob(opts ScaleOptions, k int) (p ScalePoint, err error) {
 			p.CoordGoroutines, p.CoordConns = in.Counters["goroutines"], c
 		case reader:
 			p.ReaderGoroutines, p.ReaderConns = in.Counters["goroutines"], c
+			p.ReaderIdleClosed = in.Counters["peer_conns_idle_closed"]
 			fallthrough
 		default:
 			rss = append(rss, procRSS(j.agents[i].Process.Pid))
@@ -418,6 +432,24 @@ func runScaleJob(opts ScaleOptions, k int) (p ScalePoint, err error) {
 	}
 	p.AgentRSS = medianInt(rss)
 	p.AgentGoroutines, p.AgentConns = int(medianInt(toInt64(gor))), int(medianInt(toInt64(conns)))
+	p.MaxPeers, p.ReaderConnsIdle = opts.MaxPeers, -1
+	if opts.PeerIdle > 0 {
+		// Poll until its idle connections are closed (a control connection
+		// to the coordinator, used by no read, goes too), for 3 idle times.
+		by := time.Now().Add(3*opts.PeerIdle + time.Second)
+		for {
+			in, err := client.QueryAgent(j.socket(reader), j.ns, j.node(reader))
+			if err != nil {
+				return p, err
+			}
+			p.ReaderConnsIdle = in.Counters["peer_conns_out"]
+			if p.ReaderConnsIdle == 0 || time.Now().After(by) {
+				break
+			}
+			time.Sleep(opts.PeerIdle / 4)
+		}
+		fmt.Fprintf(pr, "reader conns out %d after %v idle ", p.ReaderConnsIdle, opts.PeerIdle)
+	}
 
 	if opts.Restart && victim >= 0 {
 		if err := j.restartRead(&p, reader, victim); err != nil {
@@ -484,6 +516,12 @@ func (j *scaleJob) startAgent(i int) (*exec.Cmd, error) {
 	}
 	args := append([]string{"agent", "--namespace", j.ns, "--node", j.node(i), "--run-dir", j.runDir,
 		"--peer-listen", "127.0.0.1:0", "--timeout", "10s"}, meet...)
+	if j.opts.MaxPeers > 0 {
+		args = append(args, "--max-peers", strconv.Itoa(j.opts.MaxPeers))
+	}
+	if j.opts.PeerIdle > 0 {
+		args = append(args, "--peer-idle", j.opts.PeerIdle.String())
+	}
 	cmd := j.opts.Command([]string{scaleChildEnv + "=1"}, args...)
 	f, err := os.OpenFile(filepath.Join(j.dir, j.node(i)+".agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -777,6 +815,13 @@ func procRSS(pid int) int64 {
 	return 0
 }
 
+func idleConns(n int) string {
+	if n < 0 {
+		return "-"
+	}
+	return fmt.Sprint(n)
+}
+
 func loadAvg() string {
 	b, _ := os.ReadFile("/proc/loadavg")
 	f := strings.Fields(string(b))
@@ -810,13 +855,14 @@ func (r *ScaleReport) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "ddstore bench scale: agents as processes on loopback meeting by %s, %d ranks per node, %d rows of %s per node, GetBatch of %d rows of the other nodes by one rank, %s per figure, %d CPUs, %s, %s\n\n",
 		r.Meet, r.RanksPerNode, r.RowsPerNode, sizeName(r.RowBytes), r.Batch, r.Duration, r.CPUs, r.Go, r.Date)
 	t := NewTable("K", "R", "open s", "1st add s", "add s", "free s", "cpu ms/add coord+agents+ranks", "coord msgs in/out per add", "coord KB out per add", "coord MiB", "agent MiB",
-		"coord gor", "agent gor", "coord conns", "agent conns", "reader conns", "table KB", "read Mrows/s", "p99 ms", "cpu µs/batch agent+client+owners", "restart Mrows/s", "p99 ms", "failed", "failing s", "load")
+		"coord gor", "agent gor", "coord conns", "agent conns", "reader conns", "reader closed idle", "reader out idle", "table KB", "read Mrows/s", "p99 ms", "cpu µs/batch agent+client+owners", "restart Mrows/s", "p99 ms", "failed", "failing s", "load")
 	for _, p := range r.Points {
 		t.Row(fmt.Sprint(p.Nodes), fmt.Sprint(p.Ranks), fmt.Sprintf("%.2f", p.OpenSeconds), fmt.Sprintf("%.3f", p.FirstAddSeconds), fmt.Sprintf("%.3f", p.AddSeconds), fmt.Sprintf("%.3f", p.FreeSeconds),
 			fmt.Sprintf("%.0f+%.0f+%.0f", p.AddCoordCPUms, p.AddAgentsCPUms, p.AddRanksCPUms),
 			fmt.Sprintf("%.0f/%.0f", p.CoordAddMsgsIn, p.CoordAddMsgsOut), fmt.Sprintf("%.1f", p.CoordAddBytesOut/1e3),
 			fmt.Sprintf("%.1f", float64(p.CoordRSS)/(1<<20)), fmt.Sprintf("%.1f", float64(p.AgentRSS)/(1<<20)),
 			fmt.Sprint(p.CoordGoroutines), fmt.Sprint(p.AgentGoroutines), fmt.Sprint(p.CoordConns), fmt.Sprint(p.AgentConns), fmt.Sprint(p.ReaderConns),
+			fmt.Sprint(p.ReaderIdleClosed), idleConns(p.ReaderConnsIdle),
 			fmt.Sprintf("%.1f", float64(p.TableBytes)/1e3), fmt.Sprintf("%.3f", p.ReadRowsPerSec/1e6), fmt.Sprintf("%.2f", p.ReadP99us/1e3),
 			fmt.Sprintf("%.0f+%.0f+%.0f", p.ReadAgentCPUus, p.ReadClientCPUus, p.ReadOwnersCPUus),
 			fmt.Sprintf("%.3f", p.RestartRowsPerSec/1e6), fmt.Sprintf("%.2f", p.RestartP99us/1e3), fmt.Sprint(p.RestartErrors), fmt.Sprintf("%.2f", p.RestartFailedSeconds), p.Load)

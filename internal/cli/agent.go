@@ -61,6 +61,8 @@ func runAgent(args []string, stdout, stderr io.Writer) error {
 	transportName := fs.String("transport", envOr("DDSTORE_TRANSPORT", "tcp"), "how rows of other nodes are read: tcp, mpi (one-sided gets; the agents are the ranks of one MPI launch, one per node; needs a build with -tags mpi), or fabric (libfabric RMA reads; provider from DDSTORE_FABRIC; needs a build with -tags fabric) (DDSTORE_TRANSPORT)")
 	persist := fs.Bool("persist", false, "keep the shards when stopping: the next agent of this namespace on this node re-adopts them (split mode, restarts)")
 	conns := fs.Int("conns-per-peer", 4, "TCP connections kept to each other agent for reads of its rows (control messages take one more), each dialed when first needed")
+	peerIdle := fs.Duration("peer-idle", 5*time.Minute, "close the connections to another agent after this long unused (0: never); they are dialed again when next needed")
+	maxPeers := fs.Int("max-peers", 1024, "most other agents to hold connections to: dialing one more closes those of the least recently used one with no read in flight (0: no cap)")
 	fanout := fs.Int("relay-fanout", 8, "on the coordinator: how many nodes it sends a round's table to, and each of them on to (a tree over the round's nodes)")
 	memory := fs.String("memory", envOr("DDSTORE_MEMORY", ""), "cap on the shards and receive regions the agent holds, e.g. 64G, 512M, 1048576 (DDSTORE_MEMORY; default or 0: none)")
 	staging := fs.String("staging", envOr("DDSTORE_STAGING", ""), "memory each variable with a backing file may use for rows read ahead of use, e.g. 256M (DDSTORE_STAGING; default 256M), counted in --memory")
@@ -78,6 +80,12 @@ func runAgent(args []string, stdout, stderr io.Writer) error {
 			return base.Errorf(base.ErrArgument, "agent: --handshake-dir %q: %v", *hs, err)
 		}
 		*hs = abs
+	}
+	if *peerIdle < 0 {
+		return base.Errorf(base.ErrArgument, "agent: --peer-idle %v: want a duration of 0 (never) or more", *peerIdle)
+	}
+	if *maxPeers < 0 {
+		return base.Errorf(base.ErrArgument, "agent: --max-peers %d: want 0 (no cap) or more", *maxPeers)
 	}
 	var budget int64
 	if m := strings.TrimSpace(*memory); m != "" && m != "0" {
@@ -112,7 +120,7 @@ func runAgent(args []string, stdout, stderr io.Writer) error {
 	a, err := agent.Start(agent.Config{
 		Namespace: *ns, Node: *node, Socket: *socket, PeerListen: *peer, Advertise: *adv,
 		Rendezvous: *rdv, HandshakeDir: *hs, Timeout: *timeout, JoinTimeout: *joinTimeout,
-		IdleExit: *idle, ConnsPerPeer: *conns, RelayFanout: *fanout, MemoryBytes: budget, StagingBytes: stagingBytes, Persist: *persist, MetricsAddr: *metricsAddr, Logger: log,
+		IdleExit: *idle, ConnsPerPeer: *conns, PeerIdle: *peerIdle, MaxPeers: *maxPeers, RelayFanout: *fanout, MemoryBytes: budget, StagingBytes: stagingBytes, Persist: *persist, MetricsAddr: *metricsAddr, Logger: log,
 		Transport: *transportName,
 	})
 	if err != nil {

@@ -37,6 +37,8 @@ func runBenchScale(args []string, stdout, stderr io.Writer) error {
 	dur := fs.Duration("duration", 2*time.Second, "time per GetBatch figure")
 	restart := fs.Bool("restart", true, "also read while one node's agent is killed and started again")
 	meet := fs.String("meet", "rendezvous", "how the agents find the coordinator: rendezvous (one address) or handshake (a handshake directory)")
+	maxPeers := fs.Int("max-peers", 0, "the agents' --max-peers (0: their default)")
+	peerIdle := fs.Duration("peer-idle", 0, "the agents' --peer-idle (0: their default); the reading node's connections are counted again after it")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of the table")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -56,6 +58,10 @@ func runBenchScale(args []string, stdout, stderr io.Writer) error {
 	}
 	opts.RanksPerNode, opts.RowsPerNode, opts.RowBytes, opts.Batch = *rpn, *rows, int(rb), *batch
 	opts.Rounds, opts.Duration, opts.Restart, opts.Meet = *rounds, *dur, *restart, *meet
+	if *maxPeers < 0 || *peerIdle < 0 {
+		return base.Errorf(base.ErrArgument, "--max-peers %d, --peer-idle %v: want 0 (the agents' default) or more", *maxPeers, *peerIdle)
+	}
+	opts.MaxPeers, opts.PeerIdle = *maxPeers, *peerIdle
 	exe, err := os.Executable()
 	if err != nil {
 		return err

@@ -98,6 +98,13 @@ func TestSubcommandFlags(t *testing.T) {
 	if code, _, errOut := run(t, "agent", "--timeout", "soon"); code != 2 || !strings.Contains(errOut, "soon") {
 		t.Errorf("agent --timeout soon: exit %d, stderr %q", code, errOut)
 	}
+	// Negative connection bounds are refused, naming the value.
+	for _, args := range [][]string{{"--peer-idle", "-1s"}, {"--max-peers", "-3"}} {
+		code, _, errOut := run(t, append([]string{"agent", "--namespace", "ns", "--node", "n1"}, args...)...)
+		if code != 76 || !strings.Contains(errOut, args[0]+" "+args[1]) {
+			t.Errorf("agent %s: exit %d, stderr %q; want 76 naming the value", strings.Join(args, " "), code, errOut)
+		}
+	}
 }
 
 // TestExitCode holds ExitCode to docs/protocol.md's table: the kinds of

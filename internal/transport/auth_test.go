@@ -2,7 +2,10 @@ package transport
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -61,6 +64,58 @@ func TestAuthenticatedConnections(t *testing.T) {
 				return // it never connected
 			}
 			eventually(t, 5*time.Second, "the refusal to be counted", func() bool { return s.Refused.Load() == 1 })
+		})
+	}
+}
+
+// shedListener closes the first n connections it accepts at once, as a
+// server shedding connections beyond MaxUnauthenticated does.
+type shedListener struct {
+	net.Listener
+	n atomic.Int64
+}
+
+func (l *shedListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil || l.n.Add(-1) < 0 {
+			return c, err
+		}
+		c.Close()
+	}
+}
+
+// TestDialAgainAfterShed: a connection the peer closes during the
+// handshake is dialed again, so a call goes through once the peer takes
+// it; one closed every time fails naming the peer.
+func TestDialAgainAfterShed(t *testing.T) {
+	k := auth.Generate()
+	key := func() (auth.Key, error) { return k, nil }
+	for _, c := range []struct {
+		shed int64
+		ok   bool
+	}{{2, true}, {100, false}} {
+		t.Run(fmt.Sprint(c.shed), func(t *testing.T) {
+			h := newFakeHandler()
+			v := h.addVar("v", 10, 8, false)
+			ln := &shedListener{Listener: listen(t)}
+			ln.n.Store(c.shed)
+			s := NewServer(ln, h, discardLog(), 5*time.Second, key)
+			t.Cleanup(func() { h.release(); s.Close() })
+			p := newPool(t, Options{ConnsPerPeer: 1, Timeout: 5 * time.Second, Key: key})
+			dst := newRowBuffers(2, 8, 0)
+			err := p.Fetch(context.Background(), s.Addr(), "v", 0, []int64{3, 4}, dst.rows)
+			if !c.ok {
+				wantSentinel(t, err, base.ErrPeer)
+				wantText(t, err, s.Addr())
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := checkRows(v, []int64{3, 4}, dst.rows); err != nil {
+				t.Fatal(err)
+			}
 		})
 	}
 }

@@ -1,12 +1,14 @@
 package transport
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -35,6 +37,15 @@ type Options struct {
 	Timeout time.Duration
 	// DialTimeout bounds connecting, authentication included. Zero means 5 s.
 	DialTimeout time.Duration
+	// IdleClose closes a peer's connections once none of them has been
+	// used for that long and no call is in flight on them; they are
+	// dialed again when next needed. Zero: never.
+	IdleClose time.Duration
+	// MaxPeers caps the peers the pool holds connections to: dialing one
+	// more closes the connections of the least recently used peer with no
+	// call in flight (a soft cap: when every peer has calls in flight, none
+	// is closed and the pool goes over it). Zero: no cap.
+	MaxPeers int
 	// Key gives the job's key, which every new connection proves before
 	// its first request (auth.Initiate), or the reason there is none yet.
 	// Nil: connections are not authenticated (tests of the transport
@@ -81,14 +92,26 @@ type Pool struct {
 		peers  map[string]*peerConns
 		closed bool
 	}
-	wg   sync.WaitGroup // read loops
+	wg   sync.WaitGroup // read loops and the idle sweep
 	open atomic.Int64   // connections whose read loop runs
+	// idleClosed counts connections closed idle or over MaxPeers.
+	idleClosed atomic.Int64
+	stop       chan struct{} // closed by Close: ends the idle sweep
 }
 
 // Conns is how many connections to peers the pool holds open.
 func (p *Pool) Conns() int { return int(p.open.Load()) }
 
+// IdleClosed is how many connections the pool closed because they were
+// idle (Options.IdleClose) or to stay within Options.MaxPeers.
+func (p *Pool) IdleClosed() int64 { return p.idleClosed.Load() }
+
+// errIdle is what a connection closed idle says to a call that took it
+// just before: the call dials again.
+var errIdle = errors.New("connection closed idle")
+
 type peerConns struct {
+	used  atomic.Int64 // when a call last took one of them (UnixNano)
 	next  atomic.Uint32
 	conns []*conn    // slots: the bulk lane's, the small lane's, the control connection; nil or dead ones are redialed
 	mu    sync.Mutex // guards conns, held while dialing one; lock order: internal/LOCKS.md
@@ -98,14 +121,118 @@ var _ Transport = (*Pool)(nil)
 
 // NewPool makes an empty pool; connections are dialed on first use.
 func NewPool(opts Options) *Pool {
-	p := &Pool{opts: opts.withDefaults()}
+	p := &Pool{opts: opts.withDefaults(), stop: make(chan struct{})}
 	p.mu.peers = make(map[string]*peerConns)
+	if p.opts.IdleClose > 0 {
+		p.wg.Add(1)
+		go p.sweep()
+	}
 	return p
+}
+
+// sweep closes idle peers' connections until Close.
+func (p *Pool) sweep() {
+	defer p.wg.Done()
+	t := time.NewTicker(max(p.opts.IdleClose/2, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+			before := time.Now().Add(-p.opts.IdleClose).UnixNano()
+			for _, pc := range p.peerList("") {
+				if pc.used.Load() < before {
+					pc.closeIdle(p)
+				}
+			}
+		}
+	}
+}
+
+// peerList is the pool's peers but addr's, least recently used first.
+func (p *Pool) peerList(addr string) []*peerConns {
+	p.mu.Lock()
+	l := make([]*peerConns, 0, len(p.mu.peers))
+	for a, pc := range p.mu.peers {
+		if a != addr {
+			l = append(l, pc)
+		}
+	}
+	p.mu.Unlock()
+	slices.SortFunc(l, func(x, y *peerConns) int { return cmp.Compare(x.used.Load(), y.used.Load()) })
+	return l
+}
+
+// trim closes the connections of the least recently used peers other than
+// addr with no call in flight, until at most MaxPeers peers have any.
+func (p *Pool) trim(addr string) {
+	if p.opts.MaxPeers <= 0 {
+		return
+	}
+	l := p.peerList(addr)
+	n := 1 // addr's
+	for _, pc := range l {
+		if pc.live() {
+			n++
+		}
+	}
+	for _, pc := range l {
+		if n <= p.opts.MaxPeers {
+			return
+		}
+		if pc.live() && pc.closeIdle(p) {
+			n--
+		}
+	}
+}
+
+// live says whether any of the peer's connections is open.
+func (pc *peerConns) live() bool {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	for _, c := range pc.conns {
+		if c != nil && !c.dead.Load() {
+			return true
+		}
+	}
+	return false
+}
+
+// closeIdle closes the peer's connections if none has a call in flight,
+// and reports whether it did.
+func (pc *peerConns) closeIdle(p *Pool) bool {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	var open []*conn
+	for _, c := range pc.conns {
+		if c == nil || c.dead.Load() {
+			continue
+		}
+		c.mu.Lock()
+		busy := len(c.mu.pending) > 0
+		c.mu.Unlock()
+		if busy {
+			return false
+		}
+		open = append(open, c)
+	}
+	closed := false
+	for _, c := range open {
+		if c.closeIdle() {
+			p.idleClosed.Add(1)
+			closed = true
+		}
+	}
+	return closed
 }
 
 // Close closes every connection; calls in flight fail with ErrClosed.
 func (p *Pool) Close() error {
 	p.mu.Lock()
+	if !p.mu.closed {
+		close(p.stop)
+	}
 	p.mu.closed = true
 	peers := p.mu.peers
 	p.mu.peers = nil
@@ -124,8 +251,15 @@ func (p *Pool) Close() error {
 }
 
 // get returns a live connection to addr of lane l: the control one, the
-// small lane's, or one of the ConnsPerPeer bulk connections in turn.
-func (p *Pool) get(ctx context.Context, addr string, l lane) (*conn, error) {
+// small lane's, or one of the ConnsPerPeer bulk connections in turn; dialed
+// says it was dialed now (so that the pool trims its peers, outside of
+// pc.mu).
+func (p *Pool) get(ctx context.Context, addr string, l lane) (c *conn, dialed bool, err error) {
+	c, err = p.getConn(ctx, addr, l, &dialed)
+	return c, dialed, err
+}
+
+func (p *Pool) getConn(ctx context.Context, addr string, l lane, dialed *bool) (*conn, error) {
 	p.mu.Lock()
 	if p.mu.closed {
 		p.mu.Unlock()
@@ -137,6 +271,7 @@ func (p *Pool) get(ctx context.Context, addr string, l lane) (*conn, error) {
 		p.mu.peers[addr] = pc
 	}
 	p.mu.Unlock()
+	pc.used.Store(time.Now().UnixNano())
 	var i int
 	switch l {
 	case laneControl:
@@ -151,16 +286,8 @@ func (p *Pool) get(ctx context.Context, addr string, l lane) (*conn, error) {
 	if c := pc.conns[i]; c != nil && !c.dead.Load() {
 		return c, nil
 	}
-	d := net.Dialer{Timeout: p.opts.DialTimeout}
-	nc, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil && ctx.Err() != nil {
-		return nil, fmt.Errorf("%w: connect to %s: %w", base.ErrTimeout, addr, ctx.Err())
-	}
+	nc, err := p.dial(ctx, addr)
 	if err != nil {
-		return nil, fmt.Errorf("%w: connect to %s: %w", base.ErrPeer, addr, err)
-	}
-	if err := p.authenticate(ctx, nc, addr); err != nil {
-		nc.Close()
 		return nil, err
 	}
 	c, err := newConn(nc.(*net.TCPConn), addr)
@@ -183,8 +310,49 @@ func (p *Pool) get(ctx context.Context, addr string, l lane) (*conn, error) {
 		c.readLoop()
 	}()
 	pc.conns[i] = c
+	*dialed = true
 	return c, nil
 }
+
+// dial connects to addr and authenticates. A connection the peer closes
+// before the handshake ends — a server that sheds connections arriving
+// while too many others are unauthenticated (MaxUnauthenticated), as when
+// every node of a large job dials the coordinator at once — is dialed
+// again, a few times with a growing pause: nothing was sent on it. A peer
+// that refuses the connection, or the key, fails at once.
+func (p *Pool) dial(ctx context.Context, addr string) (net.Conn, error) {
+	pause := 10 * time.Millisecond
+	for try := 0; ; try++ {
+		d := net.Dialer{Timeout: p.opts.DialTimeout}
+		nc, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil && ctx.Err() != nil {
+			return nil, fmt.Errorf("%w: connect to %s: %w", base.ErrTimeout, addr, ctx.Err())
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: connect to %s: %w", base.ErrPeer, addr, err)
+		}
+		err = p.authenticate(ctx, nc, addr)
+		if err == nil {
+			return nc, nil
+		}
+		nc.Close()
+		if !errors.Is(err, errShed) || try == 4 {
+			return nil, err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("%w: connect to %s: %w", base.ErrTimeout, addr, ctx.Err())
+		}
+		pause *= 2
+	}
+}
+
+// errShed marks an authentication the peer cut short by closing the
+// connection.
+var errShed = errors.New("closed by the peer during the handshake")
 
 // authenticate proves the job's key on a new connection, before anything
 // else is sent on it.
@@ -210,6 +378,8 @@ func (p *Pool) authenticate(ctx context.Context, nc net.Conn, addr string) error
 		return fmt.Errorf("authenticating to peer %s: %w", addr, err)
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		return fmt.Errorf("%w: peer %s did not complete authentication in time: %w", base.ErrTimeout, addr, err)
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET):
+		return fmt.Errorf("%w: authenticating to peer %s: %w (%w)", base.ErrPeer, addr, err, errShed)
 	default:
 		return fmt.Errorf("%w: authenticating to peer %s: %w", base.ErrPeer, addr, err)
 	}
@@ -248,29 +418,14 @@ func (p *Pool) call(ctx context.Context, addr string, op wire.Op, fill func(*wir
 			l = laneSmall
 		}
 	}
-	c, err := p.get(ctx, addr, l)
+	cl := &call{done: make(chan struct{}), dst: dst, want: want}
+	c, err := p.sendCall(ctx, addr, l, cl, op, fill)
 	if err != nil {
 		return nil, err
 	}
-	cl := &call{done: make(chan struct{}), dst: dst, want: want}
 	timeout := p.opts.Timeout
 	if l == laneControl {
 		timeout = 0 // control calls (collectives) are bounded by ctx, which carries their own timeout
-	}
-	// Sending is bounded like the rest: a peer that stops reading must not
-	// hold a large request (and the calls queued behind it) forever.
-	sendBy := time.Now().Add(30 * time.Second)
-	if timeout > 0 {
-		sendBy = time.Now().Add(timeout)
-	}
-	if d, ok := ctx.Deadline(); ok && d.Before(sendBy) {
-		sendBy = d
-	}
-	if err := c.send(cl, op, fill, sendBy); err != nil {
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return nil, fmt.Errorf("%w: sending %s to peer %s: %w", base.ErrTimeout, op, addr, err)
-		}
-		return nil, err
 	}
 	var timer <-chan time.Time
 	if timeout > 0 {
@@ -299,6 +454,39 @@ func (p *Pool) call(ctx context.Context, addr string, op wire.Op, fill func(*wir
 	c.fail(err)
 	<-cl.done
 	return nil, err
+}
+
+// sendCall sends cl on a connection to addr of lane l and returns the
+// connection; one closed idle just as it was taken is dialed again.
+func (p *Pool) sendCall(ctx context.Context, addr string, l lane, cl *call, op wire.Op, fill func(*wire.Encoder)) (*conn, error) {
+	// Sending is bounded like the rest: a peer that stops reading must not
+	// hold a large request (and the calls queued behind it) forever.
+	sendBy := time.Now().Add(30 * time.Second)
+	if l != laneControl {
+		sendBy = time.Now().Add(p.opts.Timeout)
+	}
+	if d, ok := ctx.Deadline(); ok && d.Before(sendBy) {
+		sendBy = d
+	}
+	for {
+		c, dialed, err := p.get(ctx, addr, l)
+		if err != nil {
+			return nil, err
+		}
+		if dialed {
+			p.trim(addr)
+		}
+		err = c.send(cl, op, fill, sendBy)
+		switch {
+		case err == nil:
+			return c, nil
+		case errors.Is(err, errIdle):
+			continue
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			return nil, fmt.Errorf("%w: sending %s to peer %s: %w", base.ErrTimeout, op, addr, err)
+		}
+		return nil, err
+	}
 }
 
 // call is one request in flight.
@@ -371,6 +559,22 @@ func (c *conn) send(cl *call, op wire.Op, fill func(*wire.Encoder), by time.Time
 		return err
 	}
 	return nil
+}
+
+// closeIdle closes the connection if no call is in flight on it, and
+// reports whether it did; a call that took it meanwhile finds errIdle and
+// dials again.
+func (c *conn) closeIdle() bool {
+	c.mu.Lock()
+	if c.mu.err != nil || len(c.mu.pending) > 0 {
+		c.mu.Unlock()
+		return false
+	}
+	c.mu.err = errIdle
+	c.dead.Store(true)
+	c.mu.Unlock()
+	c.nc.Close()
+	return true
 }
 
 // abandon gives up on a call that has not started receiving; it reports
