@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/ddstore-go/ddstore"
@@ -61,6 +63,63 @@ func BenchmarkGetBatch(b *testing.B) {
 		b.Run(fmt.Sprintf("local/%d", rb), func(b *testing.B) { benchGetBatch(b, rb, false, false) })
 		b.Run(fmt.Sprintf("remote/%d", rb), func(b *testing.B) { benchGetBatch(b, rb, true, true) })
 		b.Run(fmt.Sprintf("remote-copy/%d", rb), func(b *testing.B) { benchGetBatch(b, rb, true, false) })
+	}
+}
+
+// BenchmarkGetBatchInFlight: GetBatch of 256 rows of the other node with
+// k batches in flight at once (k goroutines of one store, each into its
+// own AllocRecv buffer, reading without pause), straight to the owner
+// (direct) or through this node's agent (NoDirect, the path of batches
+// spanning several owners), in-process agents. ns/op is per batch.
+func BenchmarkGetBatchInFlight(b *testing.B) {
+	for _, direct := range []bool{true, false} {
+		for _, rb := range []int{64, 4 << 10, 64 << 10} {
+			for _, k := range []int{1, 2} {
+				b.Run(fmt.Sprintf("%s/%d/k=%d", map[bool]string{true: "direct", false: "agent"}[direct], rb, k), func(b *testing.B) {
+					var opts []any
+					if !direct {
+						opts = append(opts, func(c *ddstore.Config) { c.NoDirect = true })
+					}
+					c := startCluster(b, []int{1, 1}, viaRendezvous, opts...)
+					n := int64(32<<20) / int64(rb)
+					rows := make([]byte, n*int64(rb))
+					c.mustEach(b, func(r int, s *ddstore.Store) error { return s.Add("v", rows, int64(rb), 1) })
+					s := c.stores[0]
+					const batch = 256
+					bufs := make([][]byte, k)
+					for i := range bufs {
+						var err error
+						if bufs[i], err = s.AllocRecv(batch * rb); err != nil {
+							b.Fatal(err)
+						}
+					}
+					rng := rand.New(rand.NewPCG(1, 2))
+					idx := make([][]int64, 64)
+					for i := range idx {
+						idx[i] = make([]int64, batch)
+						for j := range idx[i] {
+							idx[i][j] = n + rng.Int64N(n)
+						}
+					}
+					b.SetBytes(int64(batch * rb))
+					var left atomic.Int64
+					left.Store(int64(b.N))
+					b.ResetTimer()
+					var wg sync.WaitGroup
+					for g := range k {
+						wg.Go(func() {
+							for i := g; left.Add(-1) >= 0; i++ {
+								if err := s.GetBatch("v", bufs[g], idx[i%len(idx)]); err != nil {
+									b.Error(err)
+									return
+								}
+							}
+						})
+					}
+					wg.Wait()
+				})
+			}
+		}
 	}
 }
 
