@@ -246,6 +246,7 @@ class _StoredDataset(_tud.Dataset):
             raise ArgumentTypeError(f"ddstore: bad argument: dataset {name!r}: decode of type "
                                     f"{type(decode).__name__}: want a function (stored sample, index) -> sample")
         self.decode = decode
+        self._backed = None  # the variables with a backing file (_backed_vars)
 
     def __len__(self):
         return self._len
@@ -451,11 +452,20 @@ class _StoredDataset(_tud.Dataset):
         them now, into staging memory. Samples in memory are skipped, and so
         are datasets without backing files. Returns at once."""
         idx = _check_indices(indices, self._len, self.name)
-        if not idx.size:
+        backed = self._backed_vars()
+        if not idx.size or not backed:
             return
-        for f in self._schema.fields:
-            if self.store.describe(f.var)["backing"]:
-                self.store.prefetch(f.var, idx)
+        for var in backed:
+            self.store.prefetch(var, idx)
+
+    def _backed_vars(self):
+        """The variables of fields with a backing file, looked up once (a
+        sampler announces every step's samples; a variable keeps its
+        backing for as long as it lives)."""
+        backed = self._backed
+        if backed is None:
+            backed = self._backed = [f.var for f in self._schema.fields if self.store.describe(f.var)["backing"]]
+        return backed
 
     def _ddstore_samples(self, indices, buffers=None):
         idx = _check_indices(indices, self._len, self.name)
