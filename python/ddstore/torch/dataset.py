@@ -249,7 +249,7 @@ class _StoredDataset(_tud.Dataset):
         self.decode = decode
         self._backed = None  # the variables with a backing file (_backed_vars)
         self._far = {}  # variable -> whether its reads may need the agent
-        self._readers = None  # (pid, executor, threads): overlapped field reads
+        self._readers = None  # (pid, executor): overlapped field reads
 
     def __len__(self):
         return self._len
@@ -415,7 +415,7 @@ class _StoredDataset(_tud.Dataset):
         far = [k for k, f in enumerate(fields) if self._needs_agent(f.var)] if idx.shape[0] else []
         if len(far) < 2:
             return schema, [self._read_field(f, idx, out) for f in fields]
-        pool = self._reader_pool(len(far) - 1)
+        pool = self._reader_pool()
         futures = {k: pool.submit(self._read_field, fields[k], idx, out) for k in far[1:]}
         arrays, err = [], None
         for k, f in enumerate(fields):
@@ -444,15 +444,16 @@ class _StoredDataset(_tud.Dataset):
             far = self._far[var] = self.store._through_agent(var)
         return far
 
-    def _reader_pool(self, n):
-        """The dataset's reader threads (at least n), made on first use and
-        again in a forked child (whose copy has no threads)."""
+    def _reader_pool(self):
+        """The dataset's reader threads: up to one per field but one, each
+        started when a read first needs it; made on first use and again in
+        a forked child (whose copy has no threads). Two loader threads that
+        make one at once each use their own; the one not kept ends its
+        threads when it is collected."""
         pool = self._readers
-        if pool is None or pool[0] != os.getpid() or pool[2] < n:
-            if pool is not None and pool[0] == os.getpid():
-                pool[1].shutdown(wait=True)
+        if pool is None or pool[0] != os.getpid():
             self._readers = pool = (os.getpid(), _futures.ThreadPoolExecutor(
-                n, thread_name_prefix=f"ddstore-fields-{self.name}"), n)
+                max(1, len(self._schema.fields) - 1), thread_name_prefix=f"ddstore-fields-{self.name}"))
         return pool[1]
 
     def _stop_readers(self):
