@@ -12,6 +12,9 @@ __all__ = ["say", "parse_loaders", "under_launcher", "launch_ranks", "write_resu
            "NodeAgent", "keep_heap", "fmt_list", "table", "BAR"]
 
 BAR = "*" * 40
+# How many ranks launch_ranks started on this machine (all of its simulated
+# nodes'): what start_rank shares the cores among.
+RANKS_HERE = "DDSTORE_BENCH_RANKS_HERE"
 
 
 def say(msg):
@@ -51,16 +54,19 @@ def launch_ranks(cfg, module, nodes, what):
         path = os.path.join(tmp, "config.json")
         with open(path, "w") as f:
             json.dump(cfg, f)
-        old = os.environ.get("PYTHONPATH")
+        saved = {k: os.environ.get(k) for k in ("PYTHONPATH", RANKS_HERE)}
+        old = saved["PYTHONPATH"]
         os.environ["PYTHONPATH"] = pkg_root + (os.pathsep + old if old else "")
+        os.environ[RANKS_HERE] = str(cfg["ranks"])
         try:
             rc = launch([sys.executable, "-m", module, path], cfg["ranks"], nodes,
                         stdout=sys.stderr.buffer, stderr=sys.stderr.buffer)
         finally:
-            if old is None:
-                os.environ.pop("PYTHONPATH", None)
-            else:
-                os.environ["PYTHONPATH"] = old
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         if rc != 0:
             return rc, None
         with open(cfg["result"]) as f:
@@ -92,9 +98,18 @@ def start_rank():
     dist.init_process_group("gloo")
     rank, ranks = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(ranks)))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_size)))
+    # The ranks that share this machine's cores: launch_ranks's simulated
+    # nodes are all here (each node's LOCAL_WORLD_SIZE counts only its own).
+    here = int(os.environ.get(RANKS_HERE) or os.environ.get("LOCAL_WORLD_SIZE") or ranks)
+    torch.set_num_threads(max(1, _cores() // max(1, here)))
     return rank, ranks, local_rank
+
+
+def _cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 class NodeAgent:

@@ -85,6 +85,21 @@ def _window_rows(kind, samples, w):
     return rows
 
 
+def _numpy(t):
+    """A CPU tensor's numpy view (no copy), None for one numpy cannot hold
+    (on a device, bfloat16, needing grad)."""
+    if t.device.type != "cpu" or t.dtype == torch.bfloat16 or t.requires_grad:
+        return None
+    try:
+        return t.numpy()
+    except (TypeError, RuntimeError):
+        return None
+
+
+def _on(t, device):
+    return t if device.type == "cpu" else t.to(device)
+
+
 def _as_tensor(v):
     if isinstance(v, torch.Tensor):
         return v
@@ -293,6 +308,15 @@ class Graphs(_Collate):
             if c.layout in ("str", "bytes"):
                 outs.append(c.data)
                 continue
+            a = _numpy(c.data)
+            if a is not None:
+                # A field in CPU memory: moved and shifted in numpy, one pass
+                # into one new array (or the values themselves). Torch's
+                # element-wise kernels would split a batch's few thousand
+                # rows over its intra-op threads, which on a busy machine
+                # wait on one another longer than the work takes.
+                outs.append(torch.from_numpy(self._joined(c, a, count)))
+                continue
             if c.layout == "ragged":
                 t = c.sample_oriented()
                 dim = c.axis
@@ -321,13 +345,39 @@ class Graphs(_Collate):
             if node_key not in by:
                 raise ArgumentError(f"ddstore: bad argument: Graphs: node field {node_key!r} not in the samples' "
                                     f"fields {keys}")
-            n = count(node_key)
+            n = count(node_key).numpy()
             device = by[node_key].data.device
             if self.batch_key is not None:
-                out[self.batch_key] = torch.repeat_interleave(torch.arange(n.shape[0]), n).to(device)
+                out[self.batch_key] = _on(torch.from_numpy(np.repeat(np.arange(n.shape[0], dtype=np.int64), n)),
+                                          device)
             if self.ptr_key is not None:
-                ptr = torch.zeros(n.shape[0] + 1, dtype=torch.int64)
-                torch.cumsum(n, 0, out=ptr[1:])
-                out[self.ptr_key] = ptr.to(device)
+                ptr = np.zeros(n.shape[0] + 1, np.int64)
+                np.cumsum(n, out=ptr[1:])
+                out[self.ptr_key] = _on(torch.from_numpy(ptr), device)
+        return out
+
+    def _joined(self, c, a, count):
+        """Field c (a: its data as numpy) as the batch holds it, what the
+        torch path of _collate makes: the graphs' parts concatenated along
+        the field's axis (a ragged field's own; an edge field's last but
+        one, else 0), an edge field's indices shifted by the nodes of the
+        graphs before each."""
+        edge = c.key in self.edges
+        if c.layout == "ragged":
+            dim = c.axis
+            src = np.moveaxis(a, 0, dim) if dim else a
+        elif a.ndim == 1:  # 0-d per graph: one value each
+            dim, src = 0, a
+        else:
+            dim = a.ndim - 2 if edge else 0
+            src = np.moveaxis(a, 0, dim)
+            src = src.reshape(*src.shape[:dim], -1, *src.shape[dim + 2:])
+        if not edge:
+            return np.ascontiguousarray(src)
+        nodes = count(self.edges[c.key]).numpy()
+        shift = (np.cumsum(nodes) - nodes).astype(a.dtype, copy=False)
+        per = np.repeat(shift, count(c.key).numpy()).reshape(-1, *([1] * (src.ndim - dim - 1)))
+        out = np.empty(src.shape, a.dtype)
+        np.add(src, per, out=out)
         return out
 

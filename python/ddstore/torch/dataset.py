@@ -24,6 +24,7 @@ in place. Dict datasets also get `{name}/__fields__` (their keys, as JSON
 bytes) for readers that only know DDStore's conventions.
 """
 
+import concurrent.futures as _futures
 import json
 import operator
 import os
@@ -246,6 +247,9 @@ class _StoredDataset(_tud.Dataset):
             raise ArgumentTypeError(f"ddstore: bad argument: dataset {name!r}: decode of type "
                                     f"{type(decode).__name__}: want a function (stored sample, index) -> sample")
         self.decode = decode
+        self._backed = None  # the variables with a backing file (_backed_vars)
+        self._far = {}  # variable -> whether its reads may need the agent
+        self._readers = None  # (pid, executor): overlapped field reads
 
     def __len__(self):
         return self._len
@@ -401,19 +405,61 @@ class _StoredDataset(_tud.Dataset):
 
     def _ddstore_read(self, idx, keys=None, out=None):
         """Per-field arrays (len(idx), *shape) of rows idx (checked int64),
-        in `out` (from _ddstore_buffers) when given."""
+        in `out` (from _ddstore_buffers) when given. When several fields'
+        reads may need the agent (rows of other nodes or of backing files),
+        they overlap: all but the first on the dataset's reader threads,
+        each a request of its own, so that a batch waits about one round
+        trip instead of one per field."""
         schema = self._schema.select(keys)
-        arrays = []
-        n = idx.shape[0]
-        for f in schema.fields:
-            if f.ragged:
-                arrays.append(self._read_ragged(f, idx, out))
-                continue
-            a = out[f.key][:n] if out is not None else np.empty((n, *f.shape), f.npdtype)
-            if n:
-                self.store.get_batch(f.var, f.dest(a), idx)
-            arrays.append(a)
+        fields = schema.fields
+        far = [k for k, f in enumerate(fields) if self._needs_agent(f.var)] if idx.shape[0] else []
+        if len(far) < 2:
+            return schema, [self._read_field(f, idx, out) for f in fields]
+        pool = self._reader_pool()
+        futures = {k: pool.submit(self._read_field, fields[k], idx, out) for k in far[1:]}
+        arrays, err = [], None
+        for k, f in enumerate(fields):
+            try:
+                arrays.append(futures[k].result() if k in futures else self._read_field(f, idx, out))
+            except BaseException as e:  # the others are waited for: they write into out
+                err = err or e
+                arrays.append(None)
+        if err is not None:
+            raise err
         return schema, arrays
+
+    def _read_field(self, f, idx, out):
+        if f.ragged:
+            return self._read_ragged(f, idx, out)
+        n = idx.shape[0]
+        a = out[f.key][:n] if out is not None else np.empty((n, *f.shape), f.npdtype)
+        if n:
+            self.store.get_batch(f.var, f.dest(a), idx)
+        return a
+
+    def _needs_agent(self, var):
+        """Whether reads of var may need the agent, looked up once."""
+        far = self._far.get(var)
+        if far is None:
+            far = self._far[var] = self.store._through_agent(var)
+        return far
+
+    def _reader_pool(self):
+        """The dataset's reader threads: up to one per field but one, each
+        started when a read first needs it; made on first use and again in
+        a forked child (whose copy has no threads). Two loader threads that
+        make one at once each use their own; the one not kept ends its
+        threads when it is collected."""
+        pool = self._readers
+        if pool is None or pool[0] != os.getpid():
+            self._readers = pool = (os.getpid(), _futures.ThreadPoolExecutor(
+                max(1, len(self._schema.fields) - 1), thread_name_prefix=f"ddstore-fields-{self.name}"))
+        return pool[1]
+
+    def _stop_readers(self):
+        pool, self._readers = self._readers, None
+        if pool is not None and pool[0] == os.getpid():
+            pool[1].shutdown(wait=True)
 
     def _read_ragged(self, f, idx, out):
         """(values, lengths) of rows idx of a ragged field: one get_ragged,
@@ -451,11 +497,20 @@ class _StoredDataset(_tud.Dataset):
         them now, into staging memory. Samples in memory are skipped, and so
         are datasets without backing files. Returns at once."""
         idx = _check_indices(indices, self._len, self.name)
-        if not idx.size:
+        backed = self._backed_vars()
+        if not idx.size or not backed:
             return
-        for f in self._schema.fields:
-            if self.store.describe(f.var)["backing"]:
-                self.store.prefetch(f.var, idx)
+        for var in backed:
+            self.store.prefetch(var, idx)
+
+    def _backed_vars(self):
+        """The variables of fields with a backing file, looked up once (a
+        sampler announces every step's samples; a variable keeps its
+        backing for as long as it lives)."""
+        backed = self._backed
+        if backed is None:
+            backed = self._backed = [f.var for f in self._schema.fields if self.store.describe(f.var)["backing"]]
+        return backed
 
     def _ddstore_samples(self, indices, buffers=None):
         idx = _check_indices(indices, self._len, self.name)
@@ -495,8 +550,10 @@ class _StoredDataset(_tud.Dataset):
                                     f"state, {mine[k]!r} here: the state is of another dataset")
 
     def close(self):
-        """Close the store if this dataset opened it (the variables stay
-        with the agents: see free())."""
+        """Stop the dataset's reader threads (those that overlap a batch's
+        field reads) and close the store if this dataset opened it (the
+        variables stay with the agents: see free())."""
+        self._stop_readers()
         if self._owns_store:
             self.store.close()
 
@@ -845,6 +902,7 @@ class DistDataset(_StoredDataset):
     def free(self):
         """Free the dataset's variables on this rank (every rank calls it;
         the agents drop the rows once every rank has)."""
+        self._stop_readers()
         for v in [f.var for f in self._schema.fields] + [f"{self.name}/{_FIELDS}", f"{self.name}/{_META}"]:
             self.store.free(v)
 

@@ -3,7 +3,7 @@ message-passing network (ddstore_bench.gnn.model) on the same structures,
 run with each loader, and a table of what each cost.
 
     python -m ddstore_bench.gnn train [--json] [--loaders L ...] [--samples N]
-        [--epochs E] [--batch B] [--ranks P] [--nodes K] [--workers W] [--data DIR]
+        [--epochs E] [--batch B] [--ranks P] [--nodes K] [--workers W] [--threads T] [--data DIR]
 
 The command generates the dataset under DIR when it is missing
 (ddstore_bench.gnn.data), starts P ranks on this machine (ddstore.launch)
@@ -80,6 +80,9 @@ def add_arguments(p):
                    help=f"processes P started here (default {d['ranks']}; under a launcher, its own)")
     p.add_argument("--nodes", type=int, default=1, help="simulated nodes for the ranks started here (default 1)")
     p.add_argument("--workers", type=int, default=0, help="DataLoader processes of the baseline (default 0)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="ThreadDataLoader worker threads of ddstore and ddstore-locality (default 0: batches read "
+                        "in the training loop's thread, as the other loaders read theirs by default)")
     p.add_argument("--capacity", type=float, default=0.5,
                    help="memory of ddstore-locality, a fraction of the set's bytes (default 0.5)")
     p.add_argument("--data", default=None,
@@ -98,13 +101,16 @@ def config(a, ranks):
             raise ValueError(f"--{name} {getattr(a, name)}: want >= 1")
     if a.workers < 0:
         raise ValueError(f"--workers {a.workers}: want >= 0")
+    if a.threads < 0:
+        raise ValueError(f"--threads {a.threads}: want >= 0")
     if not 0 < a.capacity <= 1:
         raise ValueError(f"--capacity {a.capacity}: want a fraction of the set's bytes in (0, 1]")
     if a.batch * ranks > a.samples:
         raise ValueError(f"--batch {a.batch} x {ranks} ranks above --samples {a.samples}: not one global batch")
     d = os.path.abspath(a.data or os.path.join(tempfile.gettempdir(), f"ddstore-gnn-{a.samples}"))
     return {"loaders": _loaders(a.loaders), "samples": a.samples, "epochs": a.epochs, "batch": a.batch,
-            "ranks": ranks, "data": d, "seed": a.seed, "workers": a.workers, "lr": a.lr, "data_seed": 0,
+            "ranks": ranks, "data": d, "seed": a.seed, "workers": a.workers, "threads": a.threads, "lr": a.lr,
+            "data_seed": 0,
             "capacity": a.capacity,
             "flat": os.path.join(d, data.FLAT_NAME),
             "files": [os.path.join(d, data.FILES_DIR, data.file_name(i)) for i in range(a.samples)]}
@@ -329,7 +335,7 @@ class _Stored(_Loader):
         self.storage += self.ds.hi - self.ds.lo
         self.sampler = ScheduledSampler(self.ds, c["batch"], seed=c["seed"], policy=self.policy, drop_last=True,
                                         epochs=c["epochs"], **self.sampler_args())
-        self.loader = ThreadDataLoader(self.ds, batch_sampler=self.sampler,
+        self.loader = ThreadDataLoader(self.ds, batch_sampler=self.sampler, num_workers=c["threads"],
                                        collate_fn=Graphs(edges={"edge_index": "z"}))
         self._prof = self._profile()
 
@@ -578,7 +584,7 @@ def rank_main(cfg, generate=False):
     store.close()
     out = None
     if rank == 0:
-        out = {k: cfg[k] for k in ("ranks", "epochs", "batch", "samples", "seed", "workers", "data")}
+        out = {k: cfg[k] for k in ("ranks", "epochs", "batch", "samples", "seed", "workers", "threads", "data")}
         out["loaders"] = results
         write_result(cfg, out)
     dist.barrier()
@@ -652,7 +658,8 @@ def _byte_hit_rate(ep):
 
 def report(r):
     out = [f"gnn train: {r['ranks']} ranks, {r['samples']} structures, batch {r['batch']} per rank, "
-           f"{r['epochs']} epochs, seed {r['seed']}, baseline workers {r['workers']}", f"data: {r['data']}", ""]
+           f"{r['epochs']} epochs, seed {r['seed']}, baseline workers {r['workers']}, ddstore threads "
+           f"{r.get('threads', 0)}", f"data: {r['data']}", ""]
     base = r["loaders"].get("baseline")
     rows = [("loader", "loading s", "x shorter", "epoch s", "storage reads/epoch", "hit rate", "set-up s",
              "loss (last)", "max dloss", "errors")]

@@ -37,7 +37,7 @@ def test_loaders_agree(job, dataset):
     if "with HDF5" not in out:
         pytest.skip("this ddstore binary is built without HDF5 (make build with libhdf5-dev installed)")
     cmd = [sys.executable, "-m", "ddstore_bench.gnn", "train", "--json", "--samples", str(N), "--epochs", str(E),
-           "--batch", str(B), "--ranks", str(P), "--nodes", "2", "--data", str(dataset)]
+           "--batch", str(B), "--ranks", str(P), "--nodes", "2", "--threads", "1", "--data", str(dataset)]
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "python")}
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
@@ -78,3 +78,5 @@ def test_bad_arguments(job, dataset):
     assert r.returncode == 2 and "--batch 4 x 2 ranks above --samples 4" in r.stderr
     r = subprocess.run(cmd[:4] + ["--loaders", "nope"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "loader 'nope'" in r.stderr
+    r = subprocess.run(cmd[:4] + ["--threads", "-1"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--threads -1: want >= 0" in r.stderr

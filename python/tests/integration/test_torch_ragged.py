@@ -428,7 +428,7 @@ def test_budget_sampler_over_a_dataset(store):
 
 
 TWO_RANKS = r"""
-import sys, numpy as np, torch, ddstore
+import sys, threading, numpy as np, torch, ddstore
 from torch.utils.data import Dataset
 from ddstore.torch import (BudgetSampler, DistDataset, DistDatasetReader, Graphs, ScheduledSampler,
                            ThreadDataLoader)
@@ -449,6 +449,10 @@ for b, g in zip(list(sampler), ThreadDataLoader(ds, batch_sampler=sampler, num_w
     same(g, naive_graphs([src[i] for i in b]), f"rank {r} batch {b}")
     n += 1
 assert n == len(sampler)
+# The fields' reads of a batch (each needing the agent: rows of the other
+# node) overlapped on the dataset's reader threads, which close() stops.
+readers = lambda: [t for t in threading.enumerate() if t.name.startswith("ddstore-fields-")]  # noqa: E731
+assert readers()
 # The budget sampler: every rank the same number of steps, within budget,
 # each graph once across the ranks but for the padding of the last round.
 bs = BudgetSampler(ds, budget=30, seed=4)
@@ -464,9 +468,11 @@ if r == 0:
         same(rds[i], src[i], f"reader sample {i}")
     g = next(iter(ThreadDataLoader(rds, batch_size=9, collate_fn=Graphs(edges=EDGES))))
     same(g, naive_graphs([src[i] for i in range(9)]), "reader batch")
+    rds.close()  # its reader threads; the store it was given stays open
     rd.close()
 s.add("done", np.zeros((1, 1), np.uint8))  # rank 1 serves its rows until the reader is done
-s.close()
+ds.close()  # and its store
+assert not readers() and s._closed
 """
 
 

@@ -35,6 +35,31 @@ def test_graphs_follow_pyg_convention():
     assert b["edge_index"].shape == (2, 6) and torch.equal(b["edge_index"][:, 4:], same[2]["edge_index"] + 4)
 
 
+@pytest.mark.parametrize("sizes", [[(3, 4), (0, 0), (5, 2), (2, 3)], [(2, 2), (2, 2), (2, 2)]])
+def test_graphs_numpy_and_torch_paths_agree(sizes):
+    """Fields in CPU memory are joined and shifted in numpy; others (here:
+    needing grad, bfloat16) by torch: the same batch either way, for
+    ragged fields (sizes that vary) and fixed ones (one size)."""
+    gs = [graph(n, e, k) for k, (n, e) in enumerate(sizes)]
+    for g in gs:
+        g["edge_index"] = g["edge_index"].to(torch.int32)
+        g["w"] = g["edge_index"].T.float()  # an edge field along axis 0, [e, 2]
+    collate = Graphs(edges={"edge_index": "x", "w": "x"})
+    plain = collate(gs)
+    other = collate([{**g, "x": g["x"].to(torch.bfloat16), "w": g["w"].clone().requires_grad_()} for g in gs])
+    assert plain["edge_index"].dtype == torch.int32
+    assert plain["edge_index"].is_contiguous() and plain["w"].is_contiguous()
+    for k in plain:
+        if k == "name":
+            continue
+        assert torch.equal(plain[k].to(other[k].dtype), other[k].detach()), k
+    first = np.cumsum([0] + [n for n, _ in sizes[:-1]])
+    want = torch.cat([g["edge_index"] + int(f) for g, f in zip(gs, first)], 1)
+    assert torch.equal(plain["edge_index"], want)
+    if len(set(sizes)) > 1:  # ragged: along its varying axis (a fixed edge field goes along its last)
+        assert torch.equal(plain["w"], want.T.float())
+
+
 def test_graphs_bad_input():
     gs = [graph(3, 4, 0), graph(1, 1, 1)]
     with pytest.raises(ddstore.ArgumentError, match=r"edge field 'edges' not in the samples' fields"):
