@@ -24,6 +24,7 @@ class Var:
     """A variable as this rank sees it."""
 
     __slots__ = ("name", "label", "id", "disp", "itemsize", "rb", "dtype", "npdtype", "total", "held", "backing", "prefix",
+                 "upper",
                  "bounds", "shard_rows", "nodes", "local", "typed", "own", "segs", "single", "single_first", "profile",
                  "win", "ragged", "shape", "index", "first_unit", "extents", "views", "marks", "mark", "void",
                  "items", "fast", "fast_rank")
@@ -36,6 +37,8 @@ class Var:
         self.rb = t.disp * t.itemsize
         self.shard_rows = t.shard_rows
         self.prefix = np.concatenate(([0], np.cumsum(t.shard_rows))).astype(np.int64)
+        # Each rank's end: a row's owner is one searchsorted (side "right").
+        self.upper = self.prefix[1:]
         # Rows [held, total) are only in the backing file: the agent reads
         # them (owner index P below, like a rank on no node).
         self.held = int(self.prefix[-1])

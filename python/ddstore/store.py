@@ -697,9 +697,13 @@ class Store:
             copy_rows(dst, src, idx - first if first else idx)
             count(v, n, 0, 0.0)
             return
-        owner = np.searchsorted(v.prefix, idx, side="right") - 1
+        # Each row's owner (the backing file's rows: len(shard_rows)), and
+        # the owners of the batch from their counts: no sort of the batch.
+        # (Methods, not np.* functions: no dispatch of __array_function__.)
+        owner = v.upper.searchsorted(idx, side="right")
+        per = np.bincount(owner)
         o0 = int(owner[0])
-        if (owner == o0).all():  # the common case: one owner for the batch
+        if per[o0] == n:  # the common case: one owner for the batch
             src = v.local[o0]
             if src is not None:
                 first = v.bounds[o0]
@@ -709,8 +713,8 @@ class Store:
             remote = [np.arange(n)]
         else:
             remote = []
-            for r in np.unique(owner).tolist():
-                pos = np.flatnonzero(owner == r)
+            for r in per.nonzero()[0].tolist():
+                pos = (owner == r).nonzero()[0]
                 src = v.local[r]
                 if src is None:
                     remote.append(pos)

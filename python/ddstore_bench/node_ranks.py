@@ -11,7 +11,7 @@ into one starting on a page (no memmove slow case, see _vars), and of the
 rank's own rows held in a numpy array (heap, huge pages); with each, the
 page faults and context switches of this process per batch.
 
-    python -m ddstore_bench.node_ranks [--quick] [--json]
+    python -m ddstore_bench.node_ranks [--quick] [--json] [--batch N] [--sizes B,B]
 """
 
 import argparse
@@ -28,7 +28,7 @@ ROW_SIZES = (4096, 65536)
 BATCH = 256
 
 
-def _rank(shard_bytes, dur):
+def _rank(shard_bytes, dur, batch=BATCH, sizes=ROW_SIZES):
     from mpi4py import MPI
 
     import pyddstore
@@ -37,15 +37,15 @@ def _rank(shard_bytes, dur):
     dds = pyddstore.PyDDStore(comm)
     out = []
     try:
-        for rb in ROW_SIZES:
+        for rb in sizes:
             n = shard_bytes // rb
             name = f"nr{rb}"
             rows = np.full((n, rb), 1, np.uint8)  # every page written: none reads as the zero page
             rows[:, :8] = (np.arange(n, dtype=np.int64) + rank * n).view(np.uint8).reshape(n, 8)
             dds.add(name, rows)
             rng = np.random.default_rng(rank)
-            idxs = [rng.integers(0, size * n, BATCH) for _ in range(64)]
-            buf = np.zeros((BATCH, rb), np.uint8)
+            idxs = [rng.integers(0, size * n, batch) for _ in range(64)]
+            buf = np.zeros((batch, rb), np.uint8)
             k = [0]
 
             def ours():
@@ -65,7 +65,7 @@ def _rank(shard_bytes, dur):
                 def op():
                     k[0] = (k[0] + 1) % len(idxs)
                     idx = idxs[k[0]]
-                    half = BATCH // 2
+                    half = batch // 2
                     shards[0].take(idx[:half] % n, axis=0, out=into[:half], mode="clip")
                     shards[1].take(idx[half:] % n, axis=0, out=into[half:], mode="clip")
                 return op
@@ -96,23 +96,25 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m ddstore_bench.node_ranks", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="32 MiB per rank, 0.5 s per figure")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--batch", type=int, default=BATCH, help=f"rows per batch (default {BATCH})")
+    ap.add_argument("--sizes", default=",".join(str(x) for x in ROW_SIZES), help="row sizes in bytes, comma-separated")
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--shard", type=int, default=128 << 20, help=argparse.SUPPRESS)
     ap.add_argument("--duration", type=float, default=1.5, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.rank:
-        _rank(a.shard, a.duration)
+        _rank(a.shard, a.duration, a.batch, tuple(int(x) for x in a.sizes.split(",")))
         return
     shard, dur = (32 << 20, 0.5) if a.quick else (128 << 20, 1.5)
     if not os.environ.get("DDSTORE_SECRET"):
         os.environ["DDSTORE_SECRET"] = secrets.token_hex(32)
     ns = f"pynoderanks-{os.getpid()}"
     rows = _mpirun_json("mpirun", 2, ns, ["ddstore_bench.node_ranks", "--rank", "--shard", str(shard), "--duration",
-                                          str(dur)], "node_ranks")
+                                          str(dur), "--batch", str(a.batch), "--sizes", a.sizes], "node_ranks")
     if a.json:
-        print(json.dumps({"rows": rows, "batch": BATCH, "shard_bytes": shard}))
+        print(json.dumps({"rows": rows, "batch": a.batch, "shard_bytes": shard}))
         return
-    print(f"ddstore node_ranks: 2 ranks of mpirun on one node through pyddstore, batches of {BATCH} random rows, "
+    print(f"ddstore node_ranks: 2 ranks of mpirun on one node through pyddstore, batches of {a.batch} random rows, "
           f"{shard >> 20} MiB per rank, Python {sys.version.split()[0]}, numpy {np.__version__}\n")
     print("GB/s per rank; numpy_shm: from the shards get_batch maps, into the same buffer (_aligned: into one "
           "starting on a page); numpy: the rank's own rows from the heap; faults and switches per batch\n")
