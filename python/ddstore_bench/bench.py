@@ -308,16 +308,17 @@ def main(argv=None):
         return
     print(f"ddstore Python bench: 2 nodes on loopback, batches of 256 random rows, {shard >> 20} MiB per rank, "
           f"Python {sys.version.split()[0]}, numpy {np.__version__}\n")
-    hdr = ("row", "local GB/s", "numpy", "py/numpy", "numpy shm", "py/shm", "numpy heap", "py/heap", "go", "py/go", "remote GB/s", "go", "py/go", "remote copy GB/s",
+    hdr = ("row", "local GB/s", "numpy", "py/numpy", "numpy shm", "py/shm", "numpy heap", "py/heap", "go", "py/go",
+           "remote GB/s", "go", "py/go", "remote copy GB/s",
            "get local p50 µs", "p99", "go p50", "get remote p50 µs", "p99", "go p50")
     print("  ".join(f"{h:>{max(len(h), 6)}}" for h in hdr))
     for r in py:
         f = lambda k, fmt="{:.2f}": fmt.format(r[k]) if k in r else "-"  # noqa: E731
         cells = (str(r["row_bytes"]), f("local_gbps"), f("numpy_gbps"), f("local_vs_numpy"), f("numpy_shm_gbps"),
-                 f("local_vs_numpy_shm"), f("numpy_heap_gbps"), f("local_vs_numpy_heap"), f("go_local_gbps"), f("local_vs_go"), f("remote_gbps"),
-                 f("go_remote_gbps"), f("remote_vs_go"), f("remote_copy_gbps"), f("get_local_p50_us"),
-                 f("get_local_p99_us"), f("go_get_local_p50_us"), f("get_remote_p50_us"), f("get_remote_p99_us"),
-                 f("go_get_remote_p50_us"))
+                 f("local_vs_numpy_shm"), f("numpy_heap_gbps"), f("local_vs_numpy_heap"), f("go_local_gbps"),
+                 f("local_vs_go"), f("remote_gbps"), f("go_remote_gbps"), f("remote_vs_go"), f("remote_copy_gbps"),
+                 f("get_local_p50_us"), f("get_local_p99_us"), f("go_get_local_p50_us"), f("get_remote_p50_us"),
+                 f("get_remote_p99_us"), f("go_get_remote_p50_us"))
         print("  ".join(f"{c:>{max(len(h), 6)}}" for c, h in zip(cells, hdr)))
 
 
