@@ -27,7 +27,7 @@ class Var:
                  "upper",
                  "bounds", "shard_rows", "nodes", "local", "typed", "own", "segs", "single", "single_first", "profile",
                  "win", "ragged", "shape", "index", "first_unit", "extents", "views", "marks", "mark", "void",
-                 "items", "fast", "fast_rank")
+                 "items", "fast", "fast_rank", "fast_all")
 
     def __init__(self, t, own_rank):
         self.name, self.id, self.disp, self.itemsize, self.dtype = t.name, t.id, t.disp, t.itemsize, t.dtype
@@ -128,6 +128,10 @@ class Var:
                      (int(self.prefix[r]), int(t.shard_rows[r]), self.items[r], rows, self.mark[r])
                      for r, rows in enumerate(self.local)]
         self.fast_rank = nonempty[0] if self.single is not None else None
+        # Whether every row is in a shard of this node (none only in a
+        # backing file): a batch of several owners then needs no request.
+        self.fast_all = self.total == self.held and all(f is not None or k == 0
+                                                        for f, k in zip(self.fast, t.shard_rows))
         # Past the last rank: the backing file's rows, never local.
         self.fast.append(None)
         self.local.append(None)
@@ -158,6 +162,7 @@ class Var:
         self.items = [None] * len(self.local)
         self.fast = [None] * len(self.local)
         self.fast_rank = None
+        self.fast_all = False
         self.views = [None] * len(self.local)
         self.own = self.single = self.index = self.extents = None
         for s in self.segs:
