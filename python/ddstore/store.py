@@ -25,12 +25,13 @@ from ._errors import (ArgumentError, BadBuffer, ClosedError, Error, FreedVariabl
                       UnknownVariable, VariableExists)
 from ._recv import RecvBuffers, close_regions
 from ._shm import Segment
-from ._vars import MAX_ROWS_PER_READ, StaleTable, Var, check_rows, copy_rows, count, row_indices
+from ._vars import MAX_ROWS_PER_READ, StaleTable, Var, below, check_rows, copy_rows, count, row_indices
 from .dtypes import as_array, as_destination, dtype_name, itemsize as dtype_itemsize
 
 # Tries of one read whose variable turns out dropped (_reading): it would
 # have to be freed and added again between each of them.
 _STALE_TRIES = 3
+_I64 = np.dtype(np.int64)
 
 
 class Store:
@@ -661,29 +662,49 @@ class Store:
             self._check_fork()
         v = self._vars.get(name)
         # Fast path: numpy indices and a numpy destination of the
-        # variable's type, every row in one shard of this node (the lowest
-        # and the highest index in the same shard): one gather, none of the
-        # general path's owner lookup per row.
+        # variable's type, every row in one shard of this node (the shard of
+        # the first index, or the only one): one pass to check the indices
+        # (below), one gather, none of the general path's owner lookup per
+        # row, and the shard's state made once per variable (Var.fast).
         if (v is not None and type(arr) is np.ndarray and type(indices) is np.ndarray and indices.ndim == 1
-                and indices.dtype.kind == "i" and arr.dtype == v.npdtype and arr.flags.c_contiguous
-                and arr.flags.writeable):
+                and arr.dtype == v.npdtype and arr.flags.c_contiguous and arr.flags.writeable):
             n = indices.shape[0]
             if n and arr.size == n * v.disp and (arr.shape[0] if arr.ndim else 1) == n:
-                lo, hi = int(indices.min()), int(indices.max())
-                b = v.bounds
-                r = bisect_right(b, lo) - 1
-                if 0 <= r < len(v.typed) and lo >= 0 and hi < b[r + 1] and v.typed[r] is not None:
-                    first = b[r]
+                if indices.dtype is not _I64 and indices.dtype.kind == "i":
+                    indices = indices.astype(_I64)
+                r = v.fast_rank
+                if r is None and indices.dtype is _I64:
+                    r = bisect_right(v.bounds, indices.item(0)) - 1
+                f = v.fast[r] if r is not None and 0 <= r < len(v.fast) and indices.dtype is _I64 else None
+                done = False
+                if f is not None:
+                    first, rows, items, src, mark = f
                     loc = indices - first if first else indices
-                    items = v.items[r]
-                    if items is not None:  # rows under 1 KiB, as in copy_rows
-                        items.take(loc, out=arr.reshape(-1).view(v.void), mode="clip")
-                    else:
-                        copy_rows(arr.reshape(n, -1).view(np.uint8), v.local[r], loc)
-                    if v.mark[r][0]:  # dropped: those rows may be a freed variable's
+                    if below(loc, rows):
+                        if items is not None:  # rows under 1 KiB, as in copy_rows
+                            items.take(loc, out=arr.reshape(-1).view(v.void), mode="clip")
+                        else:
+                            copy_rows(arr.reshape(n, -1).view(np.uint8), src, loc)
+                        done = True
+                if not done and v.fast_all and indices.dtype is _I64 and below(indices, v.held):
+                    # Rows of several shards, all of this node (DDStore's
+                    # usage on one node): each owner's rows in one gather.
+                    dst = arr.reshape(n, -1).view(np.uint8)
+                    owner = v.upper.searchsorted(indices, side="right")
+                    for o in np.bincount(owner).nonzero()[0].tolist():
+                        pos = (owner == o).nonzero()[0]
+                        first, _, _, src, _ = v.fast[o]
+                        copy_rows(dst, src, indices[pos] - first if first else indices[pos], pos)
+                    done = True
+                if done:
+                    if v.stale():  # dropped: those rows may be a freed variable's
                         self._forget(name, v)
                     else:
-                        count(v, n, 0, 0.0)
+                        p = v.profile
+                        p["calls"] += 1
+                        p["rows"] += n
+                        p["bytes"] += n * v.rb
+                        p["local_rows"] += n
                         return arr
         self._check_fork()
         return self._reading(name, lambda v: self._get_batch(v, name, arr, indices))
@@ -707,9 +728,13 @@ class Store:
             copy_rows(dst, src, idx - first if first else idx)
             count(v, n, 0, 0.0)
             return
-        owner = np.searchsorted(v.prefix, idx, side="right") - 1
+        # Each row's owner (the backing file's rows: len(shard_rows)), and
+        # the owners of the batch from their counts: no sort of the batch.
+        # (Methods, not np.* functions: no dispatch of __array_function__.)
+        owner = v.upper.searchsorted(idx, side="right")
+        per = np.bincount(owner)
         o0 = int(owner[0])
-        if (owner == o0).all():  # the common case: one owner for the batch
+        if per[o0] == n:  # the common case: one owner for the batch
             src = v.local[o0]
             if src is not None:
                 first = v.bounds[o0]
@@ -719,8 +744,8 @@ class Store:
             remote = [np.arange(n)]
         else:
             remote = []
-            for r in np.unique(owner).tolist():
-                pos = np.flatnonzero(owner == r)
+            for r in per.nonzero()[0].tolist():
+                pos = (owner == r).nonzero()[0]
                 src = v.local[r]
                 if src is None:
                     remote.append(pos)

@@ -3,8 +3,9 @@ Go client's, measured in the same run on two nodes of this machine (two
 agents on loopback): get_batch GB/s of node-local and other-node rows, and
 get() latency of single rows. Node-local get_batch is set beside numpy's own
 gather of the same rows (np.take(shard, idx, axis=0, out=...)) in the same
-run: the best of take's default mode and mode "clip" from an array of the
-rows in the heap and mode "clip" from the mapped shard.
+run: from the mapped shard itself (the same pages as ours; into the same
+destination and into one starting on a page) and from a copy of it in the
+heap (huge pages; take's default mode and mode "clip"), each ratio apart.
 
     python -m ddstore_bench.bench [--quick] [--json]
 """
@@ -12,6 +13,7 @@ rows in the heap and mode "clip" from the mapped shard.
 import argparse
 import json
 import os
+import resource
 import secrets
 import signal
 import socket
@@ -101,47 +103,77 @@ def _rate(dur, nbytes, op):
 # numpy's own gathers of the rows a node-local get_batch reads, the limit of
 # a Python client: np.take(out=) in its default mode (which gathers into a
 # temporary and copies that into out) and the take method in mode "clip"
-# (straight into out, without the function's dispatch), both from an array
-# of the same rows in the process's heap, and in mode "clip" from the
-# mapped shard itself.
-NUMPY_GATHERS = ("numpy_take_gbps", "numpy_take_clip_gbps", "numpy_take_shm_gbps")
+# (straight into out, without the function's dispatch) from a copy of the
+# shard in the process's heap (which numpy backs with huge pages), and in
+# mode "clip" from the mapped shard itself (the same 4 KiB pages as ours)
+# into the same destination and into one starting on a page (glibc's
+# memmove copies rows of 4 KiB to 1 MiB slowly into a destination a few
+# bytes past its source within a page, as a numpy array of 128 KiB or more
+# is past a shard's rows: see _vars).
+NUMPY_HEAP = ("numpy_take_gbps", "numpy_take_clip_gbps")
+NUMPY_SHM = ("numpy_take_shm_gbps", "numpy_take_shm_aligned_gbps")
+NUMPY_GATHERS = NUMPY_HEAP + NUMPY_SHM
 
 
-def local_vs_numpy(dur, s, name, heap, dst, idxs):
+def local_vs_numpy(dur, s, name, dst, idxs):
     """Node-local get_batch of the batches idxs into dst and numpy's
     gathers (NUMPY_GATHERS) of the same rows, their samples taken in turn
     (the machine's load moves from second to second): the median GB/s of
     each; numpy_gbps, the fastest of numpy's (by median); local_vs_numpy,
     the median over the turns of get_batch's rate over that one's in the
-    same turn."""
+    same turn; local_vs_numpy_shm and local_vs_numpy_heap, the same against
+    the fastest from the shard's own mapping and from the heap copy."""
     shm = s._var(name).local[0]
+    heap = np.array(shm)  # every page written: none reads as the zero page
+    aligned = page_aligned(dst.shape, dst.dtype)
     k = [0]
 
     def ours():
         k[0] = (k[0] + 1) % len(idxs)
         s.get_batch(name, dst, idxs[k[0]])
 
-    def gather(src, method=False, **kw):
+    def gather(src, into, method=False, **kw):
         take = src.take if method else lambda i, **kw2: np.take(src, i, axis=0, **kw2)
 
         def op():
             k[0] = (k[0] + 1) % len(idxs)
-            take(idxs[k[0]], axis=0, out=dst, **kw) if method else take(idxs[k[0]], out=dst, **kw)
+            take(idxs[k[0]], axis=0, out=into, **kw) if method else take(idxs[k[0]], out=into, **kw)
         return op
-    ops = {"local_gbps": ours, "numpy_take_gbps": gather(heap),
-           "numpy_take_clip_gbps": gather(heap, True, mode="clip"),
-           "numpy_take_shm_gbps": gather(shm, True, mode="clip")}
+    ops = {"local_gbps": ours, "numpy_take_gbps": gather(heap, dst),
+           "numpy_take_clip_gbps": gather(heap, dst, True, mode="clip"),
+           "numpy_take_shm_gbps": gather(shm, dst, True, mode="clip"),
+           "numpy_take_shm_aligned_gbps": gather(shm, aligned, True, mode="clip")}
     samples = _interleaved(dur, dst.nbytes, ops)
     out = {key: float(np.median(v)) for key, v in samples.items()}
-    best = max(NUMPY_GATHERS, key=lambda key: out[key])
-    out["numpy_gbps"] = out[best]
-    out["local_vs_numpy"] = float(np.median(np.asarray(samples["local_gbps"]) / np.asarray(samples[best])))
+    for suffix, keys in (("", NUMPY_GATHERS), ("_shm", NUMPY_SHM), ("_heap", NUMPY_HEAP)):
+        best = max(keys, key=lambda key: out[key])
+        out["numpy" + suffix + "_gbps"] = out[best]
+        out["local_vs_numpy" + suffix] = float(np.median(np.asarray(samples["local_gbps"]) / np.asarray(samples[best])))
     return out
 
 
-def _interleaved(dur, nbytes, ops):
+def page_aligned(shape, dtype):
+    """A zeroed array starting on a page (numpy's large arrays start 16
+    bytes past one), its pages faulted in."""
+    dt = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dt.itemsize
+    raw = np.zeros(nbytes + 4096, np.uint8)
+    off = -raw.ctypes.data % 4096
+    a = raw[off:off + nbytes].view(dt).reshape(shape)
+    a[...] = 0
+    return a
+
+
+def _usage():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_minflt + r.ru_majflt, r.ru_nvcsw + r.ru_nivcsw
+
+
+def _interleaved(dur, nbytes, ops, usage=False):
     """GB/s samples of each op (a dict of them), at least ~2 ms of repeated
-    calls each, taken in turn for about dur seconds per op."""
+    calls each, taken in turn for about dur seconds per op. With usage, also
+    each op's page faults and context switches (voluntary or not) of this
+    process per call: (samples, {op: (faults, switches)})."""
     groups = {}
     for key, op in ops.items():
         op()
@@ -155,14 +187,22 @@ def _interleaved(dur, nbytes, ops):
             g *= 2
         groups[key] = g
     samples = {key: [] for key in ops}
+    used = {key: [0, 0, 0] for key in ops}  # faults, switches, calls
     t_end = time.perf_counter() + dur * len(ops)
     while time.perf_counter() < t_end or len(samples[next(iter(ops))]) < 5:
         for key, op in ops.items():
             g = groups[key]
+            u0 = _usage()
             t0 = time.perf_counter()
             for _ in range(g):
                 op()
             samples[key].append(g * nbytes / (time.perf_counter() - t0) / 1e9)
+            u1, u = _usage(), used[key]
+            u[0] += u1[0] - u0[0]
+            u[1] += u1[1] - u0[1]
+            u[2] += g
+    if usage:
+        return samples, {key: (f / c, w / c) for key, (f, w, c) in used.items()}
     return samples
 
 
@@ -257,14 +297,10 @@ def run(row_sizes=(4096, 65536), batch=256, shard_bytes=64 << 20, dur=0.5, lat_i
             n = shard_bytes // rb
             name = f"b{rb}"
 
-            held = [None]
-
             def add(r, st):
                 data = np.empty((n, rb), np.uint8)
                 data[:, :8] = (np.arange(n, dtype=np.int64) + r * n).view(np.uint8).reshape(n, 8)
                 st.add(name, data)
-                if r == 0:
-                    held[0] = data
             both(add)
             rng = np.random.default_rng(1)
             idx_local = [rng.integers(0, n, batch) for _ in range(64)]
@@ -279,8 +315,7 @@ def run(row_sizes=(4096, 65536), batch=256, shard_bytes=64 << 20, dur=0.5, lat_i
                     s.get_batch(name, out, idxs[k[0]])
                 return op
             res = {"row_bytes": rb}
-            res.update(local_vs_numpy(dur, s, name, held[0], dst, idx_local))
-            held[0] = None
+            res.update(local_vs_numpy(dur, s, name, dst, idx_local))
             s.get_batch(name, dst, idx_local[5])
             assert (dst[:, :8].copy().view(np.int64)[:, 0] == idx_local[5]).all()
             if rb != 64:
@@ -340,15 +375,17 @@ def main(argv=None):
         return
     print(f"ddstore Python bench: 2 nodes on loopback, batches of 256 random rows, {shard >> 20} MiB per rank, "
           f"Python {sys.version.split()[0]}, numpy {np.__version__}\n")
-    hdr = ("row", "local GB/s", "numpy", "py/numpy", "go", "py/go", "remote GB/s", "go", "py/go", "remote copy GB/s",
+    hdr = ("row", "local GB/s", "numpy", "py/numpy", "numpy shm", "py/shm", "numpy heap", "py/heap", "go", "py/go",
+           "remote GB/s", "go", "py/go", "remote copy GB/s",
            "get local p50 µs", "p99", "go p50", "get remote p50 µs", "p99", "go p50")
     print("  ".join(f"{h:>{max(len(h), 6)}}" for h in hdr))
     for r in py:
         f = lambda k, fmt="{:.2f}": fmt.format(r[k]) if k in r else "-"  # noqa: E731
-        cells = (str(r["row_bytes"]), f("local_gbps"), f("numpy_gbps"), f("local_vs_numpy"), f("go_local_gbps"), f("local_vs_go"), f("remote_gbps"),
-                 f("go_remote_gbps"), f("remote_vs_go"), f("remote_copy_gbps"), f("get_local_p50_us"),
-                 f("get_local_p99_us"), f("go_get_local_p50_us"), f("get_remote_p50_us"), f("get_remote_p99_us"),
-                 f("go_get_remote_p50_us"))
+        cells = (str(r["row_bytes"]), f("local_gbps"), f("numpy_gbps"), f("local_vs_numpy"), f("numpy_shm_gbps"),
+                 f("local_vs_numpy_shm"), f("numpy_heap_gbps"), f("local_vs_numpy_heap"), f("go_local_gbps"),
+                 f("local_vs_go"), f("remote_gbps"), f("go_remote_gbps"), f("remote_vs_go"), f("remote_copy_gbps"),
+                 f("get_local_p50_us"), f("get_local_p99_us"), f("go_get_local_p50_us"), f("get_remote_p50_us"),
+                 f("get_remote_p99_us"), f("go_get_remote_p50_us"))
         print("  ".join(f"{c:>{max(len(h), 6)}}" for c, h in zip(cells, hdr)))
     print("\nget() of one row of the other node: direct (one round trip to its agent), through this node's agent "
           "(direct=False), and raw round trips of the same bytes (a 64-byte request, 32 + row bytes back)")

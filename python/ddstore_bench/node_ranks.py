@@ -4,10 +4,14 @@ shard and reads batches of 256 random rows of the whole variable (half of
 them the other rank's shard, node-local too) with get_batch into a buffer
 from np.zeros, as DDStore's scripts do, both ranks at once. Per rank and row
 size: get_batch GB/s and, in turns with it in the same process, numpy's
-gather of as many rows of the rank's own rows held in a numpy array
-(np.take(rows, idx, axis=0, out=buf, mode="clip")).
+gather of as many rows (np.take(rows, idx, axis=0, out=buf, mode="clip"))
+from the node's shards themselves (the mappings get_batch reads: the same
+pages, half of the rows from each rank's shard), into the same buffer and
+into one starting on a page (no memmove slow case, see _vars), and of the
+rank's own rows held in a numpy array (heap, huge pages); with each, the
+page faults and context switches of this process per batch.
 
-    python -m ddstore_bench.node_ranks [--quick] [--json]
+    python -m ddstore_bench.node_ranks [--quick] [--json] [--batch N] [--sizes B,B]
 """
 
 import argparse
@@ -18,13 +22,13 @@ import sys
 
 import numpy as np
 
-from .bench import _interleaved, _mpirun_json
+from .bench import _interleaved, _mpirun_json, page_aligned
 
 ROW_SIZES = (4096, 65536)
 BATCH = 256
 
 
-def _rank(shard_bytes, dur):
+def _rank(shard_bytes, dur, batch=BATCH, sizes=ROW_SIZES):
     from mpi4py import MPI
 
     import pyddstore
@@ -33,15 +37,15 @@ def _rank(shard_bytes, dur):
     dds = pyddstore.PyDDStore(comm)
     out = []
     try:
-        for rb in ROW_SIZES:
+        for rb in sizes:
             n = shard_bytes // rb
             name = f"nr{rb}"
-            rows = np.zeros((n, rb), np.uint8)
+            rows = np.full((n, rb), 1, np.uint8)  # every page written: none reads as the zero page
             rows[:, :8] = (np.arange(n, dtype=np.int64) + rank * n).view(np.uint8).reshape(n, 8)
             dds.add(name, rows)
             rng = np.random.default_rng(rank)
-            idxs = [rng.integers(0, size * n, BATCH) for _ in range(64)]
-            buf = np.zeros((BATCH, rb), np.uint8)
+            idxs = [rng.integers(0, size * n, batch) for _ in range(64)]
+            buf = np.zeros((batch, rb), np.uint8)
             k = [0]
 
             def ours():
@@ -51,13 +55,34 @@ def _rank(shard_bytes, dur):
             def gather():
                 k[0] = (k[0] + 1) % len(idxs)
                 rows.take(idxs[k[0]] % n, axis=0, out=buf, mode="clip")
+
+            # The node's shards as get_batch maps them: rows of rank 0's
+            # shard from it, the others from rank 1's.
+            shards = dds.store._var(name).local[:size]
+            aligned = page_aligned(buf.shape, buf.dtype)
+
+            def gather_shm(into):
+                def op():
+                    k[0] = (k[0] + 1) % len(idxs)
+                    idx = idxs[k[0]]
+                    half = batch // 2
+                    shards[0].take(idx[:half] % n, axis=0, out=into[:half], mode="clip")
+                    shards[1].take(idx[half:] % n, axis=0, out=into[half:], mode="clip")
+                return op
             comm.Barrier()
-            samples = _interleaved(dur, buf.nbytes, {"get_batch": ours, "numpy": gather})
+            ops = {"get_batch": ours, "numpy_shm": gather_shm(buf), "numpy_shm_aligned": gather_shm(aligned),
+                   "numpy": gather}
+            samples, usage = _interleaved(dur, buf.nbytes, ops, usage=True)
             dds.get_batch(name, buf, idxs[3])
             assert (buf[:, :8].copy().view(np.int64)[:, 0] == idxs[3]).all(), "wrong rows read"
-            ratio = np.asarray(samples["get_batch"]) / np.asarray(samples["numpy"])
-            out.append({"rank": rank, "row_bytes": rb, "get_batch_gbps": float(np.median(samples["get_batch"])),
-                        "numpy_gbps": float(np.median(samples["numpy"])), "vs_numpy": float(np.median(ratio))})
+            res = {"rank": rank, "row_bytes": rb}
+            for key, v in samples.items():
+                res[key + "_gbps"] = float(np.median(v))
+                res[key + "_faults"], res[key + "_switches"] = usage[key]
+            for key in ("numpy", "numpy_shm", "numpy_shm_aligned"):
+                ratio = np.asarray(samples["get_batch"]) / np.asarray(samples[key])
+                res["vs_" + key] = float(np.median(ratio))
+            out.append(res)
             comm.Barrier()
             dds.free(name)
     finally:
@@ -71,28 +96,35 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m ddstore_bench.node_ranks", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="32 MiB per rank, 0.5 s per figure")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--batch", type=int, default=BATCH, help=f"rows per batch (default {BATCH})")
+    ap.add_argument("--sizes", default=",".join(str(x) for x in ROW_SIZES), help="row sizes in bytes, comma-separated")
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--shard", type=int, default=128 << 20, help=argparse.SUPPRESS)
     ap.add_argument("--duration", type=float, default=1.5, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.rank:
-        _rank(a.shard, a.duration)
+        _rank(a.shard, a.duration, a.batch, tuple(int(x) for x in a.sizes.split(",")))
         return
     shard, dur = (32 << 20, 0.5) if a.quick else (128 << 20, 1.5)
     if not os.environ.get("DDSTORE_SECRET"):
         os.environ["DDSTORE_SECRET"] = secrets.token_hex(32)
     ns = f"pynoderanks-{os.getpid()}"
     rows = _mpirun_json("mpirun", 2, ns, ["ddstore_bench.node_ranks", "--rank", "--shard", str(shard), "--duration",
-                                          str(dur)], "node_ranks")
+                                          str(dur), "--batch", str(a.batch), "--sizes", a.sizes], "node_ranks")
     if a.json:
-        print(json.dumps({"rows": rows, "batch": BATCH, "shard_bytes": shard}))
+        print(json.dumps({"rows": rows, "batch": a.batch, "shard_bytes": shard}))
         return
-    print(f"ddstore node_ranks: 2 ranks of mpirun on one node through pyddstore, batches of {BATCH} random rows, "
+    print(f"ddstore node_ranks: 2 ranks of mpirun on one node through pyddstore, batches of {a.batch} random rows, "
           f"{shard >> 20} MiB per rank, Python {sys.version.split()[0]}, numpy {np.__version__}\n")
-    print(f"{'rank':>4} {'row':>7} {'get_batch GB/s':>15} {'numpy GB/s':>11} {'vs numpy':>9}")
+    print("GB/s per rank; numpy_shm: from the shards get_batch maps, into the same buffer (_aligned: into one "
+          "starting on a page); numpy: the rank's own rows from the heap; faults and switches per batch\n")
+    cols = ("get_batch", "numpy_shm", "numpy_shm_aligned", "numpy")
+    print(f"{'rank':>4} {'row':>7} " + " ".join(f"{c:>17}" for c in cols) + " " +
+          " ".join(f"{'vs ' + c:>20}" for c in cols[1:]) + " " + " ".join(f"{c + ' flt/sw':>24}" for c in cols))
     for r in rows:
-        print(f"{r['rank']:>4} {r['row_bytes']:>7} {r['get_batch_gbps']:>15.2f} {r['numpy_gbps']:>11.2f} "
-              f"{r['vs_numpy']:>9.2f}")
+        print(f"{r['rank']:>4} {r['row_bytes']:>7} " + " ".join(f"{r[c + '_gbps']:>17.2f}" for c in cols) + " " +
+              " ".join(f"{r['vs_' + c]:>20.2f}" for c in cols[1:]) + " " +
+              " ".join(f"{r[c + '_faults']:>15.2f}/{r[c + '_switches']:<8.2f}" for c in cols))
 
 
 if __name__ == "__main__":

@@ -17,3 +17,35 @@ def test_interleaved_samples_every_op_in_turn():
     assert len(samples["a"]) == len(samples["b"]) >= 5
     assert all(x > 0 for v in samples.values() for x in v)
     assert calls["a"] > calls["b"], "the cheaper op is repeated more per sample"
+
+
+def test_interleaved_counts_faults_per_call():
+    # An op that writes fresh pages every call faults, one that reads a
+    # buffer already written does not (or hardly: the process may fault
+    # elsewhere).
+    import mmap
+
+    import numpy as np
+    warm = np.ones(1 << 20, np.uint8)
+
+    def fresh():  # a new anonymous mapping written through: new pages each call
+        m = mmap.mmap(-1, 8 << 20)
+        np.frombuffer(m, np.uint8)[::4096] = 1
+        m.close()
+
+    def reuse():
+        warm.sum()
+    samples, usage = _interleaved(0.02, 1000, {"fresh": fresh, "reuse": reuse}, usage=True)
+    assert set(usage) == {"fresh", "reuse"} and set(samples) == {"fresh", "reuse"}
+    assert usage["fresh"][0] > 100, usage  # 2048 pages of 4 KiB
+    assert usage["reuse"][0] < usage["fresh"][0] / 10, usage
+    assert all(s >= 0 for _, s in usage.values())
+
+
+def test_page_aligned():
+    import numpy as np
+    from ddstore_bench.bench import page_aligned
+    for shape, dt in (((3, 5000), np.uint8), ((256, 64), np.float32), ((7,), np.int64)):
+        a = page_aligned(shape, dt)
+        assert a.shape == shape and a.dtype == dt and a.ctypes.data % 4096 == 0 and not a.any()
+        assert a.flags.c_contiguous and a.flags.writeable

@@ -5,7 +5,7 @@ positions of a batch of several owners."""
 import numpy as np
 import pytest
 
-from ddstore._vars import copy_rows
+from ddstore._vars import below, copy_rows
 
 
 @pytest.mark.parametrize("rb", [1, 8, 64, 1000, 1024, 4096, 32 << 10, 40000])
@@ -56,3 +56,13 @@ def test_copy_rows_any_alignment(rb, dst_offset, with_pos):
     else:
         want[:] = src[loc]
     np.testing.assert_array_equal(dst, want)
+
+
+@pytest.mark.parametrize("idx,n,want", [
+    ([], 0, True), ([0], 1, True), ([1], 1, False), ([0, 5, 9], 10, True), ([0, 10, 9], 10, False),
+    ([3, -1, 2], 10, False), ([-(2**63)], 10, False), ([2**63 - 1], 2**63 - 1, False), ([2**63 - 2], 2**63 - 1, True),
+])
+def test_below_is_one_pass_of_both_bounds(idx, n, want):
+    a = np.array(idx, np.int64)
+    assert below(a, n) is want
+    assert below(np.repeat(a, 3)[::3], n) is want  # not contiguous
