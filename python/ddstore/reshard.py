@@ -41,7 +41,8 @@ def _share(total, rank, size):
 
 def reshard(src, dst, names):
     """Collective over dst's ranks: copy the variables `names` that `src`
-    reads into `dst`, each rank its share of rows. Returns {name: (rows this
+    reads into `dst`, each rank its share of rows; when it returns, every
+    rank reads every rank's new rows (it ends with dst.fence()). Returns {name: (rows this
     rank holds, bytes, seconds)}. A name src does not know raises its
     UnknownVariable on every rank before anything is created (every rank
     checks the same names)."""
@@ -78,6 +79,9 @@ def reshard(src, dst, names):
                 for a, b in zip(cuts[:-1], cuts[1:]):
                     src.get(name, own[a - lo:b - lo], a)
         out[name] = (hi - lo, nbytes, time.perf_counter() - t0)
+    # Each rank filled its own shards after the collective init: a fence,
+    # so that no rank reads another's rows before that rank has written them.
+    dst.fence()
     return out
 
 
