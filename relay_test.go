@@ -53,26 +53,7 @@ func TestClusterRoundFollowerMismatch(t *testing.T) {
 	c := startCluster(t, []int{4, 4, 4}, viaRendezvous)
 	// The coordinator is whichever agent took the rendezvous (under
 	// mpirun, any of them); the node of the batched shards is another.
-	coord := -1
-	for i, a := range c.agents {
-		in, err := ddstore.QueryAgent(a.Socket(), c.ns, fmt.Sprintf("node%d", i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if in.Coordinator {
-			coord = i
-		}
-	}
-	if coord < 0 {
-		t.Fatal("no agent coordinates")
-	}
-	coordMsgs := func() int {
-		in, err := ddstore.QueryAgent(c.agents[coord].Socket(), c.ns, fmt.Sprintf("node%d", coord))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return in.Counters["coord_messages_in"]
-	}
+	coord, coordMsgs := c.coordinatorMessages(t)
 	node := (coord + 1) % 3
 	first := 4 * node
 	bad := first + 1 // the node's local rank 1
@@ -124,26 +105,7 @@ func TestClusterRoundFollowerMismatch(t *testing.T) {
 // late one after them, and the round still completes.
 func TestClusterRoundGather(t *testing.T) {
 	c := startCluster(t, []int{4, 4}, viaRendezvous)
-	coord := -1
-	for i, a := range c.agents {
-		in, err := ddstore.QueryAgent(a.Socket(), c.ns, fmt.Sprintf("node%d", i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if in.Coordinator {
-			coord = i
-		}
-	}
-	if coord < 0 {
-		t.Fatal("no agent coordinates")
-	}
-	coordMsgs := func() int {
-		in, err := ddstore.QueryAgent(c.agents[coord].Socket(), c.ns, fmt.Sprintf("node%d", coord))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return in.Counters["coord_messages_in"]
-	}
+	coord, coordMsgs := c.coordinatorMessages(t)
 	node := 1 - coord
 	first := 4 * node
 	rows := []int64{1, 2, 3, 4, 5, 6, 7, 8}
@@ -203,4 +165,31 @@ func TestClusterRoundGather(t *testing.T) {
 		t.Errorf("node%d sent the coordinator %d messages in a round whose last rank was late, want 3", node, got)
 	}
 	readAllRanks(t, c, "late", 36, 16)
+}
+
+// coordinatorMessages finds the agent that coordinates c (whichever took
+// the rendezvous: under mpirun, any of them) and returns its index and a
+// reader of the messages it has received (coord_messages_in).
+func (c *cluster) coordinatorMessages(t *testing.T) (int, func() int) {
+	t.Helper()
+	coord := -1
+	for i, a := range c.agents {
+		in, err := ddstore.QueryAgent(a.Socket(), c.ns, fmt.Sprintf("node%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if in.Coordinator {
+			coord = i
+		}
+	}
+	if coord < 0 {
+		t.Fatal("no agent coordinates")
+	}
+	return coord, func() int {
+		in, err := ddstore.QueryAgent(c.agents[coord].Socket(), c.ns, fmt.Sprintf("node%d", coord))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return in.Counters["coord_messages_in"]
+	}
 }
