@@ -27,6 +27,7 @@ import (
 	"github.com/ddstore-go/ddstore/internal/auth"
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/layout"
+	"github.com/ddstore-go/ddstore/internal/transport"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
@@ -272,18 +273,7 @@ func (c *directConn) fill(left *[][]byte, min int, by time.Time) (int, error) {
 				return true
 			}
 			total += n
-			for n > 0 {
-				if n >= len(iovs[0]) {
-					n -= len(iovs[0])
-					iovs = iovs[1:]
-				} else {
-					iovs[0] = iovs[0][n:]
-					n = 0
-				}
-			}
-			for len(iovs) > 0 && len(iovs[0]) == 0 {
-				iovs = iovs[1:]
-			}
+			iovs = transport.Advance(iovs, n)
 		}
 		return true
 	})

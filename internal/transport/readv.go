@@ -37,18 +37,25 @@ func readvFull(rc syscall.RawConn, iovs [][]byte) error {
 		if n == 0 {
 			return io.ErrUnexpectedEOF
 		}
-		for n > 0 {
-			if n >= len(iovs[0]) {
-				n -= len(iovs[0])
-				iovs = iovs[1:]
-			} else {
-				iovs[0] = iovs[0][n:]
-				n = 0
-			}
-		}
-		for len(iovs) > 0 && len(iovs[0]) == 0 {
-			iovs = iovs[1:]
-		}
+		iovs = Advance(iovs, n)
 	}
 	return nil
+}
+
+// Advance drops the first n bytes of iovs, as a readv or writev of n bytes
+// consumed them, and returns what is left (no empty vector at its head).
+func Advance(iovs [][]byte, n int) [][]byte {
+	for n > 0 {
+		if n >= len(iovs[0]) {
+			n -= len(iovs[0])
+			iovs = iovs[1:]
+		} else {
+			iovs[0] = iovs[0][n:]
+			n = 0
+		}
+	}
+	for len(iovs) > 0 && len(iovs[0]) == 0 {
+		iovs = iovs[1:]
+	}
+	return iovs
 }

@@ -3,6 +3,7 @@ package transport
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -218,5 +219,33 @@ func TestReadvFullClosed(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("readvFull did not end when its connection closed")
+	}
+}
+
+func TestAdvance(t *testing.T) {
+	a, b, c := []byte("abc"), []byte("de"), []byte("f")
+	for _, tc := range []struct {
+		n    int
+		want []string
+	}{
+		{0, []string{"abc", "de", "f"}},
+		{1, []string{"bc", "de", "f"}},
+		{3, []string{"de", "f"}},
+		{4, []string{"e", "f"}},
+		{5, []string{"f"}},
+		{6, nil},
+	} {
+		got := Advance([][]byte{a, b, c}, tc.n)
+		var s []string
+		for _, v := range got {
+			s = append(s, string(v))
+		}
+		if fmt.Sprint(s) != fmt.Sprint(tc.want) {
+			t.Errorf("Advance(abc|de|f, %d) = %q, want %q", tc.n, s, tc.want)
+		}
+	}
+	// An empty vector after the consumed bytes is dropped too.
+	if got := Advance([][]byte{[]byte("ab"), {}, []byte("c")}, 2); len(got) != 1 || string(got[0]) != "c" {
+		t.Errorf("Advance(ab||c, 2) = %q, want [c]", got)
 	}
 }
