@@ -104,3 +104,20 @@ def mpirun_ranks(job, tmp_path, script, np_, *args, cma=False, timeout=180):
                        timeout=timeout)
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(line for line in r.stdout.splitlines() if line.startswith("ok")) == [f"ok {i}" for i in range(np_)]
+
+
+def run_steps(ss, epoch, steps=None):
+    """Samplers ss of one job (one per rank): every rank's batches of `epoch` from where each sampler stands, at
+    most `steps` of them; the ranks' batches of a step side by side."""
+    its = []
+    for s in ss:
+        s.set_epoch(epoch)
+        its.append(iter(s))
+    out = []
+    while steps is None or len(out) < steps:
+        step = [next(it, None) for it in its]
+        if step[0] is None:
+            assert all(b is None for b in step)  # every rank runs the same number of steps
+            break
+        out.append(step)
+    return out

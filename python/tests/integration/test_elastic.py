@@ -14,6 +14,7 @@ import ddstore  # noqa: E402
 from ddstore.schedule import permutation  # noqa: E402
 from ddstore.torch import DistDataset, ScheduledSampler, ThreadDataLoader  # noqa: E402
 from torch.utils.data import TensorDataset  # noqa: E402
+from conftest import run_steps  # noqa: E402
 
 POLICIES = ["locality", "random", "solar"]
 
@@ -21,23 +22,6 @@ POLICIES = ["locality", "random", "solar"]
 def samplers(bin_, n, batch, ranks, rpn=1, **kw):
     return [ScheduledSampler(n, batch, rank=r, ranks=ranks, ranks_per_node=rpn, binary=bin_, **kw)
             for r in range(ranks)]
-
-
-def run_steps(ss, epoch, steps=None):
-    """Every rank's batches of `epoch` from where each sampler stands, at
-    most `steps` of them; the ranks' batches of a step side by side."""
-    its = []
-    for s in ss:
-        s.set_epoch(epoch)
-        its.append(iter(s))
-    out = []
-    while steps is None or len(out) < steps:
-        step = [next(it, None) for it in its]
-        if step[0] is None:
-            assert all(b is None for b in step)  # every rank runs the same number of steps
-            break
-        out.append(step)
-    return out
 
 
 def check_once(n, delivered, perm):

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 import ddstore  # noqa: E402
 from ddstore.torch import DistDataset, MixtureDataset, MixtureSampler, ThreadDataLoader  # noqa: E402
+from conftest import run_steps  # noqa: E402
 from torch.utils.data import TensorDataset  # noqa: E402
 
 
@@ -33,21 +34,6 @@ def mix(*sizes):
                                                                                range(len(sizes))])
 
 
-def run(ss, epoch, steps=None):
-    its = []
-    for s in ss:
-        s.set_epoch(epoch)
-        its.append(iter(s))
-    out = []
-    while steps is None or len(out) < steps:
-        step = [next(it, None) for it in its]
-        if step[0] is None:
-            assert all(b is None for b in step)
-            break
-        out.append(step)
-    return out
-
-
 def per_source(m, indices):
     """{source: [indices within it]}"""
     out = {n: [] for n in m.names}
@@ -61,7 +47,7 @@ def test_weights_split_every_batch(ddstore_bin):
     m = mix(64, 32)
     ss = [MixtureSampler(m, 8, weights=[3, 1], seed=4, rank=r, ranks=2, binary=ddstore_bin) for r in range(2)]
     assert ss[0].shares == [6, 2] and len(ss[0]) == 6  # 96 samples an epoch in global batches of 16
-    e0 = run(ss, 0)
+    e0 = run_steps(ss, 0)
     for step in e0:
         for b in step:
             got = per_source(m, b)
@@ -73,9 +59,9 @@ def test_weights_split_every_batch(ddstore_bin):
     assert ss[0].counts(0) == {"s0": 72, "s1": 24}
     # Deterministic from the seed; another seed, other batches.
     again = [MixtureSampler(m, 8, weights=[3, 1], seed=4, rank=r, ranks=2, binary=ddstore_bin) for r in range(2)]
-    assert run(again, 0) == e0
+    assert run_steps(again, 0) == e0
     other = [MixtureSampler(m, 8, weights=[3, 1], seed=5, rank=r, ranks=2, binary=ddstore_bin) for r in range(2)]
-    assert run(other, 0) != e0
+    assert run_steps(other, 0) != e0
 
 
 def test_each_source_once_per_source_epoch(ddstore_bin):
@@ -86,7 +72,7 @@ def test_each_source_once_per_source_epoch(ddstore_bin):
     ss = [MixtureSampler(m, 6, weights=[2, 1], seed=1, rank=r, ranks=2, binary=ddstore_bin) for r in range(2)]
     draws = {"s0": [], "s1": []}
     for e in range(3):
-        for step in run(ss, e):
+        for step in run_steps(ss, e):
             for name, xs in per_source(m, [x for b in step for x in b]).items():
                 draws[name].append(xs)
     for name, n in (("s0", 48), ("s1", 24)):
@@ -99,7 +85,7 @@ def test_counts_exact(ddstore_bin):
     m = mix(40, 40)
     ss = [MixtureSampler(m, 4, counts=[48, 16], seed=2, rank=r, ranks=2, binary=ddstore_bin) for r in range(2)]
     assert ss[0].shares == [3, 1] and len(ss[0]) == 8
-    got = per_source(m, [x for st in run(ss, 1) for b in st for x in b])
+    got = per_source(m, [x for st in run_steps(ss, 1) for b in st for x in b])
     assert len(got["s0"]) == 48 and len(got["s1"]) == 16
     assert ss[1].counts(1) == {"s0": 48, "s1": 16}
 
@@ -108,11 +94,11 @@ def test_with_replacement(ddstore_bin):
     m = mix(10, 1000)
     ss = [MixtureSampler(m, 10, weights=[1, 1], seed=3, replacement=True, rank=r, ranks=2, binary=ddstore_bin)
           for r in range(2)]
-    e = run(ss, 0)
+    e = run_steps(ss, 0)
     assert len(e) == 51
     small = per_source(m, [x for st in e for b in st for x in b])["s0"]
     assert len(small) == 51 * 10 and set(small) == set(range(10))  # each drawn many times
-    assert run([MixtureSampler(m, 10, weights=[1, 1], seed=3, replacement=True, rank=r, ranks=2,
+    assert run_steps([MixtureSampler(m, 10, weights=[1, 1], seed=3, replacement=True, rank=r, ranks=2,
                                binary=ddstore_bin) for r in range(2)], 0) == e
 
 
@@ -125,7 +111,7 @@ def test_resume_on_other_ranks(ddstore_bin, replacement):
     m = mix(64, 64)
     kw = dict(weights=[1, 1], seed=6, replacement=replacement, binary=ddstore_bin)
     four = [MixtureSampler(m, 4, rank=r, ranks=4, **kw) for r in range(4)]
-    head = run(four, 0, steps=3)
+    head = run_steps(four, 0, steps=3)
     state = json.loads(json.dumps(four[0].state_dict()))
     assert state["position"] == 48 and [s["position"] for s in state["sources"]] == ([24, 24] if not replacement
                                                                                     else [0, 0])
@@ -133,7 +119,7 @@ def test_resume_on_other_ranks(ddstore_bin, replacement):
     for s in two:
         s.load_state_dict(state)
     assert len(two[0]) == 5  # 80 samples left in global batches of 16
-    rest = run(two, 0)
+    rest = run_steps(two, 0)
     assert len(rest) == 5
     flat = per_source(m, [x for run_ in (head, rest) for st in run_ for b in st for x in b])
     assert len(flat["s0"]) == len(flat["s1"]) == 64
