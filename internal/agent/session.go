@@ -348,6 +348,11 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 			s.decodeFailed = true
 			return nil, base.Errorf(base.ErrProtocol, "direct-key request with a body of %d bytes: want none", len(body))
 		}
+		if tr := a.transportName(); tr != TransportTCP {
+			// Rows move over the job's interconnect (MPI gets, libfabric):
+			// a client's TCP connection to another node would bypass it.
+			return nil, base.Errorf(base.ErrArgument, "no direct reads in a job whose agents move rows over %s: reads of other nodes' rows go through this node's agent", tr)
+		}
 		k, err := a.peerKey()
 		if err != nil {
 			return nil, err

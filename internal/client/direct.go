@@ -309,6 +309,11 @@ func (p *directPool) take(s *Store, addr string) *directConn {
 		p.mu.Lock()
 		if err != nil {
 			p.keyRetry = time.Now().Add(directRetry)
+			if errors.Is(err, base.ErrArgument) {
+				// The agent gives no key in this job (rows move over
+				// another transport): never ask again.
+				p.keyRetry = time.Now().Add(100 * 365 * 24 * time.Hour)
+			}
 			p.mu.Unlock()
 			return nil
 		}

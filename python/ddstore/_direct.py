@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from . import _auth, _wire
+from ._errors import ArgumentError
 
 # The largest read sent direct (bytes of rows of other nodes), as the Go
 # client's DirectMaxBytes; DDSTORE_DIRECT_MAX_BYTES overrides it (0: never).
@@ -182,6 +183,10 @@ class Pool:
         if key is None:
             try:
                 key = bytes(self._key_of())
+            except ArgumentError:  # no key in this job (rows move over another transport): never ask again
+                with self.lock:
+                    self.key_retry = float("inf")
+                return None
             except Exception:
                 with self.lock:
                     self.key_retry = time.monotonic() + RETRY
