@@ -255,3 +255,80 @@ func TestDirectOwnerRestart(t *testing.T) {
 	p1.start()
 	testutil.WaitFor(t, 20*time.Second, func() error { return checkRows(c.stores[0], "v", idx, 64, 0) })
 }
+
+// TestDirectRagged: ragged rows of the other node are read straight from
+// its agent (each row its own size, placed between this node's rows), and
+// a variable freed and added again with other rows never gives the old
+// ones.
+func TestDirectRagged(t *testing.T) {
+	c, _ := startTwoNodeProcs(t, "directrag", "5s")
+	const n = 10
+	length := func(g, shift int64) int64 { return (g + shift) % 4 } // empty rows too
+	add := func(shift int64) {
+		c.mustEach(t, func(rank int, s *ddstore.Store) error {
+			var vals []byte
+			lens := make([]int64, n)
+			for i := range int64(n) {
+				g := int64(rank)*n + i
+				lens[i] = length(g, shift)
+				for u := range lens[i] {
+					vals = append(vals, byte(g*7+u+shift))
+				}
+			}
+			return s.AddRagged("r", vals, lens, ddstore.Uint8)
+		})
+	}
+	check := func(s *ddstore.Store, idx []int64, shift int64) {
+		t.Helper()
+		var want []byte
+		for _, g := range idx {
+			for u := range length(g, shift) {
+				want = append(want, byte(g*7+u+shift))
+			}
+		}
+		dst := make([]byte, len(want)+5)
+		lens := make([]int64, len(idx))
+		got, err := s.GetRagged("r", dst, idx, lens)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(dst[:got]) != string(want) {
+			t.Fatalf("GetRagged %v: %v, want %v", idx, dst[:got], want)
+		}
+	}
+	direct := func(s *ddstore.Store) int64 {
+		p, err := s.Profile("r")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Direct
+	}
+	add(0)
+	s := c.stores[0]
+	check(s, []int64{11, 12, 13, 14, 15}, 0) // 12 is empty
+	if d := direct(s); d != 4 {
+		t.Fatalf("rows of n1 alone: %d direct, want 4", d)
+	}
+	check(s, []int64{1, 13, 2, 15, 3, 17}, 0)
+	if d := direct(s); d != 7 {
+		t.Fatalf("rows of both nodes: %d direct, want 7", d)
+	}
+	// A reader that keeps its table while the variable is freed and added
+	// again.
+	r, err := ddstore.Open(ddstore.Config{Namespace: c.ns, Reader: true, Node: "n0", Rank: 0, Size: 2,
+		RunDir: filepath.Dir(s.Socket()), NoSpawn: true, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	check(r, []int64{11, 13, 1, 14, 15}, 0)
+	before := direct(r)
+	c.mustEach(t, func(_ int, s *ddstore.Store) error { return s.Free("r") })
+	add(3)
+	for range 3 {
+		check(r, []int64{11, 13, 1, 14, 15}, 3)
+	}
+	if d := direct(r); d <= before {
+		t.Fatalf("reads of the new variable: %d rows direct, want more than %d", d, before)
+	}
+}

@@ -104,23 +104,75 @@ func (s *Store) tryDirect(v *variable, dst []byte, pos []int64, at func(int) int
 	if s.cfg.NoDirect || v.rag != nil || len(pos) == 0 || int64(len(pos))*v.rb > s.direct.max {
 		return false
 	}
+	addr := s.directAddr(v, len(pos), func(k int) int64 { return at(int(pos[k])) })
+	return addr != "" && s.runDirect(v, addr, int64(len(pos)), func(c *directConn) error {
+		return c.read(v, dst, pos, at, s.cfg.Timeout)
+	})
+}
+
+// tryDirectRagged reads ragged rows globals (none empty) into
+// dst[at[k]:at[k]+size[k]] straight from their owner's agent when the
+// rule says so (one Fetch, each row its own size); false: not read.
+func (s *Store) tryDirectRagged(v *variable, dst []byte, globals, at, size []int64) bool {
+	var total int64
+	for _, n := range size {
+		total += n
+	}
+	if s.cfg.NoDirect || len(globals) == 0 || total > s.direct.max {
+		return false
+	}
+	addr := s.directAddr(v, len(globals), func(k int) int64 { return globals[k] })
+	return addr != "" && s.runDirect(v, addr, int64(len(globals)), func(c *directConn) error {
+		c.id++
+		c.out = wire.AppendFrame(c.out[:0], wire.OpFetch, 0, c.id, 0, func(e *wire.Encoder) {
+			e.String(v.name)
+			e.I64(v.id)
+			e.U32(uint32(len(globals)))
+			for _, g := range globals {
+				e.I64(g)
+			}
+		})
+		c.iovs = c.iovs[:0]
+		for k := 0; k < len(globals); {
+			j := k + 1
+			for j < len(globals) && at[j] == at[j-1]+size[j-1] {
+				j++
+			}
+			c.iovs = append(c.iovs, dst[at[k]:at[j-1]+size[j-1]])
+			k = j
+		}
+		return c.exchange(wire.OpFetch, total, s.cfg.Timeout)
+	})
+}
+
+// directAddr is the one address of the owners of rows global(0..n-1), or
+// "" (several nodes, a node without an address, a row only in the backing
+// file).
+func (s *Store) directAddr(v *variable, n int, global func(int) int64) string {
 	addr := ""
-	for _, p := range pos {
-		r, _ := v.lay.Owner(at(int(p)))
+	for k := 0; k < n; k++ {
+		r, _ := v.lay.Owner(global(k))
 		if r == layout.Backed || v.addrs[r] == "" {
-			return false
+			return ""
 		}
 		if addr == "" {
 			addr = v.addrs[r]
 		} else if v.addrs[r] != addr {
-			return false
+			return ""
 		}
 	}
+	return addr
+}
+
+// runDirect runs read on a connection to addr; false: it failed (the
+// caller reads through the agent), the connection kept, dropped or the
+// address left alone a while as the failure says.
+func (s *Store) runDirect(v *variable, addr string, rows int64, read func(c *directConn) error) bool {
 	c := s.direct.take(s, addr)
 	if c == nil {
 		return false
 	}
-	if err := c.read(v, dst, pos, at, s.cfg.Timeout); err != nil {
+	if err := read(c); err != nil {
 		switch {
 		case errors.Is(err, errReply): // the owner answered: the connection is sound
 			s.direct.put(c)
@@ -137,7 +189,7 @@ func (s *Store) tryDirect(v *variable, dst []byte, pos []int64, at func(int) int
 		return false
 	}
 	s.direct.put(c)
-	v.prof.directRows.Add(int64(len(pos)))
+	v.prof.directRows.Add(rows)
 	return true
 }
 
@@ -178,6 +230,11 @@ func (c *directConn) read(v *variable, dst []byte, pos []int64, at func(int) int
 			k = j
 		}
 	}
+	return c.exchange(op, int64(len(pos))*rb, timeout)
+}
+
+// exchange sends c.out and reads the reply: want row bytes into c.iovs.
+func (c *directConn) exchange(op wire.Op, want int64, timeout time.Duration) error {
 	by := time.Now().Add(timeout)
 	c.nc.SetWriteDeadline(by)
 	if _, err := c.nc.Write(c.out); err != nil {
@@ -186,7 +243,6 @@ func (c *directConn) read(v *variable, dst []byte, pos []int64, at func(int) int
 	// The header and the rows in one readv when they come together: the
 	// rows land in dst, or, for an error reply, its body's first bytes,
 	// which are copied out.
-	want := int64(len(pos)) * rb
 	c.hdr = c.hdr[:wire.HeaderSize]
 	c.all = append(append(c.all[:0], c.hdr), c.iovs...)
 	left := c.all

@@ -286,7 +286,7 @@ func (s *Store) fetchRagged(v *variable, dst []byte, globals, at, size []int64) 
 		}
 		globals, at, size = globals[maxRows:], at[maxRows:], size[maxRows:]
 	}
-	if len(globals) == 0 {
+	if len(globals) == 0 || s.tryDirectRagged(v, dst, globals, at, size) {
 		return nil
 	}
 	return s.withLane(func(l *lane) error {

@@ -310,11 +310,36 @@ class Pool:
         k = globals_.shape[0]
         if k * v.rb > self.max or v.ragged:
             return False
+        return self._fetch(v, dst, globals_, owners, k * v.rb)
+
+    def fetch_ragged(self, v, flat, globals_, owners, at, size):
+        """Ragged rows globals_ (of ranks owners, none only in the backing
+        file, none empty) into flat[at[k]:at[k] + size[k]]: one Fetch, the
+        owner answering each row its own size (as to its peers), received
+        straight into flat when the rows follow one another there, else
+        into a buffer and placed; False: not read."""
+        total = int(size.sum())
+        if total > self.max:
+            return False
+        a0 = int(at[0])
+        if int(at[-1]) - a0 + int(size[-1]) == total:  # neighbouring places
+            return self._fetch(v, flat[a0:a0 + total], globals_, owners, total)
+        tmp = np.empty(total, dtype=np.uint8)
+        if not self._fetch(v, tmp, globals_, owners, total):
+            return False
+        dm, sm, o = memoryview(flat), memoryview(tmp), 0
+        for a, n in zip(at.tolist(), size.tolist()):
+            dm[a:a + n] = sm[o:o + n]
+            o += n
+        return True
+
+    def _fetch(self, v, dst, globals_, owners, want):
+        k = globals_.shape[0]
         addr = self.addr_of(v, np.unique(owners).tolist())
         if addr is None:
             return False
         body = self._name(v) + _FETCH.pack(v.id, k) + np.ascontiguousarray(globals_, dtype="<i8").tobytes()
-        if not self._run(addr, OP_FETCH, body, dst, k * v.rb):
+        if not self._run(addr, OP_FETCH, body, dst, want):
             return False
         v.profile["direct_rows"] += k
         return True

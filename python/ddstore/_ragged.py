@@ -116,6 +116,13 @@ def get(store, v, name, indices, out):
         nremote = sel.shape[0]
         if v.total > v.held:
             nstored = int((idx[sel] >= v.held).sum())  # only in the backing file
+        if not nstored and nremote <= MAX_ROWS_PER_READ:
+            # All on one other node, within the bound: straight to its
+            # agent (_direct.py), else through the own agent.
+            owners = (o0,) if owner is None else owner[sel]
+            if store._direct.fetch_ragged(v, flat, idx[sel], owners, pos[sel] * ub, lengths[sel] * ub):
+                _count(v, n, units * ub, nremote, nstored, t0)
+                return out, lengths
         for lo in range(0, nremote, MAX_ROWS_PER_READ):
             part = sel[lo:lo + MAX_ROWS_PER_READ]
             _fetch(store, v, flat, idx[part], pos[part] * ub, lengths[part] * ub)

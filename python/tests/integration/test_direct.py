@@ -109,3 +109,78 @@ print("ok", r)
 def test_direct_reads(job):
     outs = run_ranks(SCRIPT, ["a", "b"], job)
     assert [o.strip().splitlines()[-1] for o in outs] == ["ok 0", "ok 1"], outs
+
+
+RAGGED = r"""
+import numpy as np, ddstore
+
+s = ddstore.Store()
+r = s.rank
+n = 20
+def lengths(shift):
+    return [(g + shift) % 5 for g in range(r * n, (r + 1) * n)]  # empty rows too
+def values(shift):
+    out = [(g * 1000 + shift + np.arange(k * 3)).reshape(k, 3) for g, k in zip(range(r * n, (r + 1) * n), lengths(shift))]
+    return np.concatenate(out).astype(np.float32)
+def want(idx, shift):
+    ls = [(g + shift) % 5 for g in idx]
+    vals = np.concatenate([(g * 1000 + shift + np.arange(k * 3)).reshape(k, 3) for g, k in zip(idx, ls)])
+    return vals.astype(np.float32), np.asarray(ls)
+def check(st, idx, shift):
+    got, lens = st.get_ragged("g", idx)
+    w, wl = want(idx, shift)
+    assert np.array_equal(lens, wl), (idx, lens, wl)
+    assert np.array_equal(got, w), (idx, got, w)
+    return int(((wl > 0) & (np.asarray(idx) // n != r)).sum())  # rows of other nodes
+def prof(st):
+    p = st.get_profile("g")
+    return p["direct_rows"], p["remote_rows"]
+s.add_ragged("g", values(0), lengths(0))
+s.fence()
+if r == 0:
+    # Rows of node b alone: direct, received in place.
+    k = check(s, [21, 22, 23, 24, 26], 0)
+    assert prof(s) == (k, k), prof(s)
+    # This node's rows between b's: direct, then placed.
+    k += check(s, [1, 27, 2, 28, 3, 29, 25], 0)
+    assert prof(s) == (k, k), prof(s)
+    # One row of node b into a destination of the caller's.
+    out = np.full((9, 3), -1, np.float32)
+    got, lens = s.get_ragged("g", [33], out=out)
+    assert np.array_equal(got, want([33], 0)[0]) and (out[got.shape[0]:] == -1).all()
+    k += 1
+    assert prof(s) == (k, k), prof(s)
+    # Rows of nodes b and c: through the own agent.
+    m = check(s, [21, 41, 22, 42], 0)
+    assert prof(s) == (k, k + m), prof(s)
+    # Over the byte bound: through the own agent.
+    bound, s._direct.max = s._direct.max, 12
+    m += check(s, [23, 24], 0)
+    assert prof(s) == (k, k + m), prof(s)
+    s._direct.max = bound
+    # A reader that keeps its table while the variable is freed and added
+    # again with other rows: never the old rows.
+    reader = ddstore.Store(reader=True)
+    dk = check(reader, [21, 22, 23], 0)
+    assert prof(reader)[0] == dk
+s.fence()
+s.free("g")
+s.fence()
+s.add_ragged("g", values(7), lengths(7))
+s.fence()
+if r == 0:
+    for _ in range(3):
+        check(reader, [21, 22, 23], 7)
+        check(reader, [1, 24, 30], 7)
+    assert prof(reader)[0] > dk
+    reader.close()
+s.fence()
+s.free("g")
+s.close()
+print("ok", r)
+"""
+
+
+def test_direct_ragged(job):
+    outs = run_ranks(RAGGED, ["a", "b", "c"], job)
+    assert [o.strip().splitlines()[-1] for o in outs] == ["ok 0", "ok 1", "ok 2"], outs

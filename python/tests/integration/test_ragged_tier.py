@@ -122,6 +122,16 @@ for k in range(0, n, B):
     assert np.array_equal(got, want), (r, k)
 prof = s.get_profile("pos")
 print("rank", r, "storage", prof["storage_rows"], "remote", prof["remote_rows"])
+if r == 0:
+    # A row of node b read direct; with a row only in the backing file, the
+    # batch goes through the own agent.
+    g = next(g for g in range(2 * held // p, 3 * held // p) if off[g + 1] > off[g])
+    b = next(i for i in range(n - 1, held, -1) if off[i + 1] > off[i])
+    for batch, more in (([g, b], 0), ([g], 1)):
+        d = s.get_profile("pos")["direct_rows"]
+        got, lens = s.get_ragged("pos", batch)
+        assert np.array_equal(got, np.concatenate([vals[off[i]:off[i + 1]] for i in batch])), batch
+        assert s.get_profile("pos")["direct_rows"] == d + more, (batch, d, s.get_profile("pos"))
 s.close()
 """
 
