@@ -118,7 +118,7 @@ func TestIdleCloseUnderLoad(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	if p.IdleClosed() == 0 {
-		t.Error("no connection was closed idle or over the cap")
-	}
+	// Idle or over the cap: during the load when a peer had no call in
+	// flight, else by the sweep once the workers are done.
+	eventually(t, 5*time.Second, "a connection closed idle or over the cap", func() bool { return p.IdleClosed() > 0 })
 }

@@ -210,7 +210,7 @@ func (pc *peerConns) closeIdle(p *Pool) bool {
 			continue
 		}
 		c.mu.Lock()
-		busy := len(c.mu.pending) > 0
+		busy := len(c.mu.pending) > 0 || c.receiving.Load()
 		c.mu.Unlock()
 		if busy {
 			return false
@@ -522,6 +522,10 @@ type conn struct {
 		err     error
 	}
 	dead atomic.Bool
+	// receiving: the read loop has taken a reply's call out of pending and
+	// is reading its rows (set under mu, so that closeIdle, which checks
+	// it under mu, never closes a connection in the middle of a reply).
+	receiving atomic.Bool
 }
 
 func newConn(nc *net.TCPConn, addr string) (*conn, error) {
@@ -566,7 +570,7 @@ func (c *conn) send(cl *call, op wire.Op, fill func(*wire.Encoder), by time.Time
 // dials again.
 func (c *conn) closeIdle() bool {
 	c.mu.Lock()
-	if c.mu.err != nil || len(c.mu.pending) > 0 {
+	if c.mu.err != nil || len(c.mu.pending) > 0 || c.receiving.Load() {
 		c.mu.Unlock()
 		return false
 	}
@@ -605,6 +609,7 @@ func (c *conn) readLoop() {
 	var iovs [][]byte
 	var err error
 	for {
+		c.receiving.Store(false)
 		var h wire.Header
 		var body []byte
 		h, body, err = wire.ReadFrame(c.nc, buf)
@@ -615,6 +620,7 @@ func (c *conn) readLoop() {
 		c.mu.Lock()
 		cl := c.mu.pending[h.ID]
 		delete(c.mu.pending, h.ID)
+		c.receiving.Store(true)
 		c.mu.Unlock()
 		if cl == nil || !cl.state.CompareAndSwap(callPending, callReceiving) {
 			// A reply to a call that timed out: drop its rows.
