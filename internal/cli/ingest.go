@@ -140,11 +140,8 @@ func runIngest(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer s.Close()
-	// The first SIGINT or SIGTERM stops the reads, and the variable is
-	// freed; a second one kills as usual.
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := interruptible()
 	defer stop()
-	context.AfterFunc(ctx, stop)
 	rb := source.RowBytes(src)
 	held := heldRows(src, capBytes)
 	lo, hi := share(held, s.Rank(), s.Size())
@@ -409,4 +406,13 @@ func isTerminal(w io.Writer) bool {
 	}
 	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
 	return err == nil
+}
+
+// interruptible is the context of an ingest's reads: the first SIGINT or
+// SIGTERM cancels it (the reads stop, and the variable is freed); a second
+// one kills as usual. stop releases the signals.
+func interruptible() (context.Context, context.CancelFunc) {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	context.AfterFunc(ctx, stop)
+	return ctx, stop
 }

@@ -4,12 +4,9 @@ package cli
 // offsets, as HDF5 datasets or .npy files) into a ragged variable.
 
 import (
-	"context"
 	"fmt"
 	"io"
-	"os/signal"
 	"sort"
-	"syscall"
 	"time"
 
 	"github.com/ddstore-go/ddstore"
@@ -41,9 +38,8 @@ func ingestRagged(cfg ddstore.Config, file, offsets, name string, opt source.Opt
 		return err
 	}
 	defer s.Close()
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := interruptible()
 	defer stop()
-	context.AfterFunc(ctx, stop)
 	lo, hi := shareUnits(off[:held+1], s.Rank(), s.Size())
 	units := off[hi] - off[lo]
 	fmt.Fprintf(stdout, "ingest %s (offsets %s): %d ragged rows, %d units of shape %v %s (%s); rank %d of %d on node %s loads rows [%d, %d) (%d units) into %q\n",
