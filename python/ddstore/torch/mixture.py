@@ -49,7 +49,7 @@ from torch.utils.data import Sampler
 
 from .._errors import ArgumentError
 from ..sampler import _MAX_SEED, _int
-from .sampler import _Pass, ScheduledSampler, _dataset_name, _identity
+from .sampler import _Pass, _Steps, ScheduledSampler, _dataset_name, _identity
 
 __all__ = ["MixtureDataset", "MixtureSampler"]
 
@@ -192,7 +192,7 @@ def _shares(batch, weights):
     return b
 
 
-class MixtureSampler(Sampler):
+class MixtureSampler(_Steps, Sampler):
     """A batch sampler over a MixtureDataset (or a list of datasets, made
     into one) yielding this rank's batches of mixture indices (see the
     module's docstring).
@@ -207,6 +207,9 @@ class MixtureSampler(Sampler):
     source's order derives from it. rank, ranks, ranks_per_node, binary,
     prefetch: as ScheduledSampler's.
     """
+
+    _error = staticmethod(_bad)
+    _check_int = staticmethod(lambda name, v, lo, hi=None: _int_m(name, v, lo, hi))
 
     def __init__(self, dataset, batch_size, weights=None, counts=None, seed=0, replacement=False, policy="locality",
                  capacity=None, rank=None, ranks=None, ranks_per_node=None, binary=None, prefetch=2):
@@ -272,7 +275,8 @@ class MixtureSampler(Sampler):
         # The run: it starts at mixture epoch run[0], position run[1]; each
         # source's stream then at its (epoch, position).
         self._run = (0, 0, [(0, 0)] * nsrc)
-        self._start, self._pos, self._consumed, self._pass_start, self._token = 0, None, None, 0, None
+        self._token = None
+        self._reset_steps()
 
     def _vector(self, what, v, nsrc, integers):
         try:
@@ -374,12 +378,11 @@ class MixtureSampler(Sampler):
     def set_epoch(self, epoch):
         epoch = self._check_epoch(epoch)
         if epoch != self._epoch:
-            self._epoch, self._start, self._pos, self._consumed, self._pass_start = epoch, 0, None, None, 0
+            self._epoch = epoch
+            self._reset_steps()
 
     def __iter__(self):
-        start = self._start
-        self._start, self._pos, self._consumed, self._pass_start = 0, start, None, start
-        token = self._token = object()
+        start, token = self._begin_pass()
         return _Pass(self, start, self._batches(self._epoch, start, token))
 
     def _batches(self, epoch, start, token):
@@ -396,16 +399,6 @@ class MixtureSampler(Sampler):
                 self._pos = s + 1
             yield b
 
-    def consumed(self, k=1):
-        """Count k more batches of this epoch as trained on (see
-        ScheduledSampler.consumed)."""
-        k = _int_m("k", k, 0)
-        pos = self._pos if self._pos is not None else self._start
-        done = (self._consumed if self._consumed is not None else self._pass_start) + k
-        if done > pos:
-            raise _bad(f"consumed {done} batches of epoch {self._epoch}, only {pos} yielded")
-        self._consumed = done
-
     # -- state ----------------------------------------------------------------------
 
     def state_dict(self, step=None):
@@ -413,7 +406,7 @@ class MixtureSampler(Sampler):
         delivered over all ranks), each source's epoch and position, and
         what the mixture is a function of: small and JSON-serialisable."""
         if step is None:
-            step = next(v for v in (self._consumed, self._pos, self._start) if v is not None)
+            step = self._saved_step()
         step = _int_m("step", step, 0)
         steps = self._steps_of(self._epoch)
         if step > steps:
@@ -471,8 +464,8 @@ class MixtureSampler(Sampler):
         for k, s in enumerate(self._src):
             if s is not None:
                 s._set_run(starts[k], None)
-        self._epoch, self._start, self._pos, self._consumed, self._token, self._pass_start = \
-            epoch, 0, None, None, None, 0
+        self._epoch, self._token = epoch, None
+        self._reset_steps()
 
     def __repr__(self):
         return (f"MixtureSampler(sources={self.dataset.names}, shares={self.shares}, batch_size={self.batch_size}, "

@@ -208,7 +208,46 @@ def _identity(dataset):
     return None, None, None
 
 
-class ScheduledSampler(Sampler):
+class _Steps:
+    """The step count the batch samplers of this package share: the step
+    the next pass starts from, the batches of the epoch a pass yielded, and
+    those a loader counted as trained on (consumed), which state_dict
+    saves. A sampler names its own errors (_error, _check_int)."""
+
+    _error = staticmethod(_bad)
+    _check_int = staticmethod(_int)
+
+    def _reset_steps(self, start=0):
+        """A new epoch or a loaded state: the next pass starts at `start`."""
+        self._start, self._pos, self._consumed, self._pass_start = start, None, None, start
+
+    def _begin_pass(self):
+        """A pass starts: its first step, and the token its batches carry
+        (a newer pass makes an older one's progress count no more)."""
+        start = self._start
+        self._start, self._pos, self._consumed, self._pass_start = 0, start, None, start
+        token = self._token = object()
+        return start, token
+
+    def _saved_step(self):
+        """The step state_dict saves when not told: those counted by
+        consumed(), else those yielded, else where the next pass starts."""
+        return next(v for v in (self._consumed, self._pos, self._start) if v is not None)
+
+    def consumed(self, k=1):
+        """Count k more batches of this epoch as trained on; state_dict()
+        then saves that count (plus the step this pass resumed from) rather
+        than what the sampler yielded, which a prefetching loader runs ahead
+        of. A new pass (iter) or another epoch starts the count again."""
+        k = self._check_int("k", k, 0)
+        pos = self._pos if self._pos is not None else self._start
+        done = (self._consumed if self._consumed is not None else self._pass_start) + k
+        if done > pos:
+            raise self._error(f"consumed {done} batches of epoch {self._epoch}, only {pos} yielded")
+        self._consumed = done
+
+
+class ScheduledSampler(_Steps, Sampler):
     """A batch sampler (DataLoader(batch_sampler=...), ThreadDataLoader
     likewise) yielding this rank's batches, lists of dataset indices, under a
     schedule of `ddstore schedule`.
@@ -316,11 +355,12 @@ class ScheduledSampler(Sampler):
         self.prefetch = _int("prefetch", prefetch, 0)
         self._announce = getattr(dataset, "prefetch", None) if self.prefetch else None
         self._epoch = 0
-        self._start = 0        # the step the next iteration starts from
-        self._pos = None       # batches of this epoch yielded (absolute), None before a pass
-        self._consumed = None  # batches of this epoch consumed (absolute), None unless counted
-        self._pass_start = 0   # the step the current pass started from
-        self._token = None     # the iteration whose progress counts
+        # _start: the step the next pass starts from; _pos: the batches of
+        # this epoch yielded (absolute), None before a pass; _consumed: those
+        # consumed, None unless counted; _pass_start: the step the current
+        # pass started from; _token: the pass whose progress counts.
+        self._token = None
+        self._reset_steps()
         self._cache = {}
         self.dataset_name = _dataset_name(dataset)
         # A run that resumed a job on another geometry: (epoch, position)
@@ -399,13 +439,12 @@ class ScheduledSampler(Sampler):
         load_state_dict set; another starts at step 0."""
         epoch = self._check_epoch(epoch)
         if epoch != self._epoch:
-            self._epoch, self._start, self._pos, self._consumed, self._pass_start = epoch, 0, None, None, 0
+            self._epoch = epoch
+            self._reset_steps()
 
     def __iter__(self):
         plan = self.plan(hits=False)
-        start = self._start
-        self._start, self._pos, self._consumed, self._pass_start = 0, start, None, start
-        token = self._token = object()
+        start, token = self._begin_pass()
         return _Pass(self, start, self._batches(plan, start, token))
 
     def _batches(self, plan, start, token):
@@ -421,18 +460,6 @@ class ScheduledSampler(Sampler):
                 self._pos = s + 1
             yield b
 
-    def consumed(self, k=1):
-        """Count k more batches of this epoch as trained on; state_dict()
-        then saves that count (plus the step this pass resumed from) rather
-        than what the sampler yielded, which a prefetching loader runs ahead
-        of. A new pass (iter) or another epoch starts the count again."""
-        k = _int("k", k, 0)
-        pos = self._pos if self._pos is not None else self._start
-        done = (self._consumed if self._consumed is not None else self._pass_start) + k
-        if done > pos:
-            raise _bad(f"consumed {done} batches of epoch {self._epoch}, only {pos} yielded")
-        self._consumed = done
-
     # -- state ----------------------------------------------------------------------
 
     def state_dict(self, step=None):
@@ -443,7 +470,7 @@ class ScheduledSampler(Sampler):
         which resumes on any number of ranks), the format, and what the
         plan is a function of."""
         if step is None:
-            step = next(v for v in (self._consumed, self._pos, self._start) if v is not None)
+            step = self._saved_step()
         else:
             step = self._check_step(step)
         position = int(self.plan(hits=False).positions[step])
@@ -522,8 +549,8 @@ class ScheduledSampler(Sampler):
         if k is None:  # the positions left, dealt over this job
             self._set_run((epoch, position), order_ranks)
             k = 0
-        self._epoch, self._start, self._pos, self._consumed, self._token = epoch, k, None, None, None
-        self._pass_start = k
+        self._epoch, self._token = epoch, None
+        self._reset_steps(k)
 
     def _check_epoch_of(self, epoch):
         epoch = _int("epoch", epoch, 0)
@@ -552,8 +579,8 @@ class ScheduledSampler(Sampler):
         epoch = self._check_epoch_of(state["epoch"])
         self._set_run(None, None)
         k = self._check_step(state["step"] if step is None else step, epoch)
-        self._epoch, self._start, self._pos, self._consumed, self._token = epoch, k, None, None, None
-        self._pass_start = k
+        self._epoch, self._token = epoch, None
+        self._reset_steps(k)
 
     def __repr__(self):
         budget = (f"capacity={self.capacity}" if self.capacity_bytes is None else
