@@ -9,6 +9,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -156,6 +157,9 @@ func (a *Agent) coordRound(ctx context.Context, v *variable, m wire.Shard, local
 			err = a.shardBatch.submit(ctx, a, addr, m)
 		}
 		if err != nil {
+			if why := a.lostRound(ctx, err); why != "" {
+				a.reportLost(addr, m, why)
+			}
 			return nil, err // the round's error names the variable, a transport's the peer
 		}
 		select {
@@ -175,6 +179,11 @@ func (a *Agent) coordRound(ctx context.Context, v *variable, m wire.Shard, local
 		return t, nil
 	}
 	t, err := a.leadRound(ctx, addr, m)
+	if why := a.lostRound(ctx, err); why != "" {
+		// Before finish: the node's other ranks get the leader's error
+		// once the round has failed everywhere.
+		a.reportLost(addr, m, why)
+	}
 	if err == nil {
 		// Before finish: the node's other ranks take it from v. An error
 		// is the caller's to report (setTable gives it again).
@@ -184,6 +193,52 @@ func (a *Agent) coordRound(ctx context.Context, v *variable, m wire.Shard, local
 	}
 	finish(err)
 	return t, err
+}
+
+// lostRound says why err, which ended a rank's wait for its round on the
+// coordinator of another node, leaves the coordinator unaware that the
+// rank is out of the round, or "" when it does not: the request failed in
+// the transport (no answer came), or the rank's client left while it
+// waited. Not an answer of the coordinator's (the round's own error, or
+// the table), nor the round's timeout, which the coordinator keeps too.
+func (a *Agent) lostRound(ctx context.Context, err error) string {
+	switch {
+	case err == nil, base.IsRemote(err), a.ctx.Err() != nil:
+		return ""
+	case errors.Is(context.Cause(ctx), errClientLeft):
+		return "went away before it ended: its client closed the connection that waited (the process exited or was killed?)"
+	case ctx.Err() != nil:
+		return ""
+	}
+	return fmt.Sprintf("is out of the round: its agent's request to the coordinator failed: %v", err)
+}
+
+// reportLost tells the coordinator at addr that rank m is out of its round
+// (why, lostRound), as a failed shard (Lost), so that the round fails for
+// every rank at once rather than wait for this one until its timeout. It
+// tries again while the transport fails (a fresh connection may get
+// through), for up to the agent's timeout.
+func (a *Agent) reportLost(addr string, m wire.Shard, why string) {
+	m.Failed, m.Lost, m.Node, m.Why = true, true, a.cfg.Node, why
+	ctx, cancel := context.WithTimeout(a.ctx, a.cfg.Timeout)
+	defer cancel()
+	a.stats.roundsLost.Add(1)
+	wait := 10 * time.Millisecond
+	for {
+		// The coordinator answers with the round's error, or an error of
+		// its own: either way it knows.
+		err := a.shardBatch.submit(ctx, a, addr, m)
+		if err == nil || base.IsRemote(err) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			a.log.Warn("could not tell the coordinator that a rank is out of its round", "variable", m.Name, "rank", m.Rank, "err", err)
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 200*time.Millisecond)
+	}
 }
 
 // leadRound sends the leader's shard (PeerRound) and returns the round's
