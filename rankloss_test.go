@@ -32,6 +32,9 @@ type rankArgs struct {
 	Rank, Size       int
 	Op               string        // "add", "fence", or "sleep" (until its stdin closes)
 	PublishTimeout   time.Duration // 0: 300 s
+	// Linger: after printing its result the rank stays, its store
+	// open, until its stdin closes (a rank that goes on after an error).
+	Linger bool
 }
 
 // rankRows is the rows rank r adds to "x": 4 rows of 8 bytes, row g
@@ -95,9 +98,12 @@ func rankLossRank(a rankArgs) int {
 			}
 		}
 		fmt.Printf("err: %s%v\n", kinds, err)
-		return 0
+	} else {
+		fmt.Println("ok")
 	}
-	fmt.Println("ok")
+	if a.Linger {
+		io.Copy(io.Discard, os.Stdin)
+	}
 	return 0
 }
 
@@ -342,14 +348,16 @@ func TestClusterRoundLostInTransport(t *testing.T) {
 	proxy := startCutProxy(t, rdv)
 	b := startAgentProc(t, ns, "b", runDir, proxy.addr(), "--join-timeout", "300s")
 	nodes := []string{"a", "b", "a"}
-	start := func(ops ...string) []*rankProc {
+	start := func(linger bool, ops ...string) []*rankProc {
 		var ps []*rankProc
 		for r, o := range ops {
-			ps = append(ps, startRank(t, rankArgs{NS: ns, Node: nodes[r], RunDir: runDir, Rank: r, Size: len(ops), Op: o}))
+			ps = append(ps, startRank(t, rankArgs{NS: ns, Node: nodes[r], RunDir: runDir, Rank: r, Size: len(ops), Op: o, Linger: linger && r == 1}))
 		}
 		return ps
 	}
-	ps := start("add", "add", "sleep")
+	// Rank 1 stays after its error (its process does not go, which
+	// would fail the round too).
+	ps := start(true, "add", "add", "sleep")
 	testutil.WaitFor(t, 60*time.Second, func() error {
 		in, err := ddstore.QueryAgent(a.socket, ns, "a")
 		if err != nil {
@@ -369,6 +377,7 @@ func TestClusterRoundLostInTransport(t *testing.T) {
 	if !strings.HasPrefix(got, "err: peer ") || !strings.Contains(got, "rank 1 ") || !strings.Contains(got, `node "b"`) {
 		t.Fatalf("rank 0 of the job whose rank 1's request was cut: %q, want an ErrPeer naming rank 1 on node b", got)
 	}
+	ps[1].stdin.Close()
 	if got := ps[1].result(t, "rank 1"); !strings.HasPrefix(got, "err: peer ") {
 		t.Fatalf("rank 1, whose agent's request to the coordinator was cut: %q, want an ErrPeer", got)
 	}
@@ -383,7 +392,7 @@ func TestClusterRoundLostInTransport(t *testing.T) {
 	if in.Counters["rounds_lost"] != 1 {
 		t.Errorf("node b told the coordinator of %d ranks out of their round, want 1", in.Counters["rounds_lost"])
 	}
-	for r, p := range start("add", "add", "add") {
+	for r, p := range start(false, "add", "add", "add") {
 		if got := p.result(t, fmt.Sprintf("rank %d of the new job", r)); got != "ok" {
 			t.Fatalf("rank %d of the job started after: %q, want ok", r, got)
 		}

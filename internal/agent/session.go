@@ -813,7 +813,7 @@ func (a *Agent) free(ctx context.Context, name string, rank int) error {
 	}
 	// With the node's other ranks' frees (PeerFrees).
 	m := wire.Name{Name: name, Node: a.cfg.Node, Rank: int64(rank)}
-	return a.freeBatch.submit(ctx, a, addr, m)
+	return a.gatherFree(ctx, v, addr, m)
 }
 
 // dropEverywhere tells every node of a freed variable to drop its shards,

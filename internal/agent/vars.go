@@ -55,6 +55,15 @@ type variable struct {
 	rag     *ragged
 	index   *shm.Segment
 	indexMu sync.Mutex
+	// frees gathers the node's ranks' frees so that they go to the
+	// coordinator together (gatherFree): ranks are those that freed, g
+	// the gathering under way and want how many it waits for.
+	frees struct {
+		mu    sync.Mutex // a leaf (lock order: internal/LOCKS.md)
+		ranks map[int64]bool
+		g     *gathering[wire.Name]
+		want  int
+	}
 }
 
 func newVariable(name string) *variable {
