@@ -226,7 +226,11 @@ func (a *Agent) coordRound(ctx context.Context, v *variable, m wire.Shard, local
 		select {
 		case <-ld.done:
 		case <-ctx.Done():
-			return nil, fmt.Errorf("%w: variable %q: waiting for the table another rank of node %q fetches: %w", base.ErrTimeout, m.Name, a.cfg.Node, ctx.Err())
+			err := fmt.Errorf("%w: variable %q: waiting for the table another rank of node %q fetches: %w", base.ErrTimeout, m.Name, a.cfg.Node, ctx.Err())
+			if why := a.lostRound(ctx, err); why != "" { // its client left
+				a.reportLost(addr, m, why)
+			}
+			return nil, err
 		}
 		if ld.err != nil {
 			return nil, ld.err
