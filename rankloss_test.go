@@ -11,10 +11,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -29,6 +32,9 @@ type rankArgs struct {
 	Rank, Size       int
 	Op               string        // "add", "fence", or "sleep" (until its stdin closes)
 	PublishTimeout   time.Duration // 0: 300 s
+	// Linger: after printing its result the rank stays, its store
+	// open, until its stdin closes (a rank that goes on after an error).
+	Linger bool
 }
 
 // rankRows is the rows rank r adds to "x": 4 rows of 8 bytes, row g
@@ -92,9 +98,12 @@ func rankLossRank(a rankArgs) int {
 			}
 		}
 		fmt.Printf("err: %s%v\n", kinds, err)
-		return 0
+	} else {
+		fmt.Println("ok")
 	}
-	fmt.Println("ok")
+	if a.Linger {
+		io.Copy(io.Discard, os.Stdin)
+	}
 	return 0
 }
 
@@ -253,5 +262,139 @@ func TestClusterNewJobAfterATimedOutRound(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// cutProxy forwards TCP connections to an address and cuts them on
+// demand, as a network that drops a node's connections would: the ends
+// see their connection fail, and new connections get through again.
+type cutProxy struct {
+	l     net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+	wg    sync.WaitGroup
+}
+
+func startCutProxy(t *testing.T, to string) *cutProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{l: l}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", to)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, in, out)
+			p.mu.Unlock()
+			for _, pair := range [][2]net.Conn{{in, out}, {out, in}} {
+				p.wg.Add(1)
+				go func() {
+					defer p.wg.Done()
+					io.Copy(pair[0], pair[1])
+					pair[0].Close()
+					pair[1].Close()
+				}()
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		p.cut()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *cutProxy) addr() string { return p.l.Addr().String() }
+
+// cut closes every connection made so far and returns how many pairs.
+func (p *cutProxy) cut() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	n := len(p.conns) / 2
+	p.conns = nil
+	return n
+}
+
+// TestClusterRoundLostInTransport: of a job of three ranks (nodes a, b,
+// a; a coordinates), ranks 0 and 1 wait in an Add that rank 2 has not
+// reached, and node b's connection to the coordinator (through a proxy:
+// b meets the coordinator at the proxy's address) is cut. Rank 1's agent
+// tells the coordinator, over a new connection, that rank 1 is out of
+// the round, so rank 0 fails at once with ErrPeer naming rank 1 (the
+// publish and join timeouts are 300 s: waiting for it would outlast the
+// test's deadline), and rank 1 with its agent's transport error. A new
+// job started right after succeeds.
+func TestClusterRoundLostInTransport(t *testing.T) {
+	ns := fmt.Sprintf("rlost%d", os.Getpid())
+	runDir := filepath.Join(t.TempDir(), "run")
+	rdv := freeAddr(t)
+	a := startAgentProc(t, ns, "a", runDir, rdv, "--join-timeout", "300s")
+	proxy := startCutProxy(t, rdv)
+	b := startAgentProc(t, ns, "b", runDir, proxy.addr(), "--join-timeout", "300s")
+	nodes := []string{"a", "b", "a"}
+	start := func(linger bool, ops ...string) []*rankProc {
+		var ps []*rankProc
+		for r, o := range ops {
+			ps = append(ps, startRank(t, rankArgs{NS: ns, Node: nodes[r], RunDir: runDir, Rank: r, Size: len(ops), Op: o, Linger: linger && r == 1}))
+		}
+		return ps
+	}
+	// Rank 1 stays after its error (its process does not go, which
+	// would fail the round too).
+	ps := start(true, "add", "add", "sleep")
+	testutil.WaitFor(t, 60*time.Second, func() error {
+		in, err := ddstore.QueryAgent(a.socket, ns, "a")
+		if err != nil {
+			return err
+		}
+		for _, c := range in.Collectives {
+			if c.Kind == "publish" && c.Name == "x" && slices.Equal(c.Ranks, []int64{0, 1}) {
+				return nil
+			}
+		}
+		return fmt.Errorf("the coordinator holds %+v, want the publish of x with ranks 0 and 1", in.Collectives)
+	})
+	if n := proxy.cut(); n == 0 {
+		t.Fatal("node b holds no connection to the coordinator through the proxy")
+	}
+	got := ps[0].result(t, "rank 0")
+	if !strings.HasPrefix(got, "err: peer ") || !strings.Contains(got, "rank 1 ") || !strings.Contains(got, `node "b"`) {
+		t.Fatalf("rank 0 of the job whose rank 1's request was cut: %q, want an ErrPeer naming rank 1 on node b", got)
+	}
+	ps[1].stdin.Close()
+	if got := ps[1].result(t, "rank 1"); !strings.HasPrefix(got, "err: peer ") {
+		t.Fatalf("rank 1, whose agent's request to the coordinator was cut: %q, want an ErrPeer", got)
+	}
+	ps[2].stdin.Close()
+	if got := ps[2].result(t, "rank 2"); got != "" {
+		t.Fatalf("rank 2: %q", got)
+	}
+	in, err := ddstore.QueryAgent(b.socket, ns, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Counters["rounds_lost"] != 1 {
+		t.Errorf("node b told the coordinator of %d ranks out of their round, want 1", in.Counters["rounds_lost"])
+	}
+	for r, p := range start(false, "add", "add", "add") {
+		if got := p.result(t, fmt.Sprintf("rank %d of the new job", r)); got != "ok" {
+			t.Fatalf("rank %d of the job started after: %q, want ok", r, got)
+		}
 	}
 }

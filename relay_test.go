@@ -193,3 +193,55 @@ func (c *cluster) coordinatorMessages(t *testing.T) (int, func() int) {
 		return in.Counters["coord_messages_in"]
 	}
 }
+
+// TestClusterFreeGather: a node's ranks' frees of a variable go to the
+// coordinator in one PeerFrees once all of them are in: with the drop the
+// last free makes (its answer counted), two messages in from the other
+// node per Free; when its last rank is late, the others' frees go after
+// the hold, and it alone after: three.
+func TestClusterFreeGather(t *testing.T) {
+	c := startCluster(t, []int{4, 4}, viaRendezvous)
+	coord, coordMsgs := c.coordinatorMessages(t)
+	node := 1 - coord
+	last := 4*node + 3
+	rows := []int64{1, 2, 3, 4, 5, 6, 7, 8}
+	for _, name := range []string{"all", "late"} {
+		c.addPattern(t, name, rows, 2, 8)
+		readAllRanks(t, c, name, 36, 16)
+	}
+	free := func(name string, skip int) []error {
+		return c.each(func(r int, s *ddstore.Store) error {
+			if r == skip {
+				return nil
+			}
+			return s.Free(name)
+		})
+	}
+	check := func(errs []error) {
+		t.Helper()
+		for r, err := range errs {
+			if err != nil {
+				t.Fatalf("rank %d: %v", r, err)
+			}
+		}
+	}
+
+	before := coordMsgs()
+	check(free("all", -1))
+	if got := coordMsgs() - before; got != 2 {
+		t.Errorf("the coordinator got %d messages of a Free by every rank, want 2 (node%d's frees in one batch, its drop's answer)", got, node)
+	}
+
+	before = coordMsgs()
+	check(free("late", last))
+	if got := coordMsgs() - before; got != 1 {
+		t.Errorf("the coordinator got %d messages of a Free before node%d's last rank's, want 1 (its other ranks' frees, after the hold)", got, node)
+	}
+	check([]error{c.stores[last].Free("late")})
+	if got := coordMsgs() - before; got != 3 {
+		t.Errorf("the coordinator got %d messages of a Free whose last rank was late, want 3", got)
+	}
+	// Freed everywhere: the names can be added again.
+	c.addPattern(t, "late", rows, 2, 8)
+	readAllRanks(t, c, "late", 36, 16)
+}

@@ -9,6 +9,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -38,9 +39,7 @@ type lead struct {
 	err  error // set before done is closed
 	// The shards of the node's other ranks of the round, gathered until
 	// all of them are in (or gatherHold passes) and then sent together.
-	gmu     sync.Mutex // a leaf (lock order: internal/LOCKS.md)
-	gather  []*batchItem[wire.Shard]
-	flushed bool
+	gather gathering[wire.Shard]
 }
 
 // gatherHold bounds how long the shards of a node's ranks wait for the
@@ -49,19 +48,63 @@ type lead struct {
 // rank delays nothing; the bound (at most a tenth of the round's timeout,
 // so that a rank missing past it is named by the coordinator among the
 // right ones) only matters when a connected rank of the job is not in
-// the round, or is late.
+// the round, or is late. The ranks' frees of a variable are held alike.
 const gatherHold = time.Second
 
-// takeGather returns the gathered shards to send, once, when all is
-// true; ld.gmu is held.
-func (ld *lead) takeGather(all bool) []*batchItem[wire.Shard] {
-	if !all || ld.flushed {
+// gathering holds items of a node's ranks for a batcher until as many as
+// wanted are in, or the hold passes, so that they go in one request.
+type gathering[T any] struct {
+	mu      sync.Mutex // a leaf (lock order: internal/LOCKS.md)
+	items   []*batchItem[T]
+	flushed bool
+}
+
+// add gathers p unless the gathering went already (false: p goes alone),
+// and returns the items to send when want are in.
+func (g *gathering[T]) add(p *batchItem[T], want int) (added bool, flush []*batchItem[T]) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.flushed {
+		return false, nil
+	}
+	g.items = append(g.items, p)
+	return true, g.take(len(g.items) >= want)
+}
+
+// take returns the gathered items to send, once, when all is true; g.mu
+// is held.
+func (g *gathering[T]) take(all bool) []*batchItem[T] {
+	if !all || g.flushed {
 		return nil
 	}
-	ld.flushed = true
-	g := ld.gather
-	ld.gather = nil
-	return g
+	g.flushed = true
+	items := g.items
+	g.items = nil
+	return items
+}
+
+// wait waits for the answer to p, gathered in g: once hold passes, or
+// ended is closed, what g holds goes at once.
+func (g *gathering[T]) wait(ctx context.Context, a *Agent, b *batcher[T], p *batchItem[T], hold time.Duration, ended <-chan struct{}) error {
+	t := time.NewTimer(hold)
+	defer t.Stop()
+	for {
+		select {
+		case err := <-p.done:
+			return err
+		case <-t.C:
+		case <-ended:
+			ended = nil
+		case <-ctx.Done():
+			return fmt.Errorf("%w: waiting for the coordinator's answer: %w", base.ErrTimeout, ctx.Err())
+		}
+		g.mu.Lock()
+		flush := g.take(true)
+		g.mu.Unlock()
+		if flush != nil {
+			b.queue(a, flush)
+		}
+	}
 }
 
 // gatherShard hands a follower's shard over with the node's other
@@ -69,40 +112,59 @@ func (ld *lead) takeGather(all bool) []*batchItem[wire.Shard] {
 // passes, then queued at once, so that they go in one PeerShards.
 func (a *Agent) gatherShard(ctx context.Context, ld *lead, addr string, m wire.Shard, want int) error {
 	p := &batchItem[wire.Shard]{v: m, addr: addr, done: make(chan error, 1)}
-	ld.gmu.Lock()
-	if ld.flushed { // a straggler: the others went already
-		ld.gmu.Unlock()
+	added, flush := ld.gather.add(p, want)
+	if !added { // a straggler: the others went already
 		return a.shardBatch.submit(ctx, a, addr, m)
 	}
-	ld.gather = append(ld.gather, p)
-	flush := ld.takeGather(len(ld.gather) >= want)
-	ld.gmu.Unlock()
 	if flush != nil {
 		a.shardBatch.queue(a, flush)
 	}
-	hold := time.NewTimer(min(gatherHold, a.roundTimeout(m)/10))
-	defer hold.Stop()
 	// The leader's round ending (it failed: it cannot succeed without
 	// these shards) lets them go at once, so that the coordinator answers
 	// them with the round's error without waiting for the hold.
-	ended := ld.done
-	for {
-		select {
-		case err := <-p.done:
-			return err
-		case <-hold.C:
-		case <-ended:
-			ended = nil
-		case <-ctx.Done():
-			return fmt.Errorf("%w: waiting for the coordinator's answer: %w", base.ErrTimeout, ctx.Err())
-		}
-		ld.gmu.Lock()
-		flush := ld.takeGather(true)
-		ld.gmu.Unlock()
-		if flush != nil {
-			a.shardBatch.queue(a, flush)
+	return ld.gather.wait(ctx, a, &a.shardBatch, p, min(gatherHold, a.roundTimeout(m)/10), ld.done)
+}
+
+// gatherFree hands rank m's free of v over with the node's other ranks'
+// frees of it: held until every rank of the node in v's table has freed
+// it, or gatherHold passes, so that they go in one PeerFrees.
+func (a *Agent) gatherFree(ctx context.Context, v *variable, addr string, m wire.Name) error {
+	p := &batchItem[wire.Name]{v: m, addr: addr, done: make(chan error, 1)}
+	v.mu.RLock()
+	local := 0
+	for _, seg := range v.byRank {
+		if seg != nil {
+			local++
 		}
 	}
+	v.mu.RUnlock()
+	f := &v.frees
+	f.mu.Lock()
+	if f.ranks == nil {
+		f.ranks = make(map[int64]bool)
+	}
+	if f.ranks[m.Rank] || local <= 1 { // freed again, or nothing to gather
+		f.mu.Unlock()
+		return a.freeBatch.submit(ctx, a, addr, m)
+	}
+	f.ranks[m.Rank] = true
+	g := f.g
+	if g == nil || g.flushed {
+		// The first free, or one after the others went: it waits for
+		// the ranks that have not freed yet.
+		g = &gathering[wire.Name]{}
+		f.g, f.want = g, local-(len(f.ranks)-1)
+	}
+	want := f.want
+	f.mu.Unlock()
+	added, flush := g.add(p, want)
+	if !added {
+		return a.freeBatch.submit(ctx, a, addr, m)
+	}
+	if flush != nil {
+		a.freeBatch.queue(a, flush)
+	}
+	return g.wait(ctx, a, &a.freeBatch, p, min(gatherHold, a.cfg.Timeout/10), nil)
 }
 
 // lead makes the caller the rank of this node that brings round k's
@@ -156,12 +218,19 @@ func (a *Agent) coordRound(ctx context.Context, v *variable, m wire.Shard, local
 			err = a.shardBatch.submit(ctx, a, addr, m)
 		}
 		if err != nil {
+			if why := a.lostRound(ctx, err); why != "" {
+				a.reportLost(addr, m, why)
+			}
 			return nil, err // the round's error names the variable, a transport's the peer
 		}
 		select {
 		case <-ld.done:
 		case <-ctx.Done():
-			return nil, fmt.Errorf("%w: variable %q: waiting for the table another rank of node %q fetches: %w", base.ErrTimeout, m.Name, a.cfg.Node, ctx.Err())
+			err := fmt.Errorf("%w: variable %q: waiting for the table another rank of node %q fetches: %w", base.ErrTimeout, m.Name, a.cfg.Node, ctx.Err())
+			if why := a.lostRound(ctx, err); why != "" { // its client left
+				a.reportLost(addr, m, why)
+			}
+			return nil, err
 		}
 		if ld.err != nil {
 			return nil, ld.err
@@ -175,6 +244,11 @@ func (a *Agent) coordRound(ctx context.Context, v *variable, m wire.Shard, local
 		return t, nil
 	}
 	t, err := a.leadRound(ctx, addr, m)
+	if why := a.lostRound(ctx, err); why != "" {
+		// Before finish: the node's other ranks get the leader's error
+		// once the round has failed everywhere.
+		a.reportLost(addr, m, why)
+	}
 	if err == nil {
 		// Before finish: the node's other ranks take it from v. An error
 		// is the caller's to report (setTable gives it again).
@@ -184,6 +258,52 @@ func (a *Agent) coordRound(ctx context.Context, v *variable, m wire.Shard, local
 	}
 	finish(err)
 	return t, err
+}
+
+// lostRound says why err, which ended a rank's wait for its round on the
+// coordinator of another node, leaves the coordinator unaware that the
+// rank is out of the round, or "" when it does not: the request failed in
+// the transport (no answer came), or the rank's client left while it
+// waited. Not an answer of the coordinator's (the round's own error, or
+// the table), nor the round's timeout, which the coordinator keeps too.
+func (a *Agent) lostRound(ctx context.Context, err error) string {
+	switch {
+	case err == nil, base.IsRemote(err), a.ctx.Err() != nil:
+		return ""
+	case errors.Is(context.Cause(ctx), errClientLeft):
+		return "went away before it ended: its client closed the connection that waited (the process exited or was killed?)"
+	case ctx.Err() != nil:
+		return ""
+	}
+	return fmt.Sprintf("is out of the round: its agent's request to the coordinator failed: %v", err)
+}
+
+// reportLost tells the coordinator at addr that rank m is out of its round
+// (why, lostRound), as a failed shard (Lost), so that the round fails for
+// every rank at once rather than wait for this one until its timeout. It
+// tries again while the transport fails (a fresh connection may get
+// through), for up to the agent's timeout.
+func (a *Agent) reportLost(addr string, m wire.Shard, why string) {
+	m.Failed, m.Lost, m.Node, m.Why = true, true, a.cfg.Node, why
+	ctx, cancel := context.WithTimeout(a.ctx, a.cfg.Timeout)
+	defer cancel()
+	a.stats.roundsLost.Add(1)
+	wait := 10 * time.Millisecond
+	for {
+		// The coordinator answers with the round's error, or an error of
+		// its own: either way it knows.
+		err := a.shardBatch.submit(ctx, a, addr, m)
+		if err == nil || base.IsRemote(err) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			a.log.Warn("could not tell the coordinator that a rank is out of its round", "variable", m.Name, "rank", m.Rank, "err", err)
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 200*time.Millisecond)
+	}
 }
 
 // leadRound sends the leader's shard (PeerRound) and returns the round's
@@ -321,7 +441,22 @@ func (a *Agent) initBatchers() {
 	}
 	a.freeBatch.send = func(ctx context.Context, addr string, items []wire.Name) []error {
 		m := wire.Names{Names: items}
-		return a.callBatch(ctx, addr, wire.OpPeerFrees, m.Encode, len(items))
+		// A free is idempotent: one the transport lost (no answer came)
+		// is sent again, a few times, rather than leave the variable's
+		// shards on every node.
+		wait := 10 * time.Millisecond
+		for try := 1; ; try++ {
+			errs := a.callBatch(ctx, addr, wire.OpPeerFrees, m.Encode, len(items))
+			if errs[0] == nil || base.IsRemote(errs[0]) || try == 4 || ctx.Err() != nil {
+				return errs
+			}
+			select {
+			case <-ctx.Done():
+				return errs
+			case <-time.After(wait):
+			}
+			wait *= 2
+		}
 	}
 }
 

@@ -236,14 +236,14 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 		a.noteRanked(s)
 		done := a.publishing(m.Name, m.Rank)
 		ctx, stop := a.watchLeave(s)
-		t, err := a.publish(ctx, m, a.localRanks(m))
+		b, err := a.publish(ctx, m, a.localRanks(m))
 		stop()
 		done()
 		if err != nil {
 			return nil, err
 		}
 		a.saveManifest()
-		return t.Encode, nil
+		return func(e *wire.Encoder) { e.Raw(b) }, nil
 	case wire.OpBarrier:
 		m, err := wire.DecodeBarrier(body)
 		if err != nil {
@@ -272,9 +272,9 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 			return nil, err
 		}
 		v.mu.RLock()
-		t := v.localTable()
+		b := v.clientTable()
 		v.mu.RUnlock()
-		return t.Encode, nil
+		return func(e *wire.Encoder) { e.Raw(b) }, nil
 	case wire.OpRead:
 		if err := wire.DecodeRead(body, &s.read); err != nil {
 			s.decodeFailed = true
@@ -563,9 +563,10 @@ func (a *Agent) localRanks(m wire.Shard) int64 {
 }
 
 // publish declares a created shard complete and waits for the variable to
-// exist on every rank; local is how many ranks of this node take part in
-// the round (0: unknown), so that their shards go together.
-func (a *Agent) publish(ctx context.Context, m wire.Shard, local int64) (*wire.Table, error) {
+// exist on every rank, then returns its table as a client of this node
+// gets it, encoded (clientTable); local is how many ranks of this node
+// take part in the round (0: unknown), so that their shards go together.
+func (a *Agent) publish(ctx context.Context, m wire.Shard, local int64) ([]byte, error) {
 	if err := checkShard(m); err != nil || m.Failed {
 		// This rank cannot take part: fail the round for every rank now
 		// rather than let the others wait for it until their timeout, and
@@ -687,7 +688,7 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard, local int64) (*wire.T
 	}
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	return v.localTable(), nil
+	return v.clientTable(), nil
 }
 
 // takeBack removes a rank's shard of a variable that was never published,
@@ -813,7 +814,7 @@ func (a *Agent) free(ctx context.Context, name string, rank int) error {
 	}
 	// With the node's other ranks' frees (PeerFrees).
 	m := wire.Name{Name: name, Node: a.cfg.Node, Rank: int64(rank)}
-	return a.freeBatch.submit(ctx, a, addr, m)
+	return a.gatherFree(ctx, v, addr, m)
 }
 
 // dropEverywhere tells every node of a freed variable to drop its shards,

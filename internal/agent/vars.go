@@ -55,6 +55,17 @@ type variable struct {
 	rag     *ragged
 	index   *shm.Segment
 	indexMu sync.Mutex
+	// enc is the table as this node's clients get it (clientTable).
+	enc atomic.Pointer[encodedTable]
+	// frees gathers the node's ranks' frees so that they go to the
+	// coordinator together (gatherFree): ranks are those that freed, g
+	// the gathering under way and want how many it waits for.
+	frees struct {
+		mu    sync.Mutex // a leaf (lock order: internal/LOCKS.md)
+		ranks map[int64]bool
+		g     *gathering[wire.Name]
+		want  int
+	}
 }
 
 func newVariable(name string) *variable {
@@ -119,6 +130,28 @@ func (v *variable) wake() {
 		close(v.ready)
 		v.readyShut = true
 	}
+}
+
+// clientTable is localTable encoded, as every client of this node gets
+// it (Publish, Lookup): encoded once per table and index and shared by the
+// node's ranks, rather than copied and encoded again, O(R) each, for each
+// of them. The caller holds v.mu (read or write).
+func (v *variable) clientTable() []byte {
+	if c := v.enc.Load(); c != nil && c.table == v.table && c.index == v.index {
+		return c.b
+	}
+	var e wire.Encoder
+	v.localTable().Encode(&e)
+	v.enc.Store(&encodedTable{table: v.table, index: v.index, b: e.Bytes()})
+	return e.Bytes()
+}
+
+// encodedTable is a variable's clientTable, of the table and index it was
+// made from.
+type encodedTable struct {
+	table *wire.Table
+	index *shm.Segment
+	b     []byte
 }
 
 // localTable is the table with the segment paths of this node's ranks, as

@@ -128,6 +128,14 @@ type remoteError struct {
 func (e *remoteError) Error() string { return e.msg }
 func (e *remoteError) Unwrap() error { return e.sentinel }
 
+// IsRemote says whether err is, or wraps, an error another process
+// answered with (FromCode): the request reached it. Errors of the
+// transport itself (a connection that failed, no answer) are not.
+func IsRemote(err error) bool {
+	var r *remoteError
+	return errors.As(err, &r)
+}
+
 // Errorf wraps a sentinel with a message: Errorf(ErrIndex, "global index %d
 // not in [0, %d)", g, n) reads "ddstore: index out of range: global index ...".
 func Errorf(sentinel error, format string, args ...any) error {

@@ -796,6 +796,9 @@ func (c *Coordinator) refreshAddrs() {
 // failedShard is the round's error for a rank that could not create its
 // shard, with its agent's reason when it sent one.
 func failedShard(sh wire.Shard) error {
+	if sh.Lost {
+		return base.Errorf(base.ErrPeer, "variable %q: rank %d on node %q %s", sh.Name, sh.Rank, sh.Node, sh.Why)
+	}
 	if sh.Why != "" {
 		return base.Errorf(base.ErrGeometry, "variable %q: rank %d could not create its shard (%d rows of disp %d, itemsize %d) on node %q: %s",
 			sh.Name, sh.Rank, sh.Rows, sh.Disp, sh.ItemSize, sh.Node, sh.Why)

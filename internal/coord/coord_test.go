@@ -235,6 +235,10 @@ func TestRoundFails(t *testing.T) {
 		return sh
 	}
 	failed := func(sh wire.Shard) wire.Shard { sh.Failed = true; return sh }
+	lost := func(sh wire.Shard) wire.Shard {
+		sh.Failed, sh.Lost, sh.Why = true, true, "is out of the round: its agent's request to the coordinator failed: connection reset"
+		return sh
+	}
 	withDtype := func(sh wire.Shard, dtype string) wire.Shard { sh.Dtype = dtype; return sh }
 	cases := []struct {
 		name     string
@@ -264,6 +268,10 @@ func TestRoundFails(t *testing.T) {
 			[]string{"rank 2 could not create its shard"}},
 		{"failed shard first", nil, failed(s(1, 2)), []wire.Shard{s(0, 2)}, base.ErrGeometry,
 			[]string{"rank 1 could not create its shard"}},
+		{"lost rank, its shard in", []wire.Shard{s(0, 3), s(1, 3)}, lost(s(1, 3)), []wire.Shard{s(2, 3)}, base.ErrPeer,
+			[]string{`rank 1 on node "a" is out of the round`, "connection reset"}},
+		{"lost rank first", nil, lost(s(0, 2)), []wire.Shard{s(1, 2)}, base.ErrPeer,
+			[]string{`rank 0 on node "a" is out of the round`}},
 		{"node never joined", []wire.Shard{s(0, 2)}, shard("v", 1, 2, "nowhere"), nil, base.ErrInternal,
 			[]string{`node "nowhere"`, "never joined"}},
 	}

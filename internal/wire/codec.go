@@ -19,6 +19,10 @@ func (e *Encoder) U32(v uint32) { e.b = binary.LittleEndian.AppendUint32(e.b, v)
 func (e *Encoder) U64(v uint64) { e.b = binary.LittleEndian.AppendUint64(e.b, v) }
 func (e *Encoder) I64(v int64)  { e.U64(uint64(v)) }
 
+// Raw appends bytes encoded before: a message kept encoded to be sent
+// again (a variable's table, to each of a node's clients).
+func (e *Encoder) Raw(b []byte) { e.b = append(e.b, b...) }
+
 // String writes a name: u16 length then bytes (names are short).
 func (e *Encoder) String(s string) {
 	if len(s) > 0xFFFF {

@@ -70,6 +70,12 @@ type Shard struct {
 	// Failed marks a rank that could not create its shard (bad shape,
 	// no memory): the collective fails for every rank at once.
 	Failed bool
+	// Lost (with Failed) marks a rank whose part of the round was lost
+	// after its shard was made: its agent's request to the coordinator
+	// failed in the transport, or its client left while it waited; Why
+	// says which. The round's error is then ErrPeer. Set by agents only
+	// (encoded as failed = 2).
+	Lost bool
 	// Dtype names the items' type ("float32", "int64", ...; see
 	// docs/protocol.md), or "" for untyped bytes; ranks must agree.
 	Dtype string
@@ -143,9 +149,12 @@ func (m *Shard) Encode(e *Encoder) {
 	e.I64(m.ItemSize)
 	e.I64(m.TimeoutMs)
 	e.I64(m.Attempt)
-	if m.Failed {
+	switch {
+	case m.Failed && m.Lost:
+		e.U8(2)
+	case m.Failed:
 		e.U8(1)
-	} else {
+	default:
 		e.U8(0)
 	}
 	e.String(m.Dtype)
@@ -180,10 +189,10 @@ func decodeShard(d *Decoder) (m Shard, err error) {
 	m.Rank, m.Size, m.Rows, m.Disp, m.ItemSize, m.TimeoutMs = d.I64(), d.I64(), d.I64(), d.I64(), d.I64(), d.I64()
 	m.Attempt = d.I64()
 	switch f := d.U8(); f {
-	case 0, 1:
-		m.Failed = f == 1
+	case 0, 1, 2:
+		m.Failed, m.Lost = f != 0, f == 2
 	default:
-		return m, protoErr("shard of %q: failed flag %d, want 0 or 1", m.Name, f)
+		return m, protoErr("shard of %q: failed flag %d, want 0, 1 or 2", m.Name, f)
 	}
 	m.Dtype = d.String()
 	m.Backing = d.String32()

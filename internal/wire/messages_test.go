@@ -631,6 +631,24 @@ func TestShardWhy(t *testing.T) {
 	if err != nil || got.Why != failed.Why || !got.Failed {
 		t.Fatalf("DecodeShard = %+v, %v; want the reason %q back", got, err, failed.Why)
 	}
+	lost := failed
+	lost.Lost = true
+	if got, err := DecodeShard(encodeMsg[Shard, *Shard](lost)); err != nil || !got.Failed || !got.Lost || got.Why != failed.Why {
+		t.Fatalf("DecodeShard of a lost shard = %+v, %v; want it failed and lost, with its reason", got, err)
+	}
+	if got, err := DecodeShard(encodeMsg[Shard, *Shard](failed)); err != nil || got.Lost {
+		t.Fatalf("DecodeShard of a failed shard = %+v, %v; want it not lost", got, err)
+	}
+	b := encodeMsg[Shard, *Shard](sh)
+	flag := 2 + len(sh.Name) + 2 + len(sh.Node) + 7*8 // after the name, the node and 7 i64
+	b[flag] = 2
+	if got, err := DecodeShard(b); err != nil || !got.Lost {
+		t.Fatalf("failed flag 2: %+v, %v; want a lost shard", got, err)
+	}
+	b[flag] = 3
+	if _, err := DecodeShard(b); !errors.Is(err, base.ErrProtocol) {
+		t.Fatalf("failed flag 3: err = %v, want ErrProtocol", err)
+	}
 	failed.Why = strings.Repeat("x", MaxWhy+100)
 	if got, err := DecodeShard(encodeMsg[Shard, *Shard](failed)); err != nil || len(got.Why) != MaxWhy {
 		t.Fatalf("a long reason decodes as %d bytes, %v: want it cut to %d", len(got.Why), err, MaxWhy)
