@@ -5,7 +5,11 @@ Authentication): one network round trip, the rows received into the
 destination. The owner checks the variable's name and table id as for its
 peers; on any failure (no key, no address, a refused or broken connection,
 an error reply) the caller reads through its own agent instead, which gives
-that path's answer. A connection unused for `idle` seconds is closed; a
+that path's answer. When a connection to an owner failed and the read
+through the own agent then worked, the owner may have moved (its agent
+restarted on another port): the store looks the variable up again for its
+owners' addresses (Store._readdress, at most once per failure), so that
+direct reads resume at the new one. A connection unused for `idle` seconds is closed; a
 forked child opens its own (the parent's are closed in the child, never
 used)."""
 
@@ -168,6 +172,9 @@ class Pool:
         self.idle, self.bad = {}, {}
         self.timer, self.closed = None, False
         self.names = {}
+        # addr: when a connection to it last failed (dial or a broken
+        # reply), for Store._readdress.
+        self.moved = {}
 
     def _take(self, addr):
         now = time.monotonic()
@@ -197,6 +204,7 @@ class Pool:
             return Conn(addr, key, self.timeout), False
         except Exception:
             self._mark_bad(addr)
+            self._note_moved(addr)
             return None
 
     def _put(self, c):
@@ -247,6 +255,15 @@ class Pool:
             self.bad[addr] = time.monotonic() + RETRY
         self._drop_idle(addr)
 
+    def _note_moved(self, addr):
+        with self.lock:
+            self.moved[addr] = time.monotonic()
+
+    def moved_since(self, addrs, t):
+        """Whether a connection to one of addrs failed after time t."""
+        m = self.moved
+        return any(m.get(a, 0.0) > t for a in set(addrs))
+
     def _run(self, addr, op, body, dst, want):
         got = self._take(addr)
         if got is None:
@@ -266,6 +283,7 @@ class Pool:
                 self._drop_idle(addr)
             else:
                 self._mark_bad(addr)
+            self._note_moved(addr)
             return False
         self._put(c)
         return True

@@ -2,6 +2,7 @@
 node, its MPI window), and the copying of its rows out of mapped shards."""
 
 import threading
+import time
 
 import numpy as np
 
@@ -26,7 +27,7 @@ class Var:
     __slots__ = ("name", "label", "id", "disp", "itemsize", "rb", "dtype", "npdtype", "total", "held", "backing", "prefix",
                  "upper", "bounds", "shard_rows", "nodes", "addrs", "local", "typed", "own", "segs", "single",
                  "single_first", "profile", "win", "ragged", "shape", "index", "first_unit", "extents", "views",
-                 "marks", "mark", "void", "items", "fast", "fast_rank", "fast_all")
+                 "marks", "mark", "void", "items", "fast", "fast_rank", "fast_all", "addrs_at")
 
     def __init__(self, t, own_rank):
         self.name, self.id, self.disp, self.itemsize, self.dtype = t.name, t.id, t.disp, t.itemsize, t.dtype
@@ -46,6 +47,8 @@ class Var:
         self.nodes = [t.nodes[i] for i in t.rank_node]
         # Per rank: its node's peer address, for direct reads (_direct.py).
         self.addrs = [t.addrs[i] for i in t.rank_node]
+        # When addrs were last taken from a table (Store._readdress).
+        self.addrs_at = time.monotonic()
         self.local, self.segs, self.own = [None] * len(t.shard_rows), [], None
         # marks: the dropped word of each mapped segment (stale()); mark[r]
         # rank r's, for get()'s one-shard path.

@@ -654,6 +654,8 @@ class Store:
                 dst[pos:pos + k] = stage.array()[:k * rb].reshape(k, rb)
 
         self._pool.read(read, region)
+        if self._direct.moved:
+            self._readdress(v)
 
     def get_batch(self, name, arr, indices):
         """Rows indices[i] into arr[i]: any order, repeats, any owners. Every
@@ -797,6 +799,29 @@ class Store:
                 dst[pos] = stage.array()[:k * rb].reshape(k, rb)
 
         self._pool.read(read, region)
+        if self._direct.moved:
+            self._readdress(v)
+
+    def _readdress(self, v):
+        """After a read through the agent worked: when a direct connection
+        to one of v's owners failed since v's addresses were taken, the
+        owner may have moved (its agent restarted on another port, which
+        the own agent learnt on that read): v's addresses from the table
+        looked up anew, so that direct reads go to the new one. Once per
+        failure (the failed address is then left alone a while: _direct's
+        RETRY), and only for the same table (a variable added again is
+        _reading's to look up)."""
+        if not self._direct.moved_since(v.addrs, v.addrs_at):
+            return
+        v.addrs_at = time.monotonic()
+        try:
+            t = _wire.Table.decode(self._request(_wire.OP_LOOKUP, _wire.Encoder().string(v.name).string("").i64(-1)))
+        except Error:
+            return  # the read stands; the next failure tries again
+        if t.id == v.id and len(t.rank_node) == len(v.addrs):
+            addrs = [t.addrs[i] for i in t.rank_node]
+            if addrs != v.addrs:
+                v.addrs = addrs
 
     # -- receive buffers ------------------------------------------------------
 
