@@ -175,19 +175,12 @@ class Var:
         self.segs = []
 
 
-# glibc's memmove (2.36, x86-64 with ERMS/FSRM) copies a block from a few KiB
-# up to its rep-movsb stop threshold with `rep movsb`, which on AMD EPYC runs
-# about 3x slower when the destination lies 1 to 31 bytes past the source
-# within a page (measured here: 0.4 vs 1.3 GB/s at 4 KiB, 64 KiB and 256 KiB
-# rows; 1 MiB rows unaffected; the same everywhere with the tunable
-# glibc.cpu.x86_rep_movsb_threshold raised past the row). Shard rows start on a page;
-# numpy's arrays of 128 KiB and more (glibc's mmap'd chunks) start 16 bytes
-# past one: every row of a batch into such an array hit it. Such rows go
-# through a staging buffer of this thread (at _STAGE_OFFSET in a page, away
-# from both) in pieces of _STAGE_BYTES, hot in cache.
+# Rows a gather of several owners places at positions of a batch (1 KiB to
+# 32 KiB) are gathered into a staging buffer of this thread, _STAGE_BYTES
+# at a time (hot in cache), and placed from there: numpy's take into a
+# buffer and one fancy assignment, where a loop over the rows costs a
+# Python step each.
 _PAGE = 4096
-_NEAR_AHEAD = 64
-_REP_MOVSB_ROWS = (2048, 1 << 20)
 _STAGE_BYTES = 256 << 10
 _STAGE_OFFSET = 2048
 _stage = threading.local()
@@ -202,15 +195,6 @@ def _staging(nbytes):
         off = (_STAGE_OFFSET - raw.ctypes.data) % _PAGE
         buf = _stage.buf = raw[off:off + nbytes]
     return buf[:nbytes]
-
-
-def _near_ahead(dst, src, rb):
-    """Whether every row copied from src to dst would have its destination
-    1 to _NEAR_AHEAD-1 bytes ahead of its source within a page, in the size
-    range glibc copies by rep movsb (rows of a whole number of pages keep
-    the distance of the arrays' starts)."""
-    return (rb % _PAGE == 0 and _REP_MOVSB_ROWS[0] <= rb < _REP_MOVSB_ROWS[1]
-            and 0 < (dst.ctypes.data - src.ctypes.data) % _PAGE < _NEAR_AHEAD)
 
 
 def _copy_staged(dst, src, loc, pos):
@@ -236,11 +220,18 @@ def copy_rows(dst, src, loc, pos=None):
     fresh temporary of the whole output and copies that: a second pass
     over the batch and, past a few MiB, fresh pages to fault in on every
     call). Rows under 1 KiB are taken as single items of a row-sized void
-    dtype (numpy copies an item with one memcpy, not byte by byte). Rows a
-    memmove would copy slowly (_near_ahead) go through a staging buffer.
-    With pos (rows of several owners), rows of 32 KiB and more are copied
-    by a loop, each row once, straight into its place; smaller rows
-    through the staging buffer, a piece at a time."""
+    dtype (numpy copies an item with one memcpy, not byte by byte). With
+    pos (rows of several owners), rows of 32 KiB and more are copied by a
+    loop, each row once, straight into its place; smaller rows through the
+    staging buffer, a piece at a time.
+
+    Rows go straight into dst whatever its alignment: a destination a few
+    bytes past its source within a page (a numpy array of 128 KiB or more,
+    16 bytes past a page, from a shard's rows, on pages) makes glibc's
+    `rep movsb` up to a quarter slower for rows of 4 KiB to 1 MiB on this
+    machine's EPYC, where a copy through a staging buffer costs a second
+    pass: 0.59 and 0.49 of numpy's gather at 4 KiB and 64 KiB rows staged,
+    0.88 and 0.70 straight (docs/benchmarks.md)."""
     rb = src.shape[1]
     if rb < 1024:
         row = np.dtype((np.void, rb))
@@ -250,9 +241,7 @@ def copy_rows(dst, src, loc, pos=None):
         else:
             d[pos] = s.take(loc, mode="clip")
         return
-    if _near_ahead(dst, src, rb):
-        _copy_staged(dst, src, loc, pos)
-    elif pos is None:
+    if pos is None:
         src.take(loc, axis=0, out=dst[:loc.shape[0]], mode="clip")
     elif rb >= (32 << 10):
         for i, j in zip(pos.tolist(), loc.tolist()):
