@@ -540,18 +540,23 @@ class Store:
     def get(self, name, arr, start=0):
         """arr.shape[0] consecutive rows from global row `start` into arr
         (the range may span several ranks' shards)."""
-        if self._pid != os.getpid():
+        if self._pid != _getpid():
             self._check_fork()
         v = self._vars.get(name)
         # Fast path: a numpy destination of the variable's type, rows all in
-        # one shard of this node (about a microsecond), or, with
-        # method="mpi", in one shard of another node.
-        if (v is not None and type(arr) is np.ndarray and arr.dtype == v.npdtype and arr.flags.c_contiguous
-                and arr.flags.writeable):
+        # one shard of this node (about a microsecond), or in one shard of
+        # another node: one MPI get with method="mpi", else one round trip
+        # to its agent (_direct). A numpy integer start is made an int once:
+        # each comparison and sum of one costs a few hundred nanoseconds.
+        if v is not None and type(arr) is np.ndarray and arr.dtype == v.npdtype:
+            fl = arr.flags
+            if type(start) is not int and isinstance(start, np.integer):
+                start = int(start)
             n = arr.shape[0] if arr.ndim else 1
             b = v.bounds
             r = bisect_right(b, start) - 1
-            if 0 <= r < len(v.typed) and start >= 0 and start + n <= b[r + 1] and n > 0 and arr.size == n * v.disp:
+            if (fl.c_contiguous and fl.writeable and 0 <= r < len(v.typed) and start >= 0 and start + n <= b[r + 1]
+                    and n > 0 and arr.size == n * v.disp):
                 lo = start - b[r]
                 p = v.profile
                 if v.typed[r] is not None:
@@ -566,8 +571,8 @@ class Store:
                     p["remote_rows"] += n
                     p["onesided_rows"] += n
                     p["remote_calls"] += 1
-                elif (v.win is None and r < len(v.shard_rows) and self._pid == os.getpid()
-                      and self._direct.range(v, arr.reshape(-1).view(np.uint8), start, n, r, r)):
+                elif (v.win is None and r < len(v.shard_rows)
+                      and self._direct.shard_range(v, arr.reshape(-1).view(np.uint8), start, n, r)):
                     # Rows of one shard of another node: one round trip to
                     # its agent, received into arr.
                     p["remote_rows"] += n
