@@ -50,11 +50,16 @@ if r == 0:
     one = np.empty((1, 8), np.int64)
     s.get("v", one, 88)
     assert np.array_equal(one, want([88], 0))
+    for start in (np.int32(89), np.int64(90), np.uint16(91)):  # numpy integers as the start
+        s.get("v", one, start)
+        assert np.array_equal(one, want([int(start)], 0)), start
+    s.get("v", one, np.int64(2))  # and a row of this node
+    assert np.array_equal(one, want([2], 0))
     # Rows of both nodes: this node's copied, the other's direct.
     s.get_batch("v", out, [3, 97, 4, 98])
     assert np.array_equal(out, want([3, 97, 4, 98], 0))
     p = s.get_profile("v")
-    assert p["direct_rows"] == 4 + 3 + 1 + 2 and p["remote_rows"] == 10, p
+    assert p["direct_rows"] == 4 + 3 + 1 + 3 + 2 and p["remote_rows"] == 13, p
     # The connection is closed once idle.
     wait(lambda: not s._direct.idle, "the direct connection idle-closed on the client")
     wait(lambda: agent_info("b")["counters"].get("direct_connections") == 0, "the direct connection gone at b's agent")
@@ -66,7 +71,7 @@ if r == 0:
         try:
             o = np.empty((5, 8), np.int64)
             s.get_batch("v", o, [90, 91, 92, 93, 94])
-            ok = int(np.array_equal(o, want([90, 91, 92, 93, 94], 0)) and s.get_profile("v")["direct_rows"] == 15)
+            ok = int(np.array_equal(o, want([90, 91, 92, 93, 94], 0)) and s.get_profile("v")["direct_rows"] == 18)
         finally:
             os.write(wr, bytes([ok]))
             os._exit(0)

@@ -49,3 +49,30 @@ def test_page_aligned():
         a = page_aligned(shape, dt)
         assert a.shape == shape and a.dtype == dt and a.ctypes.data % 4096 == 0 and not a.any()
         assert a.flags.c_contiguous and a.flags.writeable
+
+
+def test_latencies_take_every_op_in_turn():
+    from ddstore_bench.bench import _latencies
+    order = []
+    out = _latencies(4, {"a": lambda i: order.append(("a", i)), "b": lambda i: order.append(("b", i))})
+    assert order == [(k, i) for i in range(4) for k in "ab"]
+    assert set(out) == {"a", "b"} and all(0 <= p50 <= p99 for p50, p99 in out.values())
+
+
+def test_pings_side_by_side_end():
+    # Two ping children at once (the second forked while the first's
+    # connection is open): each answers its round trips, and each closes
+    # although the other child holds a copy of its socket.
+    import socket
+
+    from ddstore_bench.bench import Ping
+    tcp = Ping(socket.AF_INET, 64)
+    unix = Ping(socket.AF_UNIX, 4096)
+    try:
+        for _ in range(3):
+            tcp()
+            unix()
+        assert len(tcp.buf) == 32 + 64 and len(unix.buf) == 32 + 4096
+    finally:
+        tcp.close()
+        unix.close()
