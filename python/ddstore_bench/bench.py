@@ -226,10 +226,15 @@ def _latency(iters, op):
 def _latencies(iters, ops):
     """Each op (a dict of op(i)) timed iters times, the ops taken in turn
     (one call of each per turn, so that a moment of load falls on all of
-    them alike): {op: (p50, p99) in µs}."""
+    them alike; each turn in an order of its own, drawn, so that none
+    always follows the same other one: a round trip to another process
+    leaves the next op a woken process to share the cores with):
+    {op: (p50, p99) in µs}."""
     ts = {key: np.empty(iters) for key in ops}
+    items = list(ops.items())
+    orders = np.random.default_rng(7).permuted(np.tile(np.arange(len(items)), (iters, 1)), axis=1)
     for i in range(iters):
-        for key, op in ops.items():
+        for key, op in (items[j] for j in orders[i].tolist()):
             t0 = time.perf_counter()
             op(i)
             ts[key][i] = time.perf_counter() - t0

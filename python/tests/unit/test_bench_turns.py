@@ -54,9 +54,14 @@ def test_page_aligned():
 def test_latencies_take_every_op_in_turn():
     from ddstore_bench.bench import _latencies
     order = []
-    out = _latencies(4, {"a": lambda i: order.append(("a", i)), "b": lambda i: order.append(("b", i))})
-    assert order == [(k, i) for i in range(4) for k in "ab"]
-    assert set(out) == {"a", "b"} and all(0 <= p50 <= p99 for p50, p99 in out.values())
+    ops = {k: (lambda k: lambda i: order.append((k, i)))(k) for k in "abc"}
+    out = _latencies(40, ops)
+    # One call of each per turn, in orders that differ from turn to turn.
+    turns = [order[3 * i:3 * i + 3] for i in range(40)]
+    assert all(sorted(t) == [("a", i), ("b", i), ("c", i)] for i, t in enumerate(turns))
+    assert len({tuple(k for k, _ in t) for t in turns}) > 1
+    assert {t[0][0] for t in turns} == {"a", "b", "c"}
+    assert set(out) == {"a", "b", "c"} and all(0 <= p50 <= p99 for p50, p99 in out.values())
 
 
 def test_pings_side_by_side_end():
