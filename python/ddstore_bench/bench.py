@@ -179,7 +179,8 @@ def _usage():
 
 def _interleaved(dur, nbytes, ops, usage=False):
     """GB/s samples of each op (a dict of them), at least ~2 ms of repeated
-    calls each, taken in turn for about dur seconds per op. With usage, also
+    calls each, taken in turn (each round in a drawn order) for about dur
+    seconds per op. With usage, also
     each op's page faults and context switches (voluntary or not) of this
     process per call: (samples, {op: (faults, switches)})."""
     groups = {}
@@ -197,8 +198,11 @@ def _interleaved(dur, nbytes, ops, usage=False):
     samples = {key: [] for key in ops}
     used = {key: [0, 0, 0] for key in ops}  # faults, switches, calls
     t_end = time.perf_counter() + dur * len(ops)
+    # Each round in an order of its own, drawn: an op that always followed
+    # another writing the same destination would find it in cache.
+    items, rng = list(ops.items()), np.random.default_rng(11)
     while time.perf_counter() < t_end or len(samples[next(iter(ops))]) < 5:
-        for key, op in ops.items():
+        for key, op in (items[j] for j in rng.permutation(len(items)).tolist()):
             g = groups[key]
             u0 = _usage()
             t0 = time.perf_counter()
