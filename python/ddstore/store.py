@@ -683,7 +683,8 @@ class Store:
                 and arr.dtype == v.npdtype):
             n = indices.shape[0]
             fl = arr.flags
-            if fl.c_contiguous and fl.writeable and n and arr.size == n * v.disp and (arr.shape[0] if arr.ndim else 1) == n:
+            if (fl.c_contiguous and fl.writeable and n and arr.size == n * v.disp
+                    and (arr.shape[0] if arr.ndim else 1) == n):
                 dt = indices.dtype
                 if dt is not _I64 and dt.kind == "i":
                     indices = indices.astype(_I64)

@@ -26,7 +26,6 @@ import secrets
 import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 
@@ -47,19 +46,6 @@ def load_old(path):
     return mod
 
 
-def _turns(iters, ops):
-    """bench._latencies' turns, the times kept: {op: seconds per call}."""
-    ts = {key: np.empty(iters) for key in ops}
-    items = list(ops.items())
-    orders = np.random.default_rng(7).permuted(np.tile(np.arange(len(items)), (iters, 1)), axis=1)
-    for i in range(iters):
-        for key, op in (items[j] for j in orders[i].tolist()):
-            t0 = time.perf_counter()
-            op(i)
-            ts[key][i] = time.perf_counter() - t0
-    return ts
-
-
 def latency(stores, new, old, rb, turns):
     n = (8 << 20) // rb
     name = f"lat{rb}"
@@ -73,9 +59,11 @@ def latency(stores, new, old, rb, turns):
         tcp = bench.Ping(socket.AF_INET, rb)
         raw, raw_close = bench.raw_direct(new, name, n)
         try:
-            ts = _turns(turns, {"new_np": lambda i: new.get(name, one, gr[i]), "old_np": lambda i: old.get(name, one, gr[i]),
-                                "new_int": lambda i: new.get(name, one, gl[i]),
-                                "old_int": lambda i: old.get(name, one, gl[i]), "raw_direct": raw, "tcp": tcp})
+            ts = bench._turn_times(turns, {"new_np": lambda i: new.get(name, one, gr[i]),
+                                           "old_np": lambda i: old.get(name, one, gr[i]),
+                                           "new_int": lambda i: new.get(name, one, gl[i]),
+                                           "old_int": lambda i: old.get(name, one, gl[i]), "raw_direct": raw,
+                                           "tcp": tcp})
         finally:
             raw_close()
             tcp.close()

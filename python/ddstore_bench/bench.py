@@ -228,12 +228,19 @@ def _latency(iters, op):
 
 
 def _latencies(iters, ops):
+    """Each op (a dict of op(i)) timed iters times in turns (_turn_times):
+    {op: (p50, p99) in µs}."""
+    return {key: (float(np.percentile(t, 50) * 1e6), float(np.percentile(t, 99) * 1e6))
+            for key, t in _turn_times(iters, ops).items()}
+
+
+def _turn_times(iters, ops):
     """Each op (a dict of op(i)) timed iters times, the ops taken in turn
     (one call of each per turn, so that a moment of load falls on all of
     them alike; each turn in an order of its own, drawn, so that none
     always follows the same other one: a round trip to another process
     leaves the next op a woken process to share the cores with):
-    {op: (p50, p99) in µs}."""
+    {op: seconds of each call}."""
     ts = {key: np.empty(iters) for key in ops}
     items = list(ops.items())
     orders = np.random.default_rng(7).permuted(np.tile(np.arange(len(items)), (iters, 1)), axis=1)
@@ -242,7 +249,7 @@ def _latencies(iters, ops):
             t0 = time.perf_counter()
             op(i)
             ts[key][i] = time.perf_counter() - t0
-    return {key: (float(np.percentile(t, 50) * 1e6), float(np.percentile(t, 99) * 1e6)) for key, t in ts.items()}
+    return ts
 
 
 def _recv_exact(sock, buf):
@@ -459,13 +466,15 @@ def main(argv=None):
         return
     print(f"ddstore Python bench: 2 nodes on loopback, batches of 256 random rows, {shard >> 20} MiB per rank, "
           f"Python {sys.version.split()[0]}, numpy {np.__version__}\n")
-    hdr = ("row", "local GB/s", "aligned", "numpy", "py/numpy", "numpy shm", "py/shm", "numpy heap", "py/heap", "go", "py/go",
+    hdr = ("row", "local GB/s", "aligned", "numpy", "py/numpy", "numpy shm", "py/shm", "numpy heap", "py/heap", "go",
+           "py/go",
            "remote GB/s", "go", "py/go", "remote copy GB/s",
            "get local p50 µs", "p99", "go p50", "get remote p50 µs", "p99", "go p50")
     print("  ".join(f"{h:>{max(len(h), 6)}}" for h in hdr))
     for r in py:
         f = lambda k, fmt="{:.2f}": fmt.format(r[k]) if k in r else "-"  # noqa: E731
-        cells = (str(r["row_bytes"]), f("local_gbps"), f("local_aligned_gbps"), f("numpy_gbps"), f("local_vs_numpy"), f("numpy_shm_gbps"),
+        cells = (str(r["row_bytes"]), f("local_gbps"), f("local_aligned_gbps"), f("numpy_gbps"), f("local_vs_numpy"),
+                 f("numpy_shm_gbps"),
                  f("local_vs_numpy_shm"), f("numpy_heap_gbps"), f("local_vs_numpy_heap"), f("go_local_gbps"),
                  f("local_vs_go"), f("remote_gbps"), f("go_remote_gbps"), f("remote_vs_go"), f("remote_copy_gbps"),
                  f("get_local_p50_us"), f("get_local_p99_us"), f("go_get_local_p50_us"), f("get_remote_p50_us"),

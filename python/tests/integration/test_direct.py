@@ -5,13 +5,13 @@ key is refused; an idle one is closed; a variable freed and added again
 never gives its old rows; direct=False reads through the own agent."""
 
 import os
-import threading
 
 import numpy as np
 import pytest
 
 import ddstore
 from conftest import SECRET, run_ranks, wait_until
+from ddstore_bench.bench import _both
 
 SCRIPT = r"""
 import json, os, socket, subprocess, time
@@ -232,27 +232,6 @@ def _two_ranks(job, monkeypatch):
     return rendezvous, agents, stores
 
 
-def _each(stores, f):
-    """f(rank, store) on every store at once (collectives), each on a thread
-    of its own; the first error raised."""
-    errs = [None] * len(stores)
-
-    def run(r):
-        try:
-            f(r, stores[r])
-        except BaseException as e:
-            errs[r] = e
-
-    ts = [threading.Thread(target=run, args=(r,)) for r in range(len(stores))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(60)
-    for e in errs:
-        if e is not None:
-            raise e
-
-
 def _rows(r, n, shift):
     g = np.arange(r * n, (r + 1) * n, dtype=np.int64)
     return g[:, None] * 10 + np.arange(8) + shift
@@ -281,12 +260,12 @@ def test_direct_owner_restart(job, monkeypatch):
     s0, s1 = stores
     try:
         n = 50
-        _each(stores, lambda r, s: s.add("v", _rows(r, n, 0)))
+        _both(stores, lambda r, s: s.add("v", _rows(r, n, 0)))
         # A ragged variable too: rows of 1 to 3 units of 2 items.
         lens = lambda r: [g % 3 + 1 for g in range(r * 10, r * 10 + 10)]  # noqa: E731
         vals = lambda r: np.concatenate([np.full((k, 2), g, np.int32) for g, k in  # noqa: E731
                                          zip(range(r * 10, r * 10 + 10), lens(r))])
-        _each(stores, lambda r, s: s.add_ragged("g", vals(r), lens(r)))
+        _both(stores, lambda r, s: s.add_ragged("g", vals(r), lens(r)))
 
         def ragged_ok(gidx):
             got, ls = s0.get_ragged("g", gidx)
@@ -332,7 +311,7 @@ def test_direct_owner_restart(job, monkeypatch):
         # them (its mapping of the re-adopted segment), a fence, and rank 0
         # reads the new rows straight from the new address.
         s1.update("v", _rows(1, n, 500))
-        _each(stores, lambda r, s: s.fence())
+        _both(stores, lambda r, s: s.fence())
         before = s0.get_profile("v")["direct_rows"]
         assert _read_ok(s0, idx, 500)
         s0.get("v", one, 99)
