@@ -5,7 +5,11 @@ Authentication): one network round trip, the rows received into the
 destination. The owner checks the variable's name and table id as for its
 peers; on any failure (no key, no address, a refused or broken connection,
 an error reply) the caller reads through its own agent instead, which gives
-that path's answer. A connection unused for `idle` seconds is closed; a
+that path's answer. When a connection to an owner failed and the read
+through the own agent then worked, the owner may have moved (its agent
+restarted on another port): the store looks the variable up again for its
+owners' addresses (Store._readdress, at most once per failure), so that
+direct reads resume at the new one. A connection unused for `idle` seconds is closed; a
 forked child opens its own (the parent's are closed in the child, never
 used)."""
 
@@ -49,6 +53,7 @@ def max_bytes():
 
 
 _TIMEVAL = struct.Struct("@ll")
+_HEADER, _HLEN, _MAGIC, _VERSION = _wire.HEADER, _wire.HEADER.size, _wire.MAGIC, _wire.VERSION
 _RANGE = struct.Struct("<qqq")  # FetchRange after its name: id, start, count
 _FETCH = struct.Struct("<qI")  # Fetch after its name: id, count of globals
 
@@ -117,33 +122,33 @@ class Conn:
 
     def read(self, op, body, dst, want):
         """op (its body's bytes) and its reply's rows (want bytes) into dst
-        (a writable contiguous buffer): the header and the rows in one
-        receive when they come together."""
-        self.req += 1
-        self.sock.sendall(_wire.HEADER.pack(_wire.MAGIC, _wire.VERSION, op, 0, 0, len(body), 0, self.req, 0) + body)
-        view, hdr = memoryview(dst).cast("B"), self.hdr
-        n = self.sock.recvmsg_into([hdr, view])[0]
-        while n < len(hdr):
-            k = self.sock.recv_into(memoryview(hdr)[n:])
-            if k == 0:
-                raise EOFError(f"connection to {self.addr} closed")
-            n += k
-        rop, status, blen, rid, payload = _wire.parse_header(hdr)
-        got = n - len(hdr)  # bytes already in dst: rows, or an error's body
-        if rid != self.req or rop != op:
-            raise OSError(f"reply op {rop} #{rid} to op {op} #{self.req} from {self.addr}")
+        (a writable contiguous buffer of bytes): the header and the rows in
+        one receive when they come together."""
+        self.req = rid = self.req + 1
+        sock, hdr = self.sock, self.hdr
+        sock.sendall(_HEADER.pack(_MAGIC, _VERSION, op, 0, 0, len(body), 0, rid, 0) + body)
+        n = sock.recvmsg_into([hdr, dst])[0]
+        if n < _HLEN:
+            self._recv_into(memoryview(hdr)[n:])  # raises at EOF
+            n = _HLEN
+        magic, version, rop, status, r1, blen, r2, rrid, payload = _HEADER.unpack(hdr)
+        if magic != _MAGIC or version != _VERSION or r1 or r2 or blen > _wire.MAX_BODY:
+            _wire.parse_header(hdr)  # raises, naming what is wrong
+        got = n - _HLEN  # bytes already in dst: rows, or an error's body
+        if rrid != rid or rop != op:
+            raise OSError(f"reply op {rop} #{rrid} to op {op} #{rid} from {self.addr}")
         if status:
             if payload:
                 raise OSError(f"error reply from {self.addr} with {payload} payload bytes")
             b = bytearray(blen)
-            b[:got] = view[:got]
+            b[:got] = memoryview(dst).cast("B")[:got]
             if blen > got:
                 self._recv_into(memoryview(b)[got:])
             raise Failed(str(_wire.status_error(status, b)))  # the connection stays sound
         if blen or payload != want:
             raise OSError(f"{self.addr} sent a body of {blen} bytes and {payload} row bytes, want none and {want}")
         if got < want:
-            self._recv_into(view[got:])
+            self._recv_into(memoryview(dst).cast("B")[got:])
 
     def close(self):
         try:
@@ -168,6 +173,9 @@ class Pool:
         self.idle, self.bad = {}, {}
         self.timer, self.closed = None, False
         self.names = {}
+        # addr: when a connection to it last failed (dial or a broken
+        # reply), for Store._readdress.
+        self.moved = {}
 
     def _take(self, addr):
         now = time.monotonic()
@@ -197,6 +205,7 @@ class Pool:
             return Conn(addr, key, self.timeout), False
         except Exception:
             self._mark_bad(addr)
+            self._note_moved(addr)
             return None
 
     def _put(self, c):
@@ -247,11 +256,26 @@ class Pool:
             self.bad[addr] = time.monotonic() + RETRY
         self._drop_idle(addr)
 
+    def _note_moved(self, addr):
+        with self.lock:
+            self.moved[addr] = time.monotonic()
+
+    def moved_since(self, addrs, t):
+        """Whether a connection to one of addrs failed after time t."""
+        m = self.moved
+        return any(m.get(a, 0.0) > t for a in set(addrs))
+
     def _run(self, addr, op, body, dst, want):
-        got = self._take(addr)
-        if got is None:
-            return False
-        c, reused = got
+        with self.lock:
+            cs = self.idle.get(addr)
+            c = cs.pop() if cs and not self.closed else None
+        if c is not None:
+            reused = True
+        else:
+            got = self._take(addr)
+            if got is None:
+                return False
+            c, reused = got
         try:
             c.read(op, body, dst, want)
         except Failed:
@@ -266,6 +290,7 @@ class Pool:
                 self._drop_idle(addr)
             else:
                 self._mark_bad(addr)
+            self._note_moved(addr)
             return False
         self._put(c)
         return True
@@ -288,6 +313,20 @@ class Pool:
                 return None
             addr = a
         return addr
+
+    def shard_range(self, v, dst, first, k, r):
+        """Rows [first, first+k) of rank r's shard into dst (get()'s one
+        shard): range() without its owners' walk."""
+        if k * v.rb > self.max or v.ragged:
+            return False
+        addr = v.addrs[r] if r < len(v.addrs) else ""
+        if not addr:
+            return False
+        body = self._name(v) + _RANGE.pack(v.id, first, k)
+        if not self._run(addr, OP_FETCH_RANGE, body, dst, k * v.rb):
+            return False
+        v.profile["direct_rows"] += k
+        return True
 
     def range(self, v, dst, first, k, rank_lo, rank_hi):
         """Rows [first, first+k) of ranks rank_lo..rank_hi into dst (k rows

@@ -198,6 +198,8 @@ def _fetch(store, v, flat, globals_, at, size):
                 dm[a:a + n] = sm[o:o + n]
 
     store._pool.read(read, region)
+    if store._direct.moved:
+        store._readdress(v)
 
 
 def only(v, name):

@@ -2,6 +2,7 @@
 node, its MPI window), and the copying of its rows out of mapped shards."""
 
 import threading
+import time
 
 import numpy as np
 
@@ -26,7 +27,7 @@ class Var:
     __slots__ = ("name", "label", "id", "disp", "itemsize", "rb", "dtype", "npdtype", "total", "held", "backing", "prefix",
                  "upper", "bounds", "shard_rows", "nodes", "addrs", "local", "typed", "own", "segs", "single",
                  "single_first", "profile", "win", "ragged", "shape", "index", "first_unit", "extents", "views",
-                 "marks", "mark", "void", "items", "fast", "fast_rank", "fast_all")
+                 "marks", "mark", "void", "items", "fast", "fast_rank", "fast_all", "addrs_at")
 
     def __init__(self, t, own_rank):
         self.name, self.id, self.disp, self.itemsize, self.dtype = t.name, t.id, t.disp, t.itemsize, t.dtype
@@ -46,6 +47,8 @@ class Var:
         self.nodes = [t.nodes[i] for i in t.rank_node]
         # Per rank: its node's peer address, for direct reads (_direct.py).
         self.addrs = [t.addrs[i] for i in t.rank_node]
+        # When addrs were last taken from a table (Store._readdress).
+        self.addrs_at = time.monotonic()
         self.local, self.segs, self.own = [None] * len(t.shard_rows), [], None
         # marks: the dropped word of each mapped segment (stale()); mark[r]
         # rank r's, for get()'s one-shard path.
@@ -172,19 +175,12 @@ class Var:
         self.segs = []
 
 
-# glibc's memmove (2.36, x86-64 with ERMS/FSRM) copies a block from a few KiB
-# up to its rep-movsb stop threshold with `rep movsb`, which on AMD EPYC runs
-# about 3x slower when the destination lies 1 to 31 bytes past the source
-# within a page (measured here: 0.4 vs 1.3 GB/s at 4 KiB, 64 KiB and 256 KiB
-# rows; 1 MiB rows unaffected; the same everywhere with the tunable
-# glibc.cpu.x86_rep_movsb_threshold raised past the row). Shard rows start on a page;
-# numpy's arrays of 128 KiB and more (glibc's mmap'd chunks) start 16 bytes
-# past one: every row of a batch into such an array hit it. Such rows go
-# through a staging buffer of this thread (at _STAGE_OFFSET in a page, away
-# from both) in pieces of _STAGE_BYTES, hot in cache.
+# Rows a gather of several owners places at positions of a batch (1 KiB to
+# 32 KiB) are gathered into a staging buffer of this thread, _STAGE_BYTES
+# at a time (hot in cache), and placed from there: numpy's take into a
+# buffer and one fancy assignment, where a loop over the rows costs a
+# Python step each.
 _PAGE = 4096
-_NEAR_AHEAD = 64
-_REP_MOVSB_ROWS = (2048, 1 << 20)
 _STAGE_BYTES = 256 << 10
 _STAGE_OFFSET = 2048
 _stage = threading.local()
@@ -199,15 +195,6 @@ def _staging(nbytes):
         off = (_STAGE_OFFSET - raw.ctypes.data) % _PAGE
         buf = _stage.buf = raw[off:off + nbytes]
     return buf[:nbytes]
-
-
-def _near_ahead(dst, src, rb):
-    """Whether every row copied from src to dst would have its destination
-    1 to _NEAR_AHEAD-1 bytes ahead of its source within a page, in the size
-    range glibc copies by rep movsb (rows of a whole number of pages keep
-    the distance of the arrays' starts)."""
-    return (rb % _PAGE == 0 and _REP_MOVSB_ROWS[0] <= rb < _REP_MOVSB_ROWS[1]
-            and 0 < (dst.ctypes.data - src.ctypes.data) % _PAGE < _NEAR_AHEAD)
 
 
 def _copy_staged(dst, src, loc, pos):
@@ -233,11 +220,18 @@ def copy_rows(dst, src, loc, pos=None):
     fresh temporary of the whole output and copies that: a second pass
     over the batch and, past a few MiB, fresh pages to fault in on every
     call). Rows under 1 KiB are taken as single items of a row-sized void
-    dtype (numpy copies an item with one memcpy, not byte by byte). Rows a
-    memmove would copy slowly (_near_ahead) go through a staging buffer.
-    With pos (rows of several owners), rows of 32 KiB and more are copied
-    by a loop, each row once, straight into its place; smaller rows
-    through the staging buffer, a piece at a time."""
+    dtype (numpy copies an item with one memcpy, not byte by byte). With
+    pos (rows of several owners), rows of 32 KiB and more are copied by a
+    loop, each row once, straight into its place; smaller rows through the
+    staging buffer, a piece at a time.
+
+    Rows go straight into dst whatever its alignment: a destination a few
+    bytes past its source within a page (a numpy array of 128 KiB or more,
+    16 bytes past a page, from a shard's rows, on pages) makes glibc's
+    `rep movsb` up to a quarter slower for rows of 4 KiB to 1 MiB on this
+    machine's EPYC, where a copy through a staging buffer costs a second
+    pass: 9.9 against 11.6 GB/s straight at 4 KiB rows, 11.9 against 17.4
+    at 64 KiB (docs/benchmarks.md)."""
     rb = src.shape[1]
     if rb < 1024:
         row = np.dtype((np.void, rb))
@@ -247,9 +241,7 @@ def copy_rows(dst, src, loc, pos=None):
         else:
             d[pos] = s.take(loc, mode="clip")
         return
-    if _near_ahead(dst, src, rb):
-        _copy_staged(dst, src, loc, pos)
-    elif pos is None:
+    if pos is None:
         src.take(loc, axis=0, out=dst[:loc.shape[0]], mode="clip")
     elif rb >= (32 << 10):
         for i, j in zip(pos.tolist(), loc.tolist()):

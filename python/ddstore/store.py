@@ -32,6 +32,8 @@ from .dtypes import as_array, as_destination, dtype_name, itemsize as dtype_item
 # have to be freed and added again between each of them.
 _STALE_TRIES = 3
 _I64 = np.dtype(np.int64)
+_U64 = np.dtype(np.uint64)
+_getpid = os.getpid
 
 
 class Store:
@@ -538,18 +540,23 @@ class Store:
     def get(self, name, arr, start=0):
         """arr.shape[0] consecutive rows from global row `start` into arr
         (the range may span several ranks' shards)."""
-        if self._pid != os.getpid():
+        if self._pid != _getpid():
             self._check_fork()
         v = self._vars.get(name)
         # Fast path: a numpy destination of the variable's type, rows all in
-        # one shard of this node (about a microsecond), or, with
-        # method="mpi", in one shard of another node.
-        if (v is not None and type(arr) is np.ndarray and arr.dtype == v.npdtype and arr.flags.c_contiguous
-                and arr.flags.writeable):
+        # one shard of this node (about a microsecond), or in one shard of
+        # another node: one MPI get with method="mpi", else one round trip
+        # to its agent (_direct). A numpy integer start is made an int once:
+        # each comparison and sum of one costs a few hundred nanoseconds.
+        if v is not None and type(arr) is np.ndarray and arr.dtype == v.npdtype:
+            fl = arr.flags
+            if type(start) is not int and isinstance(start, np.integer):
+                start = int(start)
             n = arr.shape[0] if arr.ndim else 1
             b = v.bounds
             r = bisect_right(b, start) - 1
-            if 0 <= r < len(v.typed) and start >= 0 and start + n <= b[r + 1] and n > 0 and arr.size == n * v.disp:
+            if (fl.c_contiguous and fl.writeable and 0 <= r < len(v.typed) and start >= 0 and start + n <= b[r + 1]
+                    and n > 0 and arr.size == n * v.disp):
                 lo = start - b[r]
                 p = v.profile
                 if v.typed[r] is not None:
@@ -564,8 +571,8 @@ class Store:
                     p["remote_rows"] += n
                     p["onesided_rows"] += n
                     p["remote_calls"] += 1
-                elif (v.win is None and r < len(v.shard_rows) and self._pid == os.getpid()
-                      and self._direct.range(v, arr.reshape(-1).view(np.uint8), start, n, r, r)):
+                elif (v.win is None and r < len(v.shard_rows)
+                      and self._direct.shard_range(v, arr.reshape(-1).view(np.uint8), start, n, r)):
                     # Rows of one shard of another node: one round trip to
                     # its agent, received into arr.
                     p["remote_rows"] += n
@@ -654,58 +661,75 @@ class Store:
                 dst[pos:pos + k] = stage.array()[:k * rb].reshape(k, rb)
 
         self._pool.read(read, region)
+        if self._direct.moved:
+            self._readdress(v)
 
     def get_batch(self, name, arr, indices):
         """Rows indices[i] into arr[i]: any order, repeats, any owners. Every
         index is checked before any row is read."""
-        if self._pid != os.getpid():
+        if self._pid != _getpid():
             self._check_fork()
         v = self._vars.get(name)
         # Fast path: numpy indices and a numpy destination of the
         # variable's type, every row in one shard of this node (the shard of
         # the first index, or the only one): one pass to check the indices
-        # (below), one gather, none of the general path's owner lookup per
-        # row, and the shard's state made once per variable (Var.fast).
+        # (an argmax of them as uint64, where a negative one is above any
+        # bound: below()), one gather, none of the general path's owner
+        # lookup per row, and the shard's state made once per variable
+        # (Var.fast). Its steps are written out here, not called: at 64-byte
+        # rows a batch of 256 costs numpy a microsecond or so, and each call
+        # and attribute looked up again is counted against it.
         if (v is not None and type(arr) is np.ndarray and type(indices) is np.ndarray and indices.ndim == 1
-                and arr.dtype == v.npdtype and arr.flags.c_contiguous and arr.flags.writeable):
+                and arr.dtype == v.npdtype):
             n = indices.shape[0]
-            if n and arr.size == n * v.disp and (arr.shape[0] if arr.ndim else 1) == n:
-                if indices.dtype is not _I64 and indices.dtype.kind == "i":
+            fl = arr.flags
+            if (fl.c_contiguous and fl.writeable and n and arr.size == n * v.disp
+                    and (arr.shape[0] if arr.ndim else 1) == n):
+                dt = indices.dtype
+                if dt is not _I64 and dt.kind == "i":
                     indices = indices.astype(_I64)
-                r = v.fast_rank
-                if r is None and indices.dtype is _I64:
-                    r = bisect_right(v.bounds, indices.item(0)) - 1
-                f = v.fast[r] if r is not None and 0 <= r < len(v.fast) and indices.dtype is _I64 else None
-                done = False
-                if f is not None:
-                    first, rows, items, src, mark = f
-                    loc = indices - first if first else indices
-                    if below(loc, rows):
-                        if items is not None:  # rows under 1 KiB, as in copy_rows
-                            items.take(loc, out=arr.reshape(-1).view(v.void), mode="clip")
-                        else:
-                            copy_rows(arr.reshape(n, -1).view(np.uint8), src, loc)
-                        done = True
-                if not done and v.fast_all and indices.dtype is _I64 and below(indices, v.held):
-                    # Rows of several shards, all of this node (DDStore's
-                    # usage on one node): each owner's rows in one gather.
-                    dst = arr.reshape(n, -1).view(np.uint8)
-                    owner = v.upper.searchsorted(indices, side="right")
-                    for o in np.bincount(owner).nonzero()[0].tolist():
-                        pos = (owner == o).nonzero()[0]
-                        first, _, _, src, _ = v.fast[o]
-                        copy_rows(dst, src, indices[pos] - first if first else indices[pos], pos)
-                    done = True
-                if done:
-                    if v.stale():  # dropped: those rows may be a freed variable's
+                    dt = _I64
+                if dt is _I64:
+                    r = v.fast_rank
+                    if r is None:
+                        r = bisect_right(v.bounds, indices.item(0)) - 1
+                    f = v.fast[r] if 0 <= r < len(v.fast) else None
+                    if f is not None:
+                        first, rows, items, src, mark = f
+                        loc = indices - first if first else indices
+                        u = loc.view(_U64)
+                        if u.item(u.argmax()) < rows:
+                            if items is not None:  # rows under 1 KiB, as in copy_rows
+                                items.take(loc, out=arr.reshape(-1).view(v.void), mode="clip")
+                            else:
+                                copy_rows(arr.reshape(n, -1).view(np.uint8), src, loc)
+                            if not mark[0]:
+                                p = v.profile
+                                p["calls"] += 1
+                                p["rows"] += n
+                                p["bytes"] += n * v.rb
+                                p["local_rows"] += n
+                                return arr
+                            # Dropped: those rows may be a freed variable's.
+                            self._forget(name, v)
+                            return self._reading(name, lambda v: self._get_batch(v, name, arr, indices))
+                    if v.fast_all and below(indices, v.held):
+                        # Rows of several shards, all of this node (DDStore's
+                        # usage on one node): each owner's rows in one gather.
+                        dst = arr.reshape(n, -1).view(np.uint8)
+                        owner = v.upper.searchsorted(indices, side="right")
+                        for o in np.bincount(owner).nonzero()[0].tolist():
+                            pos = (owner == o).nonzero()[0]
+                            first, _, _, src, _ = v.fast[o]
+                            copy_rows(dst, src, indices[pos] - first if first else indices[pos], pos)
+                        if not v.stale():
+                            p = v.profile
+                            p["calls"] += 1
+                            p["rows"] += n
+                            p["bytes"] += n * v.rb
+                            p["local_rows"] += n
+                            return arr
                         self._forget(name, v)
-                    else:
-                        p = v.profile
-                        p["calls"] += 1
-                        p["rows"] += n
-                        p["bytes"] += n * v.rb
-                        p["local_rows"] += n
-                        return arr
         self._check_fork()
         return self._reading(name, lambda v: self._get_batch(v, name, arr, indices))
 
@@ -797,6 +821,29 @@ class Store:
                 dst[pos] = stage.array()[:k * rb].reshape(k, rb)
 
         self._pool.read(read, region)
+        if self._direct.moved:
+            self._readdress(v)
+
+    def _readdress(self, v):
+        """After a read through the agent worked: when a direct connection
+        to one of v's owners failed since v's addresses were taken, the
+        owner may have moved (its agent restarted on another port, which
+        the own agent learnt on that read): v's addresses from the table
+        looked up anew, so that direct reads go to the new one. Once per
+        failure (the failed address is then left alone a while: _direct's
+        RETRY), and only for the same table (a variable added again is
+        _reading's to look up)."""
+        if not self._direct.moved_since(v.addrs, v.addrs_at):
+            return
+        v.addrs_at = time.monotonic()
+        try:
+            t = _wire.Table.decode(self._request(_wire.OP_LOOKUP, _wire.Encoder().string(v.name).string("").i64(-1)))
+        except Error:
+            return  # the read stands; the next failure tries again
+        if t.id == v.id and len(t.rank_node) == len(v.addrs):
+            addrs = [t.addrs[i] for i in t.rank_node]
+            if addrs != v.addrs:
+                v.addrs = addrs
 
     # -- receive buffers ------------------------------------------------------
 

@@ -4,7 +4,14 @@ connection; a forked child opens its own; a connection without the direct
 key is refused; an idle one is closed; a variable freed and added again
 never gives its old rows; direct=False reads through the own agent."""
 
-from conftest import run_ranks
+import os
+
+import numpy as np
+import pytest
+
+import ddstore
+from conftest import SECRET, run_ranks, wait_until
+from ddstore_bench.bench import _both
 
 SCRIPT = r"""
 import json, os, socket, subprocess, time
@@ -43,11 +50,16 @@ if r == 0:
     one = np.empty((1, 8), np.int64)
     s.get("v", one, 88)
     assert np.array_equal(one, want([88], 0))
+    for start in (np.int32(89), np.int64(90), np.uint16(91)):  # numpy integers as the start
+        s.get("v", one, start)
+        assert np.array_equal(one, want([int(start)], 0)), start
+    s.get("v", one, np.int64(2))  # and a row of this node
+    assert np.array_equal(one, want([2], 0))
     # Rows of both nodes: this node's copied, the other's direct.
     s.get_batch("v", out, [3, 97, 4, 98])
     assert np.array_equal(out, want([3, 97, 4, 98], 0))
     p = s.get_profile("v")
-    assert p["direct_rows"] == 4 + 3 + 1 + 2 and p["remote_rows"] == 10, p
+    assert p["direct_rows"] == 4 + 3 + 1 + 3 + 2 and p["remote_rows"] == 13, p
     # The connection is closed once idle.
     wait(lambda: not s._direct.idle, "the direct connection idle-closed on the client")
     wait(lambda: agent_info("b")["counters"].get("direct_connections") == 0, "the direct connection gone at b's agent")
@@ -59,7 +71,7 @@ if r == 0:
         try:
             o = np.empty((5, 8), np.int64)
             s.get_batch("v", o, [90, 91, 92, 93, 94])
-            ok = int(np.array_equal(o, want([90, 91, 92, 93, 94], 0)) and s.get_profile("v")["direct_rows"] == 15)
+            ok = int(np.array_equal(o, want([90, 91, 92, 93, 94], 0)) and s.get_profile("v")["direct_rows"] == 18)
         finally:
             os.write(wr, bytes([ok]))
             os._exit(0)
@@ -184,3 +196,130 @@ print("ok", r)
 def test_direct_ragged(job):
     outs = run_ranks(RAGGED, ["a", "b", "c"], job)
     assert [o.strip().splitlines()[-1] for o in outs] == ["ok 0", "ok 1", "ok 2"], outs
+
+
+def _agent(job, node, rendezvous):
+    """A node's agent, started by the test (so that it can kill it and start
+    it again: a new peer port each time)."""
+    import subprocess
+    return subprocess.Popen([job["DDSTORE_BIN"], "agent", "--namespace", job["DDSTORE_NAMESPACE"], "--node", node,
+                             "--run-dir", job["DDSTORE_RUN_DIR"], "--rendezvous", rendezvous,
+                             "--peer-listen", "127.0.0.1:0", "--timeout", "5s"],
+                            env={**os.environ, "DDSTORE_SECRET": SECRET}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def _serves(job, node):
+    import subprocess
+    return subprocess.run([job["DDSTORE_BIN"], "info", "--namespace", job["DDSTORE_NAMESPACE"], "--node", node,
+                           "--run-dir", job["DDSTORE_RUN_DIR"]], capture_output=True).returncode == 0
+
+
+def _two_ranks(job, monkeypatch):
+    """Stores of ranks 0 (node a) and 1 (node b) in this process, on agents
+    the test started; the coordinator is a's."""
+    import socket
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        rendezvous = f"127.0.0.1:{sk.getsockname()[1]}"
+    monkeypatch.setenv("DDSTORE_SECRET", SECRET)
+    agents = {"a": _agent(job, "a", rendezvous)}
+    wait_until(lambda: _serves(job, "a"), 20, "agent a serving")
+    agents["b"] = _agent(job, "b", rendezvous)
+    wait_until(lambda: _serves(job, "b"), 20, "agent b serving")
+    stores = [ddstore.Store(rank=r, size=2, local_rank=0, local_size=1, node=n, spawn=False)
+              for r, n in enumerate("ab")]
+    return rendezvous, agents, stores
+
+
+def _rows(r, n, shift):
+    g = np.arange(r * n, (r + 1) * n, dtype=np.int64)
+    return g[:, None] * 10 + np.arange(8) + shift
+
+
+def _read_ok(s, idx, shift):
+    """Whether rows idx read now are those of shift (a read that fails, as
+    while the owner's agent is down, is not)."""
+    out = np.empty((len(idx), 8), np.int64)
+    try:
+        s.get_batch("v", out, np.asarray(idx, dtype=np.int64))
+    except ddstore.Error:
+        return False
+    assert np.array_equal(out, np.asarray(idx, dtype=np.int64)[:, None] * 10 + np.arange(8) + shift), out
+    return True
+
+
+def test_direct_owner_restart(job, monkeypatch):
+    """The owner node's agent killed and started again (on a new peer
+    port): reads of its rows fail while it is down, never give a stale or
+    wrong row, are right once it has re-adopted its shard, and go direct
+    again to its new address (the client refreshes the address it holds
+    once a direct read fails and the read through its own agent works,
+    without looking the variable up again by hand)."""
+    rendezvous, agents, stores = _two_ranks(job, monkeypatch)
+    s0, s1 = stores
+    try:
+        n = 50
+        _both(stores, lambda r, s: s.add("v", _rows(r, n, 0)))
+        # A ragged variable too: rows of 1 to 3 units of 2 items.
+        lens = lambda r: [g % 3 + 1 for g in range(r * 10, r * 10 + 10)]  # noqa: E731
+        vals = lambda r: np.concatenate([np.full((k, 2), g, np.int32) for g, k in  # noqa: E731
+                                         zip(range(r * 10, r * 10 + 10), lens(r))])
+        _both(stores, lambda r, s: s.add_ragged("g", vals(r), lens(r)))
+
+        def ragged_ok(gidx):
+            got, ls = s0.get_ragged("g", gidx)
+            assert list(ls) == [g % 3 + 1 for g in gidx] and np.array_equal(
+                got, np.concatenate([np.full((g % 3 + 1, 2), g, np.int32) for g in gidx])), (got, ls)
+        ragged_ok([12, 15, 19])
+        assert s0.get_profile("g")["direct_rows"] == 3
+        idx = [55, 51, 99, 60]
+        assert _read_ok(s0, idx, 0)
+        one = np.empty((1, 8), np.int64)
+        s0.get("v", one, 88)
+        assert np.array_equal(one, _rows(1, n, 0)[38:39])
+        assert s0.get_profile("v")["direct_rows"] == 5
+        old = s0._vars["v"].addrs[1]
+
+        agents["b"].kill()
+        agents["b"].wait()
+        # The owner is down: an error (its peer's), never a row.
+        out = np.full((4, 8), -1, np.int64)
+        with pytest.raises(ddstore.Error):
+            s0.get_batch("v", out, np.asarray(idx, dtype=np.int64))
+        with pytest.raises(ddstore.Error):
+            s0.get("v", one, 70)
+
+        agents["b"] = _agent(job, "b", rendezvous)
+        wait_until(lambda: _read_ok(s0, idx, 0), 30, "rows of the restarted owner read")
+        v = s0._vars["v"]
+        assert v.addrs[1] != old and v.addrs[1], (old, v.addrs)
+        # Direct again, at the new address, for a batch and for get().
+        before = s0.get_profile("v")["direct_rows"]
+        assert _read_ok(s0, idx, 0)
+        s0.get("v", one, 61)
+        assert np.array_equal(one, _rows(1, n, 0)[11:12])
+        assert s0.get_profile("v")["direct_rows"] == before + 5, s0.get_profile("v")
+        # The ragged variable's addresses likewise: its first read after the
+        # restart through the own agent, the next direct.
+        ragged_ok([11, 13])
+        assert s0.get_profile("g")["direct_rows"] == 3
+        ragged_ok([14, 18, 10])
+        assert s0.get_profile("g")["direct_rows"] == 6, s0.get_profile("g")
+
+        # The restarted agent serves the shard's live rows: rank 1 updates
+        # them (its mapping of the re-adopted segment), a fence, and rank 0
+        # reads the new rows straight from the new address.
+        s1.update("v", _rows(1, n, 500))
+        _both(stores, lambda r, s: s.fence())
+        before = s0.get_profile("v")["direct_rows"]
+        assert _read_ok(s0, idx, 500)
+        s0.get("v", one, 99)
+        assert np.array_equal(one, _rows(1, n, 500)[49:50])
+        assert s0.get_profile("v")["direct_rows"] == before + 5
+    finally:
+        for s in stores:
+            s.close()
+        for p in agents.values():
+            p.terminate()
+            p.wait()

@@ -49,3 +49,35 @@ def test_page_aligned():
         a = page_aligned(shape, dt)
         assert a.shape == shape and a.dtype == dt and a.ctypes.data % 4096 == 0 and not a.any()
         assert a.flags.c_contiguous and a.flags.writeable
+
+
+def test_latencies_take_every_op_in_turn():
+    from ddstore_bench.bench import _latencies
+    order = []
+    ops = {k: (lambda k: lambda i: order.append((k, i)))(k) for k in "abc"}
+    out = _latencies(40, ops)
+    # One call of each per turn, in orders that differ from turn to turn.
+    turns = [order[3 * i:3 * i + 3] for i in range(40)]
+    assert all(sorted(t) == [("a", i), ("b", i), ("c", i)] for i, t in enumerate(turns))
+    assert len({tuple(k for k, _ in t) for t in turns}) > 1
+    assert {t[0][0] for t in turns} == {"a", "b", "c"}
+    assert set(out) == {"a", "b", "c"} and all(0 <= p50 <= p99 for p50, p99 in out.values())
+
+
+def test_pings_side_by_side_end():
+    # Two ping children at once (the second forked while the first's
+    # connection is open): each answers its round trips, and each closes
+    # although the other child holds a copy of its socket.
+    import socket
+
+    from ddstore_bench.bench import Ping
+    tcp = Ping(socket.AF_INET, 64)
+    unix = Ping(socket.AF_UNIX, 4096)
+    try:
+        for _ in range(3):
+            tcp()
+            unix()
+        assert len(tcp.buf) == 32 + 64 and len(unix.buf) == 32 + 4096
+    finally:
+        tcp.close()
+        unix.close()

@@ -41,7 +41,8 @@ def _at(nbytes, offset):
 @pytest.mark.parametrize("with_pos", [False, True])
 def test_copy_rows_any_alignment(rb, dst_offset, with_pos):
     # A destination 16 bytes past a page, as numpy's large arrays, from
-    # page-aligned rows, as a shard's: the staged path.
+    # page-aligned rows, as a shard's (glibc's slow memmove case, copied
+    # straight all the same), and half a page past one.
     rng = np.random.default_rng(rb + dst_offset)
     n, k = (90, 70) if rb < (512 << 10) else (6, 5)
     src = _at(n * rb, 0).reshape(n, rb)
