@@ -30,8 +30,12 @@ import (
 type rankArgs struct {
 	NS, Node, RunDir string
 	Rank, Size       int
-	Op               string        // "add", "fence", or "sleep" (until its stdin closes)
-	PublishTimeout   time.Duration // 0: 300 s
+	// Op: "add", "fence", or "sleep" (until its stdin closes); "add+add"
+	// adds "x" then "y", "add+sleep" adds "x" (printing "ok") then sleeps.
+	Op             string
+	PublishTimeout time.Duration // 0: 300 s
+	// Prefix goes before the names of the variables it adds.
+	Prefix string
 	// Linger: after printing its result the rank stays, its store
 	// open, until its stdin closes (a rank that goes on after an error).
 	Linger bool
@@ -59,27 +63,45 @@ func rankLossRank(a rankArgs) int {
 	}
 	defer s.Close()
 	fmt.Println("open")
-	switch a.Op {
-	case "add":
+	// add adds variable name and reads every rank's rows of it, this
+	// node's and the others'; false: a row read wrong.
+	add := func(name string) bool {
 		rows := make([]byte, rankRows*8)
 		for i := range rankRows {
 			binary.LittleEndian.PutUint64(rows[i*8:], uint64(a.Rank*rankRows+i))
 		}
-		if err = s.Add("x", rows, 8, 1); err == nil {
-			// Every rank's rows, this node's and the other's.
+		if err = s.Add(name, rows, 8, 1); err == nil {
 			all := make([]int64, a.Size*rankRows)
 			for i := range all {
 				all[i] = int64(i)
 			}
 			got := make([]byte, len(all)*8)
-			if err = s.GetBatch("x", got, all); err == nil {
+			if err = s.GetBatch(name, got, all); err == nil {
 				for i := range all {
 					if v := binary.LittleEndian.Uint64(got[i*8:]); v != uint64(i) {
-						fmt.Fprintf(os.Stderr, "row %d holds %d\n", i, v)
-						return 3
+						fmt.Fprintf(os.Stderr, "row %d of %q holds %d\n", i, name, v)
+						return false
 					}
 				}
 			}
+		}
+		return true
+	}
+	switch a.Op {
+	case "add", "add+add", "add+sleep":
+		if !add(a.Prefix + "x") {
+			return 3
+		}
+		switch {
+		case err != nil:
+		case a.Op == "add+add":
+			if !add(a.Prefix + "y") {
+				return 3
+			}
+		case a.Op == "add+sleep":
+			fmt.Println("ok")
+			io.Copy(io.Discard, os.Stdin)
+			return 0
 		}
 	case "fence":
 		err = s.Fence()
@@ -395,6 +417,76 @@ func TestClusterRoundLostInTransport(t *testing.T) {
 	for r, p := range start(false, "add", "add", "add") {
 		if got := p.result(t, fmt.Sprintf("rank %d of the new job", r)); got != "ok" {
 			t.Fatalf("rank %d of the job started after: %q, want ok", r, got)
+		}
+	}
+}
+
+// TestClusterNodeAgentKilledMidRound: a job of four ranks (nodes a, b,
+// b, a; a coordinates) adds "x"; then ranks 0 and 3 wait in the Add of
+// "y" that ranks 1 and 2 have not reached, and node b's agent, which
+// holds ranks 1 and 2, is SIGKILLed while no request of it waits on the
+// coordinator. The coordinator sees the agent's watch close and its
+// address refuse, and fails the round: ranks 0 and 3 get ErrPeer naming
+// node b at once (the publish and join timeouts are 300 s: waiting for
+// them would outlast the test's deadline). Node b's agent is started
+// again; a new job of four ranks on both nodes then adds and reads
+// across them.
+func TestClusterNodeAgentKilledMidRound(t *testing.T) {
+	ns := fmt.Sprintf("nodekill%d", os.Getpid())
+	runDir := filepath.Join(t.TempDir(), "run")
+	removeSegmentsAtEnd(t, ns)
+	rdv := freeAddr(t)
+	a := startAgentProc(t, ns, "a", runDir, rdv, "--join-timeout", "300s")
+	b := startAgentProc(t, ns, "b", runDir, rdv, "--join-timeout", "300s")
+	nodes := []string{"a", "b", "b", "a"}
+	start := func(prefix string, ops ...string) []*rankProc {
+		var ps []*rankProc
+		for r, o := range ops {
+			ps = append(ps, startRank(t, rankArgs{NS: ns, Node: nodes[r], RunDir: runDir, Rank: r, Size: len(ops), Op: o, Prefix: prefix}))
+		}
+		return ps
+	}
+	ps := start("", "add+add", "add+sleep", "add+sleep", "add+add")
+	testutil.WaitFor(t, 60*time.Second, func() error {
+		in, err := ddstore.QueryAgent(a.socket, ns, "a")
+		if err != nil {
+			return err
+		}
+		for _, c := range in.Collectives {
+			if c.Kind == "publish" && c.Name == "y" && slices.Equal(c.Ranks, []int64{0, 3}) {
+				return nil
+			}
+		}
+		return fmt.Errorf("the coordinator holds %+v, want the publish of y with ranks 0 and 3", in.Collectives)
+	})
+	for r := 1; r <= 2; r++ {
+		if got := ps[r].out.String(); got != "open\nok\n" {
+			t.Fatalf("rank %d before its agent was killed: %q, want x added", r, got)
+		}
+	}
+	b.cmd.Process.Kill()
+	b.cmd.Wait()
+	for _, r := range []int{0, 3} {
+		got := ps[r].result(t, fmt.Sprintf("rank %d", r))
+		if !strings.HasPrefix(got, "err: peer ") || !strings.Contains(got, `variable "y"`) || !strings.Contains(got, `node "b"`) {
+			t.Fatalf("rank %d of the job whose node b's agent was killed: %q, want an ErrPeer of y naming node b", r, got)
+		}
+	}
+	for r := 1; r <= 2; r++ {
+		ps[r].stdin.Close()
+		ps[r].result(t, fmt.Sprintf("rank %d", r))
+	}
+	in, err := ddstore.QueryAgent(a.socket, ns, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Counters["nodes_gone"] != 1 {
+		t.Errorf("the coordinator found %d nodes gone, want 1", in.Counters["nodes_gone"])
+	}
+	startAgentProc(t, ns, "b", runDir, rdv, "--join-timeout", "300s")
+	for r, p := range start("new-", "add", "add", "add", "add") {
+		if got := p.result(t, fmt.Sprintf("rank %d of the new job", r)); got != "ok" {
+			t.Fatalf("rank %d of the job started after node b's agent came back: %q, want ok", r, got)
 		}
 	}
 }
