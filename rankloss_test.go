@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -31,7 +32,9 @@ type rankArgs struct {
 	NS, Node, RunDir string
 	Rank, Size       int
 	// Op: "add", "fence", or "sleep" (until its stdin closes); "add+add"
-	// adds "x" then "y", "add+sleep" adds "x" (printing "ok") then sleeps.
+	// adds "x" then "y", "add+sleep" adds "x" (printing "ok") then sleeps,
+	// "add+wait+add" adds "x" (printing "ok") and, once a line comes on
+	// its stdin, "y".
 	Op             string
 	PublishTimeout time.Duration // 0: 300 s
 	// Prefix goes before the names of the variables it adds.
@@ -88,13 +91,22 @@ func rankLossRank(a rankArgs) int {
 		return true
 	}
 	switch a.Op {
-	case "add", "add+add", "add+sleep":
+	case "add", "add+add", "add+sleep", "add+wait+add":
 		if !add(a.Prefix + "x") {
 			return 3
 		}
 		switch {
 		case err != nil:
 		case a.Op == "add+add":
+			if !add(a.Prefix + "y") {
+				return 3
+			}
+		case a.Op == "add+wait+add":
+			fmt.Println("ok")
+			if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 3
+			}
 			if !add(a.Prefix + "y") {
 				return 3
 			}
@@ -294,6 +306,9 @@ type cutProxy struct {
 	l     net.Listener
 	mu    sync.Mutex
 	conns []net.Conn
+	// mutes, one per pair of conns: while set, what the far end sends
+	// back on that connection is dropped (mute).
+	mutes []*atomic.Bool
 	wg    sync.WaitGroup
 }
 
@@ -317,14 +332,27 @@ func startCutProxy(t *testing.T, to string) *cutProxy {
 				in.Close()
 				continue
 			}
+			muted := new(atomic.Bool)
 			p.mu.Lock()
 			p.conns = append(p.conns, in, out)
+			p.mutes = append(p.mutes, muted)
 			p.mu.Unlock()
-			for _, pair := range [][2]net.Conn{{in, out}, {out, in}} {
+			for i, pair := range [][2]net.Conn{{in, out}, {out, in}} {
 				p.wg.Add(1)
 				go func() {
 					defer p.wg.Done()
-					io.Copy(pair[0], pair[1])
+					buf := make([]byte, 32<<10)
+					for {
+						n, err := pair[1].Read(buf)
+						if n > 0 && (i == 1 || !muted.Load()) {
+							if _, err := pair[0].Write(buf[:n]); err != nil {
+								break
+							}
+						}
+						if err != nil {
+							break
+						}
+					}
 					pair[0].Close()
 					pair[1].Close()
 				}()
@@ -349,8 +377,18 @@ func (p *cutProxy) cut() int {
 		c.Close()
 	}
 	n := len(p.conns) / 2
-	p.conns = nil
+	p.conns, p.mutes = nil, nil
 	return n
+}
+
+// mute drops from now on what the far end sends back on the connections
+// made so far (until they are cut), as a network that loses replies.
+func (p *cutProxy) mute() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, m := range p.mutes {
+		m.Store(true)
+	}
 }
 
 // TestClusterRoundLostInTransport: of a job of three ranks (nodes a, b,
@@ -488,5 +526,81 @@ func TestClusterNodeAgentKilledMidRound(t *testing.T) {
 		if got := p.result(t, fmt.Sprintf("rank %d of the new job", r)); got != "ok" {
 			t.Fatalf("rank %d of the job started after node b's agent came back: %q, want ok", r, got)
 		}
+	}
+}
+
+// TestClusterRoundReplyLostAfterItCompleted: of a job of two ranks (nodes
+// a and b; a coordinates, b meets it through a proxy), rank 0 waits in
+// the Add of "y"; then the proxy drops what the coordinator sends node b,
+// and rank 1 comes: its shard completes the round, and the table on its
+// way to node b is lost. Once the round is complete on the coordinator
+// the proxy cuts b's connections; b's agent reports rank 1 out of the
+// round, hears that the variable exists, and keeps rank 1's shard with
+// the coordinator's table. Both ranks' Adds succeed and each reads every
+// row, node b's included (rank 0 holds a table that points to it).
+func TestClusterRoundReplyLostAfterItCompleted(t *testing.T) {
+	ns := fmt.Sprintf("rkept%d", os.Getpid())
+	runDir := filepath.Join(t.TempDir(), "run")
+	removeSegmentsAtEnd(t, ns)
+	rdv := freeAddr(t)
+	a := startAgentProc(t, ns, "a", runDir, rdv, "--join-timeout", "300s")
+	proxy := startCutProxy(t, rdv)
+	b := startAgentProc(t, ns, "b", runDir, proxy.addr(), "--join-timeout", "300s")
+	ps := []*rankProc{
+		startRank(t, rankArgs{NS: ns, Node: "a", RunDir: runDir, Rank: 0, Size: 2, Op: "add+add"}),
+		startRank(t, rankArgs{NS: ns, Node: "b", RunDir: runDir, Rank: 1, Size: 2, Op: "add+wait+add"}),
+	}
+	pendingY := func() (bool, error) {
+		in, err := ddstore.QueryAgent(a.socket, ns, "a")
+		if err != nil {
+			return false, err
+		}
+		for _, c := range in.Collectives {
+			if c.Kind == "publish" && c.Name == "y" {
+				return slices.Equal(c.Ranks, []int64{0}), nil
+			}
+		}
+		return false, nil
+	}
+	testutil.WaitFor(t, 60*time.Second, func() error {
+		if got := ps[1].out.String(); got != "open\nok\n" {
+			return fmt.Errorf("rank 1 printed %q, want x added", got)
+		}
+		if ok, err := pendingY(); !ok || err != nil {
+			return fmt.Errorf("the round of y holds not only rank 0 (%v)", err)
+		}
+		return nil
+	})
+	proxy.mute()
+	if _, err := io.WriteString(ps[1].stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 60*time.Second, func() error {
+		in, err := ddstore.QueryAgent(a.socket, ns, "a")
+		if err != nil {
+			return err
+		}
+		for _, c := range in.Collectives {
+			if c.Kind == "publish" && c.Name == "y" {
+				return fmt.Errorf("the round of y is still pending: %+v", c)
+			}
+		}
+		return nil
+	})
+	if n := proxy.cut(); n == 0 {
+		t.Fatal("node b holds no connection to the coordinator through the proxy")
+	}
+	for r, want := range []string{"ok", "ok\nok"} {
+		if got := ps[r].result(t, fmt.Sprintf("rank %d", r)); got != want {
+			t.Fatalf("rank %d of the round whose table to node b was lost: %q, want %q", r, got, want)
+		}
+	}
+	in, err := ddstore.QueryAgent(b.socket, ns, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Counters["rounds_kept"] != 1 || in.Counters["rounds_lost"] != 0 {
+		t.Errorf("node b kept %d ranks' shards of completed rounds and reported %d out of theirs, want 1 and 0",
+			in.Counters["rounds_kept"], in.Counters["rounds_lost"])
 	}
 }
