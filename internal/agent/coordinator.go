@@ -243,11 +243,14 @@ func (c *coordinator) gone(g wire.Gone) {
 	c.deliverLocked(c.mu.core.Gone(time.Now(), g))
 }
 
-// nodeGone is coord.Coordinator.NodeGone: a node's agent went away.
-func (c *coordinator) nodeGone(node, why string) {
+// nodeGone is coord.Coordinator.NodeGone: a node's agent went away. It
+// returns how many waiting requests failed with it.
+func (c *coordinator) nodeGone(node, why string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.deliverLocked(c.mu.core.NodeGone(time.Now(), node, why))
+	replies := c.mu.core.NodeGone(time.Now(), node, why)
+	c.deliverLocked(replies)
+	return len(replies)
 }
 
 // watch numbers a new watching Join of node, which speaks for the node
@@ -511,8 +514,13 @@ func (a *Agent) holdWatch(ctx context.Context, c *coordinator, m wire.Join) erro
 		cancel()
 		if err != nil && !base.IsRemote(err) && a.ctx.Err() == nil {
 			a.stats.nodesGone.Add(1)
-			a.log.Warn("a node's agent went away: failing the collectives that wait on its ranks", "node", m.Node, "addr", m.Addr, "err", err)
-			c.nodeGone(m.Node, fmt.Sprintf("its connection to the coordinator closed, and its address %s does not answer: %v", m.Addr, err))
+			n := c.nodeGone(m.Node, fmt.Sprintf("its connection to the coordinator closed, and its address %s does not answer: %v", m.Addr, err))
+			// A node stopped at the end of a job fails nothing: no warning.
+			log := a.log.Info
+			if n > 0 {
+				log = a.log.Warn
+			}
+			log("a node's agent went away: the collectives waiting on its ranks fail", "node", m.Node, "addr", m.Addr, "failed_requests", n, "err", err)
 		}
 	}
 	return base.Errorf(base.ErrClosed, "the watch of node %q on the coordinator ended", m.Node)

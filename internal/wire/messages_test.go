@@ -663,3 +663,15 @@ func TestShardWhy(t *testing.T) {
 		t.Fatalf("a reason over %d bytes: err = %v, want ErrProtocol", MaxWhy, err)
 	}
 }
+
+// A Join's watch flag is 0 or 1; any other value is refused.
+func TestJoinWatchFlag(t *testing.T) {
+	b := encodeMsg[Join, *Join](Join{Node: "n", Addr: "a:1", Namespace: "j", Watch: true})
+	if got, err := DecodeJoin(b); err != nil || !got.Watch {
+		t.Fatalf("DecodeJoin of a watching join = %+v, %v", got, err)
+	}
+	b[len(b)-1] = 2
+	if _, err := DecodeJoin(b); !errors.Is(err, base.ErrProtocol) || !strings.Contains(err.Error(), "watch flag 2") {
+		t.Fatalf("watch flag 2: err = %v, want ErrProtocol naming it", err)
+	}
+}
