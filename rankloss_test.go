@@ -418,18 +418,7 @@ func TestClusterRoundLostInTransport(t *testing.T) {
 	// Rank 1 stays after its error (its process does not go, which
 	// would fail the round too).
 	ps := start(true, "add", "add", "sleep")
-	testutil.WaitFor(t, 60*time.Second, func() error {
-		in, err := ddstore.QueryAgent(a.socket, ns, "a")
-		if err != nil {
-			return err
-		}
-		for _, c := range in.Collectives {
-			if c.Kind == "publish" && c.Name == "x" && slices.Equal(c.Ranks, []int64{0, 1}) {
-				return nil
-			}
-		}
-		return fmt.Errorf("the coordinator holds %+v, want the publish of x with ranks 0 and 1", in.Collectives)
-	})
+	waitPublish(t, a, ns, "x", 0, 1)
 	if n := proxy.cut(); n == 0 {
 		t.Fatal("node b holds no connection to the coordinator through the proxy")
 	}
@@ -485,18 +474,7 @@ func TestClusterNodeAgentKilledMidRound(t *testing.T) {
 		return ps
 	}
 	ps := start("", "add+add", "add+sleep", "add+sleep", "add+add")
-	testutil.WaitFor(t, 60*time.Second, func() error {
-		in, err := ddstore.QueryAgent(a.socket, ns, "a")
-		if err != nil {
-			return err
-		}
-		for _, c := range in.Collectives {
-			if c.Kind == "publish" && c.Name == "y" && slices.Equal(c.Ranks, []int64{0, 3}) {
-				return nil
-			}
-		}
-		return fmt.Errorf("the coordinator holds %+v, want the publish of y with ranks 0 and 3", in.Collectives)
-	})
+	waitPublish(t, a, ns, "y", 0, 3)
 	for r := 1; r <= 2; r++ {
 		if got := ps[r].out.String(); got != "open\nok\n" {
 			t.Fatalf("rank %d before its agent was killed: %q, want x added", r, got)
@@ -550,43 +528,18 @@ func TestClusterRoundReplyLostAfterItCompleted(t *testing.T) {
 		startRank(t, rankArgs{NS: ns, Node: "a", RunDir: runDir, Rank: 0, Size: 2, Op: "add+add"}),
 		startRank(t, rankArgs{NS: ns, Node: "b", RunDir: runDir, Rank: 1, Size: 2, Op: "add+wait+add"}),
 	}
-	pendingY := func() (bool, error) {
-		in, err := ddstore.QueryAgent(a.socket, ns, "a")
-		if err != nil {
-			return false, err
-		}
-		for _, c := range in.Collectives {
-			if c.Kind == "publish" && c.Name == "y" {
-				return slices.Equal(c.Ranks, []int64{0}), nil
-			}
-		}
-		return false, nil
-	}
 	testutil.WaitFor(t, 60*time.Second, func() error {
 		if got := ps[1].out.String(); got != "open\nok\n" {
 			return fmt.Errorf("rank 1 printed %q, want x added", got)
 		}
-		if ok, err := pendingY(); !ok || err != nil {
-			return fmt.Errorf("the round of y holds not only rank 0 (%v)", err)
-		}
 		return nil
 	})
+	waitPublish(t, a, ns, "y", 0)
 	proxy.mute()
 	if _, err := io.WriteString(ps[1].stdin, "go\n"); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 60*time.Second, func() error {
-		in, err := ddstore.QueryAgent(a.socket, ns, "a")
-		if err != nil {
-			return err
-		}
-		for _, c := range in.Collectives {
-			if c.Kind == "publish" && c.Name == "y" {
-				return fmt.Errorf("the round of y is still pending: %+v", c)
-			}
-		}
-		return nil
-	})
+	waitPublish(t, a, ns, "y") // complete
 	if n := proxy.cut(); n == 0 {
 		t.Fatal("node b holds no connection to the coordinator through the proxy")
 	}
@@ -603,4 +556,29 @@ func TestClusterRoundReplyLostAfterItCompleted(t *testing.T) {
 		t.Errorf("node b kept %d ranks' shards of completed rounds and reported %d out of theirs, want 1 and 0",
 			in.Counters["rounds_kept"], in.Counters["rounds_lost"])
 	}
+}
+
+// waitPublish waits until the coordinator, agent a, holds the pending
+// publish round of variable name with exactly ranks come; with no ranks,
+// until it holds none of name (it completed, or never began).
+func waitPublish(t *testing.T, a *agentProc, ns, name string, ranks ...int64) {
+	t.Helper()
+	testutil.WaitFor(t, 60*time.Second, func() error {
+		in, err := ddstore.QueryAgent(a.socket, ns, a.node)
+		if err != nil {
+			return err
+		}
+		for _, c := range in.Collectives {
+			if c.Kind == "publish" && c.Name == name {
+				if len(ranks) > 0 && slices.Equal(c.Ranks, ranks) {
+					return nil
+				}
+				return fmt.Errorf("the coordinator holds the publish of %q with ranks %v, want %v", name, c.Ranks, ranks)
+			}
+		}
+		if len(ranks) == 0 {
+			return nil
+		}
+		return fmt.Errorf("the coordinator holds %+v, want the publish of %q with ranks %v", in.Collectives, name, ranks)
+	})
 }
