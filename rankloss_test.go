@@ -306,9 +306,9 @@ type cutProxy struct {
 	l     net.Listener
 	mu    sync.Mutex
 	conns []net.Conn
-	// mutes, one per pair of conns: while set, what the far end sends
-	// back on that connection is dropped (mute).
-	mutes []*atomic.Bool
+	// muted: while set, what the far end sends back is dropped (mute,
+	// until cut).
+	muted atomic.Bool
 	wg    sync.WaitGroup
 }
 
@@ -332,10 +332,8 @@ func startCutProxy(t *testing.T, to string) *cutProxy {
 				in.Close()
 				continue
 			}
-			muted := new(atomic.Bool)
 			p.mu.Lock()
 			p.conns = append(p.conns, in, out)
-			p.mutes = append(p.mutes, muted)
 			p.mu.Unlock()
 			for i, pair := range [][2]net.Conn{{in, out}, {out, in}} {
 				p.wg.Add(1)
@@ -344,7 +342,7 @@ func startCutProxy(t *testing.T, to string) *cutProxy {
 					buf := make([]byte, 32<<10)
 					for {
 						n, err := pair[1].Read(buf)
-						if n > 0 && (i == 1 || !muted.Load()) {
+						if n > 0 && (i == 1 || !p.muted.Load()) {
 							if _, err := pair[0].Write(buf[:n]); err != nil {
 								break
 							}
@@ -369,27 +367,23 @@ func startCutProxy(t *testing.T, to string) *cutProxy {
 
 func (p *cutProxy) addr() string { return p.l.Addr().String() }
 
-// cut closes every connection made so far and returns how many pairs.
+// cut closes every connection made so far and returns how many pairs;
+// connections made after it get through both ways (a mute ends).
 func (p *cutProxy) cut() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.muted.Store(false) // before the close: the new connections it brings are not muted
 	for _, c := range p.conns {
 		c.Close()
 	}
 	n := len(p.conns) / 2
-	p.conns, p.mutes = nil, nil
+	p.conns = nil
 	return n
 }
 
-// mute drops from now on what the far end sends back on the connections
-// made so far (until they are cut), as a network that loses replies.
-func (p *cutProxy) mute() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, m := range p.mutes {
-		m.Store(true)
-	}
-}
+// mute drops from now on what the far end sends back, on every
+// connection until the next cut, as a network that loses replies.
+func (p *cutProxy) mute() { p.muted.Store(true) }
 
 // TestClusterRoundLostInTransport: of a job of three ranks (nodes a, b,
 // a; a coordinates), ranks 0 and 1 wait in an Add that rank 2 has not
