@@ -34,7 +34,9 @@ type rankArgs struct {
 	// Op: "add", "fence", or "sleep" (until its stdin closes); "add+add"
 	// adds "x" then "y", "add+sleep" adds "x" (printing "ok") then sleeps,
 	// "add+wait+add" adds "x" (printing "ok") and, once a line comes on
-	// its stdin, "y".
+	// its stdin, "y"; "add+add+wait+z" adds "x" and "y" (printing how
+	// y went; an error of x ends it) and, once a line comes, "z"; "z"
+	// adds "z".
 	Op             string
 	PublishTimeout time.Duration // 0: 300 s
 	// Prefix goes before the names of the variables it adds.
@@ -91,7 +93,7 @@ func rankLossRank(a rankArgs) int {
 		return true
 	}
 	switch a.Op {
-	case "add", "add+add", "add+sleep", "add+wait+add":
+	case "add", "add+add", "add+sleep", "add+wait+add", "add+add+wait+z":
 		if !add(a.Prefix + "x") {
 			return 3
 		}
@@ -114,6 +116,23 @@ func rankLossRank(a rankArgs) int {
 			fmt.Println("ok")
 			io.Copy(io.Discard, os.Stdin)
 			return 0
+		case a.Op == "add+add+wait+z":
+			if !add(a.Prefix + "y") {
+				return 3
+			}
+			printResult(err) // and the rank goes on
+			err = nil
+			if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 3
+			}
+			if !add(a.Prefix + "z") {
+				return 3
+			}
+		}
+	case "z":
+		if !add(a.Prefix + "z") {
+			return 3
 		}
 	case "fence":
 		err = s.Fence()
@@ -121,24 +140,30 @@ func rankLossRank(a rankArgs) int {
 		io.Copy(io.Discard, os.Stdin)
 		return 0
 	}
-	if err != nil {
-		kinds := ""
-		for _, k := range []struct {
-			name string
-			err  error
-		}{{"peer", ddstore.ErrPeer}, {"timeout", ddstore.ErrTimeout}} {
-			if errors.Is(err, k.err) {
-				kinds += k.name + " "
-			}
-		}
-		fmt.Printf("err: %s%v\n", kinds, err)
-	} else {
-		fmt.Println("ok")
-	}
+	printResult(err)
 	if a.Linger {
 		io.Copy(io.Discard, os.Stdin)
 	}
 	return 0
+}
+
+// printResult prints a rank's result: "ok", or "err: " and the error,
+// wrapped kinds first ("peer", "timeout").
+func printResult(err error) {
+	if err == nil {
+		fmt.Println("ok")
+		return
+	}
+	kinds := ""
+	for _, k := range []struct {
+		name string
+		err  error
+	}{{"peer", ddstore.ErrPeer}, {"timeout", ddstore.ErrTimeout}} {
+		if errors.Is(err, k.err) {
+			kinds += k.name + " "
+		}
+	}
+	fmt.Printf("err: %s%v\n", kinds, err)
 }
 
 // rankProc is a running rank process.
@@ -450,8 +475,8 @@ func TestClusterRoundLostInTransport(t *testing.T) {
 // address refuse, and fails the round: ranks 0 and 3 get ErrPeer naming
 // node b at once (the publish and join timeouts are 300 s: waiting for
 // them would outlast the test's deadline). Node b's agent is started
-// again; a new job of four ranks on both nodes then adds and reads
-// across them.
+// again, ranks 1 and 2 start again on it, and the job goes on: all four
+// add "z" and read it across both nodes.
 func TestClusterNodeAgentKilledMidRound(t *testing.T) {
 	ns := fmt.Sprintf("nodekill%d", os.Getpid())
 	runDir := filepath.Join(t.TempDir(), "run")
@@ -460,14 +485,10 @@ func TestClusterNodeAgentKilledMidRound(t *testing.T) {
 	a := startAgentProc(t, ns, "a", runDir, rdv, "--join-timeout", "300s")
 	b := startAgentProc(t, ns, "b", runDir, rdv, "--join-timeout", "300s")
 	nodes := []string{"a", "b", "b", "a"}
-	start := func(prefix string, ops ...string) []*rankProc {
-		var ps []*rankProc
-		for r, o := range ops {
-			ps = append(ps, startRank(t, rankArgs{NS: ns, Node: nodes[r], RunDir: runDir, Rank: r, Size: len(ops), Op: o, Prefix: prefix}))
-		}
-		return ps
+	rank := func(r int, op string) *rankProc {
+		return startRank(t, rankArgs{NS: ns, Node: nodes[r], RunDir: runDir, Rank: r, Size: len(nodes), Op: op})
 	}
-	ps := start("", "add+add", "add+sleep", "add+sleep", "add+add")
+	ps := []*rankProc{rank(0, "add+add+wait+z"), rank(1, "add+sleep"), rank(2, "add+sleep"), rank(3, "add+add+wait+z")}
 	waitPublish(t, a, ns, "y", 0, 3)
 	for r := 1; r <= 2; r++ {
 		if got := ps[r].out.String(); got != "open\nok\n" {
@@ -477,10 +498,17 @@ func TestClusterNodeAgentKilledMidRound(t *testing.T) {
 	b.cmd.Process.Kill()
 	b.cmd.Wait()
 	for _, r := range []int{0, 3} {
-		got := ps[r].result(t, fmt.Sprintf("rank %d", r))
-		if !strings.HasPrefix(got, "err: peer ") || !strings.Contains(got, `variable "y"`) || !strings.Contains(got, `node "b"`) {
-			t.Fatalf("rank %d of the job whose node b's agent was killed: %q, want an ErrPeer of y naming node b", r, got)
-		}
+		testutil.WaitFor(t, 90*time.Second, func() error {
+			got := ps[r].out.String()
+			if !strings.HasPrefix(got, "open\n") || !strings.HasSuffix(got, "\n") || got == "open\n" {
+				return fmt.Errorf("rank %d printed %q so far, want y's result", r, got)
+			}
+			got = strings.TrimSpace(strings.TrimPrefix(got, "open\n"))
+			if !strings.HasPrefix(got, "err: peer ") || !strings.Contains(got, `variable "y"`) || !strings.Contains(got, `node "b"`) {
+				t.Fatalf("rank %d of the job whose node b's agent was killed: %q, want an ErrPeer of y naming node b", r, got)
+			}
+			return nil
+		})
 	}
 	for r := 1; r <= 2; r++ {
 		ps[r].stdin.Close()
@@ -494,9 +522,19 @@ func TestClusterNodeAgentKilledMidRound(t *testing.T) {
 		t.Errorf("the coordinator found %d nodes gone, want 1", in.Counters["nodes_gone"])
 	}
 	startAgentProc(t, ns, "b", runDir, rdv, "--join-timeout", "300s")
-	for r, p := range start("new-", "add", "add", "add", "add") {
-		if got := p.result(t, fmt.Sprintf("rank %d of the new job", r)); got != "ok" {
-			t.Fatalf("rank %d of the job started after node b's agent came back: %q, want ok", r, got)
+	ps[1], ps[2] = rank(1, "z"), rank(2, "z")
+	for _, r := range []int{0, 3} {
+		if _, err := io.WriteString(ps[r].stdin, "go on\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for r, p := range ps {
+		got := p.result(t, fmt.Sprintf("rank %d", r))
+		if i := strings.LastIndexByte(got, '\n'); i >= 0 {
+			got = got[i+1:] // the survivors printed y's result before
+		}
+		if got != "ok" {
+			t.Fatalf("rank %d's Add of z after node b's agent came back: %q, want ok", r, got)
 		}
 	}
 }
