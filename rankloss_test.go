@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -30,8 +31,16 @@ import (
 type rankArgs struct {
 	NS, Node, RunDir string
 	Rank, Size       int
-	Op               string        // "add", "fence", or "sleep" (until its stdin closes)
-	PublishTimeout   time.Duration // 0: 300 s
+	// Op: "add", "fence", or "sleep" (until its stdin closes); "add+add"
+	// adds "x" then "y", "add+sleep" adds "x" (printing "ok") then sleeps,
+	// "add+wait+add" adds "x" (printing "ok") and, once a line comes on
+	// its stdin, "y"; "add+add+wait+z" adds "x" and "y" (printing how
+	// y went; an error of x ends it) and, once a line comes, "z"; "z"
+	// adds "z".
+	Op             string
+	PublishTimeout time.Duration // 0: 300 s
+	// Prefix goes before the names of the variables it adds.
+	Prefix string
 	// Linger: after printing its result the rank stays, its store
 	// open, until its stdin closes (a rank that goes on after an error).
 	Linger bool
@@ -59,27 +68,71 @@ func rankLossRank(a rankArgs) int {
 	}
 	defer s.Close()
 	fmt.Println("open")
-	switch a.Op {
-	case "add":
+	// add adds variable name and reads every rank's rows of it, this
+	// node's and the others'; false: a row read wrong.
+	add := func(name string) bool {
 		rows := make([]byte, rankRows*8)
 		for i := range rankRows {
 			binary.LittleEndian.PutUint64(rows[i*8:], uint64(a.Rank*rankRows+i))
 		}
-		if err = s.Add("x", rows, 8, 1); err == nil {
-			// Every rank's rows, this node's and the other's.
+		if err = s.Add(name, rows, 8, 1); err == nil {
 			all := make([]int64, a.Size*rankRows)
 			for i := range all {
 				all[i] = int64(i)
 			}
 			got := make([]byte, len(all)*8)
-			if err = s.GetBatch("x", got, all); err == nil {
+			if err = s.GetBatch(name, got, all); err == nil {
 				for i := range all {
 					if v := binary.LittleEndian.Uint64(got[i*8:]); v != uint64(i) {
-						fmt.Fprintf(os.Stderr, "row %d holds %d\n", i, v)
-						return 3
+						fmt.Fprintf(os.Stderr, "row %d of %q holds %d\n", i, name, v)
+						return false
 					}
 				}
 			}
+		}
+		return true
+	}
+	switch a.Op {
+	case "add", "add+add", "add+sleep", "add+wait+add", "add+add+wait+z":
+		if !add(a.Prefix + "x") {
+			return 3
+		}
+		switch {
+		case err != nil:
+		case a.Op == "add+add":
+			if !add(a.Prefix + "y") {
+				return 3
+			}
+		case a.Op == "add+wait+add":
+			fmt.Println("ok")
+			if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 3
+			}
+			if !add(a.Prefix + "y") {
+				return 3
+			}
+		case a.Op == "add+sleep":
+			fmt.Println("ok")
+			io.Copy(io.Discard, os.Stdin)
+			return 0
+		case a.Op == "add+add+wait+z":
+			if !add(a.Prefix + "y") {
+				return 3
+			}
+			printResult(err) // and the rank goes on
+			err = nil
+			if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 3
+			}
+			if !add(a.Prefix + "z") {
+				return 3
+			}
+		}
+	case "z":
+		if !add(a.Prefix + "z") {
+			return 3
 		}
 	case "fence":
 		err = s.Fence()
@@ -87,24 +140,30 @@ func rankLossRank(a rankArgs) int {
 		io.Copy(io.Discard, os.Stdin)
 		return 0
 	}
-	if err != nil {
-		kinds := ""
-		for _, k := range []struct {
-			name string
-			err  error
-		}{{"peer", ddstore.ErrPeer}, {"timeout", ddstore.ErrTimeout}} {
-			if errors.Is(err, k.err) {
-				kinds += k.name + " "
-			}
-		}
-		fmt.Printf("err: %s%v\n", kinds, err)
-	} else {
-		fmt.Println("ok")
-	}
+	printResult(err)
 	if a.Linger {
 		io.Copy(io.Discard, os.Stdin)
 	}
 	return 0
+}
+
+// printResult prints a rank's result: "ok", or "err: " and the error,
+// wrapped kinds first ("peer", "timeout").
+func printResult(err error) {
+	if err == nil {
+		fmt.Println("ok")
+		return
+	}
+	kinds := ""
+	for _, k := range []struct {
+		name string
+		err  error
+	}{{"peer", ddstore.ErrPeer}, {"timeout", ddstore.ErrTimeout}} {
+		if errors.Is(err, k.err) {
+			kinds += k.name + " "
+		}
+	}
+	fmt.Printf("err: %s%v\n", kinds, err)
 }
 
 // rankProc is a running rank process.
@@ -272,6 +331,9 @@ type cutProxy struct {
 	l     net.Listener
 	mu    sync.Mutex
 	conns []net.Conn
+	// muted: while set, what the far end sends back is dropped (mute,
+	// until cut).
+	muted atomic.Bool
 	wg    sync.WaitGroup
 }
 
@@ -298,11 +360,22 @@ func startCutProxy(t *testing.T, to string) *cutProxy {
 			p.mu.Lock()
 			p.conns = append(p.conns, in, out)
 			p.mu.Unlock()
-			for _, pair := range [][2]net.Conn{{in, out}, {out, in}} {
+			for i, pair := range [][2]net.Conn{{in, out}, {out, in}} {
 				p.wg.Add(1)
 				go func() {
 					defer p.wg.Done()
-					io.Copy(pair[0], pair[1])
+					buf := make([]byte, 32<<10)
+					for {
+						n, err := pair[1].Read(buf)
+						if n > 0 && (i == 1 || !p.muted.Load()) {
+							if _, err := pair[0].Write(buf[:n]); err != nil {
+								break
+							}
+						}
+						if err != nil {
+							break
+						}
+					}
 					pair[0].Close()
 					pair[1].Close()
 				}()
@@ -319,10 +392,12 @@ func startCutProxy(t *testing.T, to string) *cutProxy {
 
 func (p *cutProxy) addr() string { return p.l.Addr().String() }
 
-// cut closes every connection made so far and returns how many pairs.
+// cut closes every connection made so far and returns how many pairs;
+// connections made after it get through both ways (a mute ends).
 func (p *cutProxy) cut() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.muted.Store(false) // before the close: the new connections it brings are not muted
 	for _, c := range p.conns {
 		c.Close()
 	}
@@ -330,6 +405,10 @@ func (p *cutProxy) cut() int {
 	p.conns = nil
 	return n
 }
+
+// mute drops from now on what the far end sends back, on every
+// connection until the next cut, as a network that loses replies.
+func (p *cutProxy) mute() { p.muted.Store(true) }
 
 // TestClusterRoundLostInTransport: of a job of three ranks (nodes a, b,
 // a; a coordinates), ranks 0 and 1 wait in an Add that rank 2 has not
@@ -358,18 +437,7 @@ func TestClusterRoundLostInTransport(t *testing.T) {
 	// Rank 1 stays after its error (its process does not go, which
 	// would fail the round too).
 	ps := start(true, "add", "add", "sleep")
-	testutil.WaitFor(t, 60*time.Second, func() error {
-		in, err := ddstore.QueryAgent(a.socket, ns, "a")
-		if err != nil {
-			return err
-		}
-		for _, c := range in.Collectives {
-			if c.Kind == "publish" && c.Name == "x" && slices.Equal(c.Ranks, []int64{0, 1}) {
-				return nil
-			}
-		}
-		return fmt.Errorf("the coordinator holds %+v, want the publish of x with ranks 0 and 1", in.Collectives)
-	})
+	waitPublish(t, a, ns, "x", 0, 1)
 	if n := proxy.cut(); n == 0 {
 		t.Fatal("node b holds no connection to the coordinator through the proxy")
 	}
@@ -397,4 +465,152 @@ func TestClusterRoundLostInTransport(t *testing.T) {
 			t.Fatalf("rank %d of the job started after: %q, want ok", r, got)
 		}
 	}
+}
+
+// TestClusterNodeAgentKilledMidRound: a job of four ranks (nodes a, b,
+// b, a; a coordinates) adds "x"; then ranks 0 and 3 wait in the Add of
+// "y" that ranks 1 and 2 have not reached, and node b's agent, which
+// holds ranks 1 and 2, is SIGKILLed while no request of it waits on the
+// coordinator. The coordinator sees the agent's watch close and its
+// address refuse, and fails the round: ranks 0 and 3 get ErrPeer naming
+// node b at once (the publish and join timeouts are 300 s: waiting for
+// them would outlast the test's deadline). Node b's agent is started
+// again, ranks 1 and 2 start again on it, and the job goes on: all four
+// add "z" and read it across both nodes.
+func TestClusterNodeAgentKilledMidRound(t *testing.T) {
+	ns := fmt.Sprintf("nodekill%d", os.Getpid())
+	runDir := filepath.Join(t.TempDir(), "run")
+	removeSegmentsAtEnd(t, ns)
+	rdv := freeAddr(t)
+	a := startAgentProc(t, ns, "a", runDir, rdv, "--join-timeout", "300s")
+	b := startAgentProc(t, ns, "b", runDir, rdv, "--join-timeout", "300s")
+	nodes := []string{"a", "b", "b", "a"}
+	rank := func(r int, op string) *rankProc {
+		return startRank(t, rankArgs{NS: ns, Node: nodes[r], RunDir: runDir, Rank: r, Size: len(nodes), Op: op})
+	}
+	ps := []*rankProc{rank(0, "add+add+wait+z"), rank(1, "add+sleep"), rank(2, "add+sleep"), rank(3, "add+add+wait+z")}
+	waitPublish(t, a, ns, "y", 0, 3)
+	for r := 1; r <= 2; r++ {
+		if got := ps[r].out.String(); got != "open\nok\n" {
+			t.Fatalf("rank %d before its agent was killed: %q, want x added", r, got)
+		}
+	}
+	b.cmd.Process.Kill()
+	b.cmd.Wait()
+	for _, r := range []int{0, 3} {
+		testutil.WaitFor(t, 90*time.Second, func() error {
+			got := ps[r].out.String()
+			if !strings.HasPrefix(got, "open\n") || !strings.HasSuffix(got, "\n") || got == "open\n" {
+				return fmt.Errorf("rank %d printed %q so far, want y's result", r, got)
+			}
+			got = strings.TrimSpace(strings.TrimPrefix(got, "open\n"))
+			if !strings.HasPrefix(got, "err: peer ") || !strings.Contains(got, `variable "y"`) || !strings.Contains(got, `node "b"`) {
+				t.Fatalf("rank %d of the job whose node b's agent was killed: %q, want an ErrPeer of y naming node b", r, got)
+			}
+			return nil
+		})
+	}
+	for r := 1; r <= 2; r++ {
+		ps[r].stdin.Close()
+		ps[r].result(t, fmt.Sprintf("rank %d", r))
+	}
+	in, err := ddstore.QueryAgent(a.socket, ns, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Counters["nodes_gone"] != 1 {
+		t.Errorf("the coordinator found %d nodes gone, want 1", in.Counters["nodes_gone"])
+	}
+	startAgentProc(t, ns, "b", runDir, rdv, "--join-timeout", "300s")
+	ps[1], ps[2] = rank(1, "z"), rank(2, "z")
+	for _, r := range []int{0, 3} {
+		if _, err := io.WriteString(ps[r].stdin, "go on\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for r, p := range ps {
+		got := p.result(t, fmt.Sprintf("rank %d", r))
+		if i := strings.LastIndexByte(got, '\n'); i >= 0 {
+			got = got[i+1:] // the survivors printed y's result before
+		}
+		if got != "ok" {
+			t.Fatalf("rank %d's Add of z after node b's agent came back: %q, want ok", r, got)
+		}
+	}
+}
+
+// TestClusterRoundReplyLostAfterItCompleted: of a job of two ranks (nodes
+// a and b; a coordinates, b meets it through a proxy), rank 0 waits in
+// the Add of "y"; then the proxy drops what the coordinator sends node b,
+// and rank 1 comes: its shard completes the round, and the table on its
+// way to node b is lost. Once the round is complete on the coordinator
+// the proxy cuts b's connections; b's agent reports rank 1 out of the
+// round, hears that the variable exists, and keeps rank 1's shard with
+// the coordinator's table. Both ranks' Adds succeed and each reads every
+// row, node b's included (rank 0 holds a table that points to it).
+func TestClusterRoundReplyLostAfterItCompleted(t *testing.T) {
+	ns := fmt.Sprintf("rkept%d", os.Getpid())
+	runDir := filepath.Join(t.TempDir(), "run")
+	removeSegmentsAtEnd(t, ns)
+	rdv := freeAddr(t)
+	a := startAgentProc(t, ns, "a", runDir, rdv, "--join-timeout", "300s")
+	proxy := startCutProxy(t, rdv)
+	b := startAgentProc(t, ns, "b", runDir, proxy.addr(), "--join-timeout", "300s")
+	ps := []*rankProc{
+		startRank(t, rankArgs{NS: ns, Node: "a", RunDir: runDir, Rank: 0, Size: 2, Op: "add+add"}),
+		startRank(t, rankArgs{NS: ns, Node: "b", RunDir: runDir, Rank: 1, Size: 2, Op: "add+wait+add"}),
+	}
+	testutil.WaitFor(t, 60*time.Second, func() error {
+		if got := ps[1].out.String(); got != "open\nok\n" {
+			return fmt.Errorf("rank 1 printed %q, want x added", got)
+		}
+		return nil
+	})
+	waitPublish(t, a, ns, "y", 0)
+	proxy.mute()
+	if _, err := io.WriteString(ps[1].stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	waitPublish(t, a, ns, "y") // complete
+	if n := proxy.cut(); n == 0 {
+		t.Fatal("node b holds no connection to the coordinator through the proxy")
+	}
+	for r, want := range []string{"ok", "ok\nok"} {
+		if got := ps[r].result(t, fmt.Sprintf("rank %d", r)); got != want {
+			t.Fatalf("rank %d of the round whose table to node b was lost: %q, want %q", r, got, want)
+		}
+	}
+	in, err := ddstore.QueryAgent(b.socket, ns, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Counters["rounds_kept"] != 1 || in.Counters["rounds_lost"] != 0 {
+		t.Errorf("node b kept %d ranks' shards of completed rounds and reported %d out of theirs, want 1 and 0",
+			in.Counters["rounds_kept"], in.Counters["rounds_lost"])
+	}
+}
+
+// waitPublish waits until the coordinator, agent a, holds the pending
+// publish round of variable name with exactly ranks come; with no ranks,
+// until it holds none of name (it completed, or never began).
+func waitPublish(t *testing.T, a *agentProc, ns, name string, ranks ...int64) {
+	t.Helper()
+	testutil.WaitFor(t, 60*time.Second, func() error {
+		in, err := ddstore.QueryAgent(a.socket, ns, a.node)
+		if err != nil {
+			return err
+		}
+		for _, c := range in.Collectives {
+			if c.Kind == "publish" && c.Name == name {
+				if len(ranks) > 0 && slices.Equal(c.Ranks, ranks) {
+					return nil
+				}
+				return fmt.Errorf("the coordinator holds the publish of %q with ranks %v, want %v", name, c.Ranks, ranks)
+			}
+		}
+		if len(ranks) == 0 {
+			return nil
+		}
+		return fmt.Errorf("the coordinator holds %+v, want the publish of %q with ranks %v", in.Collectives, name, ranks)
+	})
 }

@@ -202,6 +202,13 @@ type stats struct {
 	// roundsLost counts ranks of this node the agent told the
 	// coordinator were out of their round (reportLost).
 	roundsLost atomic.Int64
+	// roundsKept counts ranks of this node whose answer from the
+	// coordinator was lost after their round completed, which kept their
+	// shard (reportLost).
+	roundsKept atomic.Int64
+	// nodesGone counts, on the coordinator, nodes whose agent it found
+	// gone (holdWatch).
+	nodesGone atomic.Int64
 	// errorKinds counts errors answered to clients by kind.
 	errorKinds errorKinds
 	// coord counts what the coordinator receives and sends over the peer
@@ -548,7 +555,7 @@ func (a *Agent) info() Info {
 		"coord_messages_in": int(s.coord.in.Load()), "coord_bytes_in": int(s.coord.inBytes.Load()),
 		"coord_messages_out": int(s.coord.out.Load()), "coord_bytes_out": int(s.coord.outBytes.Load()),
 		"manifest_writes": int(a.saves.written.Load()), "tables_relayed": int(s.tablesRelayed.Load()),
-		"rounds_lost": int(s.roundsLost.Load()), "goroutines": runtime.NumGoroutine(), "peer_conns_out": a.pool.Conns(), "peer_conns_in": a.peer.Conns(),
+		"rounds_lost": int(s.roundsLost.Load()), "rounds_kept": int(s.roundsKept.Load()), "nodes_gone": int(s.nodesGone.Load()), "goroutines": runtime.NumGoroutine(), "peer_conns_out": a.pool.Conns(), "peer_conns_in": a.peer.Conns(),
 		"peer_conns_idle_closed": int(a.pool.IdleClosed()),
 	}
 	s.errorKinds.counters(in.Counters)

@@ -19,6 +19,7 @@ import (
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/coord"
 	"github.com/ddstore-go/ddstore/internal/rendezvous"
+	"github.com/ddstore-go/ddstore/internal/transport"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
@@ -32,6 +33,11 @@ type coordinator struct {
 		core    *coord.Coordinator
 		next    uint64             // the last request id
 		waiting map[uint64]*waiter // requests whose reply is due
+		// watches are the nodes' watching Joins by their numbers (the
+		// last one of each node): a watch's connection closing says
+		// the node's agent went only while no later one speaks for it.
+		watches  map[string]uint64
+		watchSeq uint64
 	}
 	fanout int // relayFanout, unless configured
 }
@@ -63,6 +69,7 @@ func newCoordinator() *coordinator {
 	c := &coordinator{fanout: relayFanout}
 	c.mu.core = coord.New()
 	c.mu.waiting = make(map[uint64]*waiter)
+	c.mu.watches = make(map[string]uint64)
 	return c
 }
 
@@ -118,7 +125,7 @@ func (c *coordinator) relaysLocked(replies []coord.Reply) map[uint64]string {
 // table), a rank disagrees (an error for all), or timeout has passed or ctx
 // ended (the round fails with ErrTimeout for every rank).
 func (c *coordinator) publish(ctx context.Context, sh wire.Shard, timeout time.Duration) (*wire.Table, error) {
-	r := c.await(ctx, timeout, &waiter{}, func(now time.Time, req uint64) []coord.Reply {
+	r := c.await(ctx, timeout, &waiter{node: sh.Node}, func(now time.Time, req uint64) []coord.Reply {
 		return c.mu.core.Publish(now, req, sh, now.Add(timeout))
 	})
 	return r.Table, r.Err
@@ -201,17 +208,26 @@ func (c *coordinator) await(ctx context.Context, timeout time.Duration, w *waite
 	c.mu.Unlock()
 	t := time.NewTimer(timeout)
 	defer t.Stop()
-	left := false
+	why := ""
 	select {
 	case r := <-ch:
 		return r
 	case <-t.C:
 	case <-ctx.Done():
-		left = errors.Is(context.Cause(ctx), errClientLeft)
+		switch cause := context.Cause(ctx); {
+		case errors.Is(cause, errClientLeft):
+			why = "went away before it ended: its client closed the connection that waited (the process exited or was killed?)"
+		case errors.Is(cause, transport.ErrConnClosed):
+			on := ""
+			if w.node != "" {
+				on = fmt.Sprintf(" on node %q", w.node)
+			}
+			why = fmt.Sprintf("is out of it: the connection from its agent%s to the coordinator closed while it waited (the agent was killed or stopped?)", on)
+		}
 	}
 	c.mu.Lock()
-	if left {
-		c.deliverLocked(c.mu.core.Leave(time.Now(), req, base.ErrPeer, "went away before it ended: its client closed the connection that waited (the process exited or was killed?)"))
+	if why != "" {
+		c.deliverLocked(c.mu.core.Leave(time.Now(), req, base.ErrPeer, why))
 	} else {
 		c.deliverLocked(c.mu.core.Expire(time.Now(), req))
 	}
@@ -225,6 +241,38 @@ func (c *coordinator) gone(g wire.Gone) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.deliverLocked(c.mu.core.Gone(time.Now(), g))
+}
+
+// nodeGone is coord.Coordinator.NodeGone: a node's agent went away. It
+// returns how many waiting requests failed with it.
+func (c *coordinator) nodeGone(node, why string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	replies := c.mu.core.NodeGone(time.Now(), node, why)
+	c.deliverLocked(replies)
+	return len(replies)
+}
+
+// watch numbers a new watching Join of node, which speaks for the node
+// from now on.
+func (c *coordinator) watch(node string) uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.mu.watchSeq++
+	c.mu.watches[node] = c.mu.watchSeq
+	return c.mu.watchSeq
+}
+
+// unwatch ends node's watch number seq and says whether it was the last
+// one of the node (no later watch speaks for it).
+func (c *coordinator) unwatch(node string, seq uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mu.watches[node] != seq {
+		return false
+	}
+	delete(c.mu.watches, node)
+	return true
 }
 
 func (c *coordinator) join(node, addr string) {
@@ -340,6 +388,7 @@ func (a *Agent) coordinatorAddr(ctx context.Context) (string, error) {
 		return "", err
 	}
 	a.joined = addr
+	a.go_(func() { a.watchCoordinator(addr) })
 	return addr, nil
 }
 
@@ -420,6 +469,68 @@ func (a *Agent) coordBarrier(ctx context.Context, m wire.Barrier) error {
 	return err
 }
 
+// watchCoordinator holds a watching Join (wire.Join.Watch) on the
+// coordinator at addr while the agent runs: the coordinator learns from
+// its connection closing that this agent went — a killed process's
+// sockets close with it — and fails at once the collectives that wait
+// on this node's ranks (holdWatch). A watch that ends while the agent
+// runs (the coordinator restarted, the connection dropped) is made
+// again, which joins a restarted coordinator too.
+func (a *Agent) watchCoordinator(addr string) {
+	j := wire.Join{Node: a.cfg.Node, Addr: a.addr, Namespace: a.cfg.Namespace, Watch: true}
+	const first, most = 50 * time.Millisecond, 2 * time.Second
+	wait := first
+	for {
+		start := time.Now()
+		_, err := a.pool.Call(a.ctx, addr, wire.OpJoin, j.Encode)
+		if a.ctx.Err() != nil {
+			return
+		}
+		if time.Since(start) > most {
+			wait = first // it held a while: not a coordinator that refuses it
+		}
+		a.log.Debug("the watch on the coordinator ended; watching again", "coordinator", addr, "err", err, "in", wait)
+		select {
+		case <-a.ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, most)
+	}
+}
+
+// holdWatch answers a node's watching Join m only when ctx ends. When its
+// connection closed (the node's agent went, or only the connection did),
+// no later watch of the node speaks for it, and the node's address does
+// not answer either, the node's agent is gone: every collective waiting
+// on a rank of the node fails at once (coord.Coordinator.NodeGone).
+func (a *Agent) holdWatch(ctx context.Context, c *coordinator, m wire.Join) error {
+	seq := c.watch(m.Node)
+	<-ctx.Done()
+	last := c.unwatch(m.Node, seq)
+	if last && errors.Is(context.Cause(ctx), transport.ErrConnClosed) && a.ctx.Err() == nil {
+		pctx, cancel := context.WithTimeout(a.ctx, min(a.cfg.Timeout, probeTimeout))
+		_, err := a.pool.Call(pctx, m.Addr, wire.OpPeerInfo, nil)
+		cancel()
+		if err != nil && !base.IsRemote(err) && a.ctx.Err() == nil {
+			a.stats.nodesGone.Add(1)
+			n := c.nodeGone(m.Node, fmt.Sprintf("its connection to the coordinator closed, and its address %s does not answer: %v", m.Addr, err))
+			// A node stopped at the end of a job fails nothing: no warning.
+			log := a.log.Info
+			if n > 0 {
+				log = a.log.Warn
+			}
+			log("a node's agent went away: the collectives waiting on its ranks fail", "node", m.Node, "addr", m.Addr, "failed_requests", n, "err", err)
+		}
+	}
+	return base.Errorf(base.ErrClosed, "the watch of node %q on the coordinator ended", m.Node)
+}
+
+// probeTimeout bounds how long the coordinator waits for a node whose
+// watch closed to answer at its address before it takes it for gone (a
+// killed agent's port refuses at once).
+const probeTimeout = 2 * time.Second
+
 // isCoordinatorOp says whether only the coordinator answers op.
 func isCoordinatorOp(op wire.Op) bool {
 	switch op {
@@ -447,7 +558,10 @@ func (a *Agent) coordinatorOp(ctx context.Context, op wire.Op, body []byte) (fun
 				m.Node, m.Namespace, a.cfg.Namespace)
 		}
 		c.join(m.Node, m.Addr)
-		return nil, nil
+		if !m.Watch {
+			return nil, nil
+		}
+		return nil, a.holdWatch(ctx, c, m)
 	case wire.OpPeerPublish:
 		m, err := wire.DecodeShard(body)
 		if err != nil {

@@ -219,7 +219,9 @@ func (a *Agent) coordRound(ctx context.Context, v *variable, m wire.Shard, local
 		}
 		if err != nil {
 			if why := a.lostRound(ctx, err); why != "" {
-				a.reportLost(addr, m, why)
+				if t := a.reportLost(addr, m, why); t != nil {
+					return t, nil
+				}
 			}
 			return nil, err // the round's error names the variable, a transport's the peer
 		}
@@ -228,7 +230,9 @@ func (a *Agent) coordRound(ctx context.Context, v *variable, m wire.Shard, local
 		case <-ctx.Done():
 			err := fmt.Errorf("%w: variable %q: waiting for the table another rank of node %q fetches: %w", base.ErrTimeout, m.Name, a.cfg.Node, ctx.Err())
 			if why := a.lostRound(ctx, err); why != "" { // its client left
-				a.reportLost(addr, m, why)
+				if t := a.reportLost(addr, m, why); t != nil {
+					return t, nil
+				}
 			}
 			return nil, err
 		}
@@ -246,8 +250,11 @@ func (a *Agent) coordRound(ctx context.Context, v *variable, m wire.Shard, local
 	t, err := a.leadRound(ctx, addr, m)
 	if why := a.lostRound(ctx, err); why != "" {
 		// Before finish: the node's other ranks get the leader's error
-		// once the round has failed everywhere.
-		a.reportLost(addr, m, why)
+		// once the round has failed everywhere — or the table, when the
+		// round had completed.
+		if done := a.reportLost(addr, m, why); done != nil {
+			t, err = done, nil
+		}
 	}
 	if err == nil {
 		// Before finish: the node's other ranks take it from v. An error
@@ -283,7 +290,16 @@ func (a *Agent) lostRound(ctx context.Context, err error) string {
 // every rank at once rather than wait for this one until its timeout. It
 // tries again while the transport fails (a fresh connection may get
 // through), for up to the agent's timeout.
-func (a *Agent) reportLost(addr string, m wire.Shard, why string) {
+//
+// The round may have completed before the report came — the answer the
+// transport lost was the table: the coordinator then answers that the
+// variable exists, and every other rank holds a table that points to
+// this rank's shard. The rank keeps its shard then: reportLost returns
+// the round's table (from the coordinator), for the caller to set as if
+// its answer had come; nil when the round failed, or when neither the
+// report nor the table got through (the caller takes the shard back).
+func (a *Agent) reportLost(addr string, m wire.Shard, why string) *wire.Table {
+	rows := m.Rows
 	m.Failed, m.Lost, m.Node, m.Why = true, true, a.cfg.Node, why
 	ctx, cancel := context.WithTimeout(a.ctx, a.cfg.Timeout)
 	defer cancel()
@@ -293,13 +309,24 @@ func (a *Agent) reportLost(addr string, m wire.Shard, why string) {
 		// The coordinator answers with the round's error, or an error of
 		// its own: either way it knows.
 		err := a.shardBatch.submit(ctx, a, addr, m)
-		if err == nil || base.IsRemote(err) {
-			return
+		if err == nil || base.IsRemote(err) && !errors.Is(err, base.ErrExists) {
+			return nil
+		}
+		if base.IsRemote(err) { // it exists: the round completed
+			t, err := a.coordTable(ctx, addr, m.Name, 0)
+			if err == nil && m.Rank < int64(len(t.ShardRows)) && t.ShardRows[m.Rank] == rows && t.Nodes[t.RankNode[m.Rank]] == a.cfg.Node {
+				a.stats.roundsLost.Add(-1)
+				a.stats.roundsKept.Add(1)
+				a.log.Info("a rank's answer from the coordinator was lost after its round completed: the rank keeps its shard", "variable", m.Name, "rank", m.Rank)
+				return t
+			}
+			a.log.Warn("a rank's round completed, but this node could not get its table: the rank's shard is taken back", "variable", m.Name, "rank", m.Rank, "err", err)
+			return nil
 		}
 		select {
 		case <-ctx.Done():
 			a.log.Warn("could not tell the coordinator that a rank is out of its round", "variable", m.Name, "rank", m.Rank, "err", err)
-			return
+			return nil
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, 200*time.Millisecond)

@@ -58,6 +58,9 @@ type Coordinator struct {
 	// they joined: a process that goes fails its group's collectives
 	// also before it reached them.
 	members map[string]map[int64]uint64
+	// procNodes is the node of each live client process whose shards
+	// said it (Shard.Node): a node that goes takes its processes along.
+	procNodes map[uint64]string
 
 	// LateGrace: see DefaultLateGrace.
 	LateGrace time.Duration
@@ -135,7 +138,7 @@ type fence struct {
 func New() *Coordinator {
 	return &Coordinator{nodes: make(map[string]string), pending: make(map[roundKey]*round), tables: make(map[string]*wire.Table),
 		freed: make(map[string]map[int64]bool), waits: make(map[uint64]*wait), fences: make(map[fenceKey]*fence),
-		members: make(map[string]map[int64]uint64), LateGrace: DefaultLateGrace}
+		members: make(map[string]map[int64]uint64), procNodes: make(map[uint64]string), LateGrace: DefaultLateGrace}
 }
 
 // Join notes a node's agent address; a node that joins again (its agent
@@ -187,6 +190,9 @@ func (c *Coordinator) Publish(now time.Time, req uint64, sh wire.Shard, deadline
 			r.clients[sh.Rank] = sh.Client
 		}
 		c.member(sh.Group, sh.Rank, sh.Client)
+		if sh.Client != 0 && sh.Node != "" {
+			c.procNodes[sh.Client] = sh.Node
+		}
 	}
 	var out []Reply
 	err := r.check(sh)
@@ -317,6 +323,72 @@ func (c *Coordinator) Gone(now time.Time, g wire.Gone) []Reply {
 		if len(ranks) == 0 {
 			delete(c.members, group)
 		}
+	}
+	delete(c.procNodes, g.Client)
+	return out
+}
+
+// NodeGone notes at now that node's agent went away (why: how its driver
+// knows): every pending round and fence with a rank of that node — its
+// shard in, or a process of the node known as one of its ranks, come or
+// not — fails for every rank at once with ErrPeer naming the rank and the
+// node; then each of the node's processes known here is Gone, so that the
+// failed collectives no live process came to are orphaned as Gone says.
+// A rank of the node that never published here is not known to be of it:
+// its collectives wait for it (their deadline). The node's address stays:
+// a restarted agent of the node joins again.
+func (c *Coordinator) NodeGone(now time.Time, node, why string) []Reply {
+	onNode := func(cl uint64) bool { return cl != 0 && c.procNodes[cl] == node }
+	rankOf := func(group string, size int64, came map[int64]uint64, shards map[int64]wire.Shard) (int64, bool) {
+		for _, k := range slices.Sorted(maps.Keys(shards)) {
+			if shards[k].Node == node {
+				return k, true
+			}
+		}
+		for _, k := range slices.Sorted(maps.Keys(came)) {
+			if onNode(came[k]) {
+				return k, true
+			}
+		}
+		ranks := c.members[group]
+		for _, k := range slices.Sorted(maps.Keys(ranks)) {
+			if _, in := came[k]; !in && k < size && onNode(ranks[k]) {
+				return k, true
+			}
+		}
+		return 0, false
+	}
+	fail := func(what string, rank int64) error {
+		return base.Errorf(base.ErrPeer, "%s: rank %d is out of it: the agent of its node %q went away before it ended (%s)", what, rank, node, why)
+	}
+	var out []Reply
+	for _, k := range slices.SortedFunc(maps.Keys(c.pending), func(x, y roundKey) int {
+		return cmp.Or(cmp.Compare(x.name, y.name), cmp.Compare(x.attempt, y.attempt))
+	}) {
+		r := c.pending[k]
+		if rank, ok := rankOf(r.first.Group, r.size, r.clients, r.shards); ok && r.err == nil {
+			out = c.fail(r, fail(fmt.Sprintf("variable %q", r.first.Name), rank), out)
+			r.timedOut = now
+		}
+	}
+	for _, k := range slices.SortedFunc(maps.Keys(c.fences), func(x, y fenceKey) int {
+		return cmp.Or(cmp.Compare(x.key, y.key), cmp.Compare(x.seq, y.seq))
+	}) {
+		f := c.fences[k]
+		if rank, ok := rankOf(f.key.key, f.size, f.clients, nil); ok && f.err == nil {
+			out = c.failFence(f, fail(f.what(), rank), out)
+			f.timedOut = now
+		}
+	}
+	var procs []uint64
+	for cl, n := range c.procNodes {
+		if n == node {
+			procs = append(procs, cl)
+		}
+	}
+	slices.Sort(procs)
+	for _, cl := range procs {
+		out = append(out, c.Gone(now, wire.Gone{Node: node, Client: cl, Rank: -1})...)
 	}
 	return out
 }

@@ -258,3 +258,63 @@ func TestLateRankOfAFirstRoundWhosePeersWent(t *testing.T) {
 		})
 	}
 }
+
+// A node's agent that goes (NodeGone) fails at once every collective
+// waiting on a rank of the node — its shard in, or a process of the node
+// known as one of its ranks that has not come yet — naming the rank and
+// the node; collectives of other nodes' ranks go on; and a restarted
+// agent of the node joins again and its ranks' rounds complete.
+func TestNodeGone(t *testing.T) {
+	r := newRun(t)
+	for _, n := range []string{"a", "b", "c"} {
+		r.c.Join(n, n+":1")
+	}
+	grouped := func(sh wire.Shard, group string) wire.Shard { sh.Group = group; return sh }
+	// v: rank 1 of node b is in, rank 2 missing.
+	v0 := r.publish(of(shard("v", 0, 3, "a"), 10), longWait)
+	v1 := r.publish(of(shard("v", 1, 3, "b"), 11), longWait)
+	// w: rank 1, known (from v) as node b's process 11, has not come.
+	w0 := r.publish(of(shard("w", 0, 3, "a"), 10), longWait)
+	// A fence rank 1 has not reached.
+	f0 := r.barrierOf("", 1, 0, 3, 10)
+	// z: another group's round, of nodes a and c only.
+	z0 := r.publish(of(grouped(shard("z", 0, 2, "a"), "g2"), 20), longWait)
+	r.take(r.c.NodeGone(r.now, "b", "killed, say"))
+	for _, c := range []struct {
+		req  uint64
+		what string
+	}{{v0, `variable "v"`}, {v1, `variable "v"`}, {w0, `variable "w"`}, {f0, "fence 1"}} {
+		checkErr(t, c.what, r.mustReply(c.req, c.what).Err, base.ErrPeer,
+			[]string{c.what, "rank 1 is out of it", `node "b"`, "killed, say"})
+	}
+	if _, ok := r.reply(z0); ok {
+		t.Fatal("a round of other nodes' ranks failed with node b")
+	}
+	// The node's process is gone: nothing more fails with the node.
+	r.take(r.c.NodeGone(r.now, "b", "again"))
+	if _, ok := r.reply(z0); ok {
+		t.Fatal("a round of other nodes' ranks failed when node b went again")
+	}
+	z1 := r.publish(of(grouped(shard("z", 1, 2, "c"), "g2"), 21), longWait)
+	for _, q := range []uint64{z0, z1} {
+		if x := r.mustReply(q, "a rank of z"); x.Err != nil {
+			t.Fatalf("round z: %v", x.Err)
+		}
+	}
+	// The node's agent, restarted on a new port, joins; a new round of its
+	// ranks (a new name) completes and points at the new address.
+	r.c.Join("b", "b:2")
+	var reqs []uint64
+	for k, n := range []string{"a", "b", "c"} {
+		reqs = append(reqs, r.publish(of(shard("u", int64(k), 3, n), uint64(30+k)), longWait))
+	}
+	for _, q := range reqs {
+		x := r.mustReply(q, "a rank of u")
+		if x.Err != nil {
+			t.Fatalf("round u after the node came back: %v", x.Err)
+		}
+		if i := slices.Index(x.Table.Nodes, "b"); i < 0 || x.Table.Addrs[i] != "b:2" {
+			t.Fatalf("round u's table: nodes %v at %v, want b at b:2", x.Table.Nodes, x.Table.Addrs)
+		}
+	}
+}

@@ -64,6 +64,9 @@ type fakeHandler struct {
 	ctlDone   atomic.Int64 // blocking Control calls that returned
 	ctlIn     atomic.Int64 // blocking Control calls under way
 	ctlMax    atomic.Int64 // the most of them under way at once
+	// ctlCauses gets, without blocking, the cause of each blocking
+	// Control call's context that ended it.
+	ctlCauses chan error
 }
 
 func newFakeHandler() *fakeHandler {
@@ -73,6 +76,7 @@ func newFakeHandler() *fakeHandler {
 		ctlGate:     newGate(),
 		rowsEntered: make(chan struct{}, 64),
 		ctlEntered:  make(chan struct{}, 64),
+		ctlCauses:   make(chan error, 64),
 	}
 }
 
@@ -166,6 +170,10 @@ func (h *fakeHandler) Control(ctx context.Context, op wire.Op, body []byte) (fun
 			r := wire.Text{Text: "unblocked"}
 			return r.Encode, nil
 		case <-ctx.Done():
+			select {
+			case h.ctlCauses <- context.Cause(ctx):
+			default:
+			}
 			return nil, base.Errorf(base.ErrClosed, "server closing")
 		}
 	case opFail:

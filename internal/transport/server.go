@@ -296,8 +296,12 @@ func (s *Server) serveConn(nc net.Conn) {
 	}
 	w := &serverConn{nc: nc, timeout: s.timeout}
 	busy := &inFlight{freed: make(chan struct{}, 1)}
+	// The control requests of this connection end with it: a request
+	// waiting in a collective learns that its asker is gone.
+	ctx, cancel := context.WithCancelCause(s.ctx)
 	var ctl sync.WaitGroup
 	defer ctl.Wait()
+	defer cancel(ErrConnClosed)
 	var buf []byte
 	var fetch wire.Fetch
 	var rows [][]byte
@@ -377,7 +381,7 @@ func (s *Server) serveConn(nc net.Conn) {
 		go func(h wire.Header) {
 			defer ctl.Done()
 			defer busy.release(size)
-			fill, err := s.h.Control(s.ctx, h.Op, req)
+			fill, err := s.h.Control(ctx, h.Op, req)
 			w.reply(h.Op, h.ID, err, fill, nil)
 		}(h)
 	}

@@ -447,3 +447,37 @@ func TestFetchTimeoutWhileSending(t *testing.T) {
 			15*time.Second, timeout, 2*timeout, r.err)
 	}
 }
+
+// A control request waiting when its connection closes learns it: its
+// context ends with cause ErrConnClosed, while the server keeps serving
+// other connections.
+func TestControlEndsWithItsConnection(t *testing.T) {
+	h := newFakeHandler()
+	s, _ := startServer(t, h)
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write(wire.AppendFrame(nil, opBlock, 0, 1, 0, nil)); err != nil {
+		t.Fatal(err)
+	}
+	<-h.ctlEntered
+	c.Close()
+	select {
+	case cause := <-h.ctlCauses:
+		if !errors.Is(cause, ErrConnClosed) {
+			t.Fatalf("the waiting request's context ended with %v, want ErrConnClosed", cause)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the waiting request still waits after its connection closed")
+	}
+	p := NewPool(Options{Timeout: 5 * time.Second})
+	defer p.Close()
+	body, err := p.Call(context.Background(), s.Addr(), opEcho, (&wire.Text{Text: "hi"}).Encode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := wire.DecodeText(body); err != nil || m.Text != "echo:hi" {
+		t.Fatalf("echo after a closed connection: %q, %v", m.Text, err)
+	}
+}

@@ -7,6 +7,7 @@ package transport
 
 import (
 	"context"
+	"errors"
 
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
@@ -63,6 +64,11 @@ type RangeFetcher interface {
 	FetchRange(ctx context.Context, addr, name string, id, start, count int64, dst []byte) error
 }
 
+// ErrConnClosed is the cause of a control request's context
+// (Handler.Control) when the connection it came on closed before it was
+// answered: its asker cannot hear the answer any more.
+var ErrConnClosed = errors.New("the connection the request came on closed")
+
 // Handler is the agent side of the peer protocol.
 type Handler interface {
 	// Rows returns the rows asked for of variable name (whose table has
@@ -75,6 +81,7 @@ type Handler interface {
 	RowsRange(name string, id, start, count int64, rows [][]byte) (out [][]byte, release func(), err error)
 	// Control answers every op but Fetch. It may block (a collective waits
 	// for other ranks) and runs on its own goroutine; ctx ends when the
-	// server closes.
+	// server closes, or with cause ErrConnClosed when the connection the
+	// request came on closes (the peer went, or dropped the connection).
 	Control(ctx context.Context, op wire.Op, body []byte) (reply func(*wire.Encoder), err error)
 }

@@ -613,13 +613,33 @@ type Join struct {
 	Node      string
 	Addr      string
 	Namespace string // the coordinator refuses agents of another job
+	// Watch: the coordinator answers only when it stops; until then the
+	// request's connection staying open says the node's agent lives, and
+	// its closing that the agent went (a U8, 0 or 1).
+	Watch bool
 }
 
-func (m *Join) Encode(e *Encoder) { e.String(m.Node); e.String(m.Addr); e.String(m.Namespace) }
+func (m *Join) Encode(e *Encoder) {
+	e.String(m.Node)
+	e.String(m.Addr)
+	e.String(m.Namespace)
+	var w uint8
+	if m.Watch {
+		w = 1
+	}
+	e.U8(w)
+}
 
 func DecodeJoin(b []byte) (m Join, err error) {
 	d := NewDecoder(b)
 	m.Node, m.Addr, m.Namespace = d.String(), d.String(), d.String()
+	switch w := d.U8(); {
+	case d.Err() != nil:
+	case w > 1:
+		return m, base.Errorf(base.ErrProtocol, "join: watch flag %d, want 0 or 1", w)
+	default:
+		m.Watch = w == 1
+	}
 	return m, d.Done()
 }
 

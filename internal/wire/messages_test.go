@@ -154,7 +154,7 @@ var (
 	joinSamples = []Join{
 		{},
 		{Node: "node-1", Addr: "10.0.0.1:4000"},
-		{Node: "ノード", Addr: "[fe80::1%eth0]:1"},
+		{Node: "ノード", Addr: "[fe80::1%eth0]:1", Watch: true},
 	}
 	roundSamples = []Round{
 		{},
@@ -369,7 +369,9 @@ func TestMessageBytes(t *testing.T) {
 		{"Fetch", encodeMsg(Fetch{Name: "v", ID: 3, Globals: []int64{1, -2}}),
 			[]byte{1, 0, 'v', 3, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}},
 		{"Join", encodeMsg(Join{Node: "", Addr: "é", Namespace: "j"}),
-			[]byte{0, 0, 2, 0, 0xc3, 0xa9, 1, 0, 'j'}},
+			[]byte{0, 0, 2, 0, 0xc3, 0xa9, 1, 0, 'j', 0}},
+		{"Join watching", encodeMsg(Join{Node: "n", Namespace: "j", Watch: true}),
+			[]byte{1, 0, 'n', 0, 0, 1, 0, 'j', 1}},
 		{"Table", encodeMsg(Table{Name: "t", Disp: 1, ItemSize: 2, ShardRows: []int64{3}, RankNode: []int64{0}, Nodes: []string{"n"}, Addrs: []string{"a"}}),
 			[]byte{
 				1, 0, 't',
@@ -659,5 +661,17 @@ func TestShardWhy(t *testing.T) {
 	e.String32(strings.Repeat("y", MaxWhy+1))
 	if _, err := DecodeShard(e.b); !errors.Is(err, base.ErrProtocol) {
 		t.Fatalf("a reason over %d bytes: err = %v, want ErrProtocol", MaxWhy, err)
+	}
+}
+
+// A Join's watch flag is 0 or 1; any other value is refused.
+func TestJoinWatchFlag(t *testing.T) {
+	b := encodeMsg[Join, *Join](Join{Node: "n", Addr: "a:1", Namespace: "j", Watch: true})
+	if got, err := DecodeJoin(b); err != nil || !got.Watch {
+		t.Fatalf("DecodeJoin of a watching join = %+v, %v", got, err)
+	}
+	b[len(b)-1] = 2
+	if _, err := DecodeJoin(b); !errors.Is(err, base.ErrProtocol) || !strings.Contains(err.Error(), "watch flag 2") {
+		t.Fatalf("watch flag 2: err = %v, want ErrProtocol naming it", err)
 	}
 }
