@@ -346,7 +346,7 @@ func TestDirectRagged(t *testing.T) {
 func TestDirectPieces(t *testing.T) {
 	c, _ := startTwoNodeProcs(t, "directpieces", "5s")
 	runDir := filepath.Dir(c.stores[0].Socket())
-	const n, rb = 600, 4096 // rows per node; 256 of them: 1 MiB, DirectMaxBytes
+	const n, rb = 600, 4096 // rows per node; 256 of them: 1 MiB
 	c.addPattern(t, "v", []int64{n, n}, 1024, 4)
 	s := c.stores[0]
 	rng := rand.New(rand.NewPCG(7, 8))
@@ -405,6 +405,26 @@ func TestDirectPieces(t *testing.T) {
 	// The pieces went over several connections, which stay pooled.
 	if got := agentInfo(t, c, runDir, "n1").Counters["direct_connections"]; got < 2 {
 		t.Fatalf("n1's direct_connections after reads of 1 MiB and more = %d, want >= 2 (one per piece)", got)
+	}
+
+	// The bound (DDSTORE_DIRECT_MAX_BYTES, read at Open): one row more
+	// than it goes through this node's agent, all rows right.
+	t.Setenv("DDSTORE_DIRECT_MAX_BYTES", fmt.Sprint(255*rb))
+	bound, err := ddstore.Open(ddstore.Config{Namespace: c.ns, Reader: true, Node: "n0", Rank: 0, Size: 2, RunDir: runDir,
+		NoSpawn: true, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bound.Close()
+	idx := batch()
+	if err := check(bound, plain[:256*rb], idx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := bound.GetBatch("v", plain[:255*rb], idx[:255]); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := bound.Profile("v"); p.Direct != 255 || p.RemoteRows != 256+256+255 {
+		t.Fatalf("with a bound of 255 rows: Direct %d, RemoteRows %d; want 255 (the batch of 255 rows), %d", p.Direct, p.RemoteRows, 256+256+255)
 	}
 
 	// Two reads in flight at once.
