@@ -33,12 +33,13 @@ import (
 
 // DirectMaxBytes is the largest read (its rows of other nodes) sent
 // straight to the owner's agent; a larger one goes through this node's
-// agent. A large direct read is cut into pieces (DirectSplitBytes) as the
-// agent cuts its fetches, so that direct reads of one owner were as fast
-// as through the agent or faster at every size measured, up to 256 MiB
-// (`ddstore bench`, docs/benchmarks.md, One hop). DirectMaxEnv overrides
-// it (bytes; 0: never direct), to measure the rule again.
-const DirectMaxBytes = 256 << 20
+// agent. Cut into pieces (DirectSplitBytes), larger direct reads alone
+// were about as fast as through the agent, but a client streaming them
+// made other clients' small reads of the same owner wait 8x longer at
+// p99 than a stream through the agent did (`ddstore bench`,
+// docs/benchmarks.md, One hop). DirectMaxEnv overrides it (bytes; 0:
+// never direct), to measure the rule again.
+const DirectMaxBytes = 1 << 20
 
 // DirectMaxEnv names the variable that overrides DirectMaxBytes.
 const DirectMaxEnv = "DDSTORE_DIRECT_MAX_BYTES"
