@@ -3,8 +3,10 @@ package ddstore_test
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -330,5 +332,136 @@ func TestDirectRagged(t *testing.T) {
 	}
 	if d := direct(r); d <= before {
 		t.Fatalf("reads of the new variable: %d rows direct, want more than %d", d, before)
+	}
+}
+
+// TestDirectPieces: a direct read of a MiB or more is cut into pieces,
+// each read on a connection of its own to the owner at once (agents as
+// processes): random rows with repeats, runs of consecutive rows, into a
+// plain buffer and into a receive buffer, and two such reads in flight
+// together, all land right and all direct; once the variable is freed
+// and added again with other rows, the pieces the owner refuses send the
+// whole read through this node's agent, and the next reads come direct
+// again with the new rows.
+func TestDirectPieces(t *testing.T) {
+	c, _ := startTwoNodeProcs(t, "directpieces", "5s")
+	runDir := filepath.Dir(c.stores[0].Socket())
+	const n, rb = 600, 4096 // rows per node; 256 of them: 1 MiB
+	c.addPattern(t, "v", []int64{n, n}, 1024, 4)
+	s := c.stores[0]
+	rng := rand.New(rand.NewPCG(7, 8))
+	batch := func() []int64 {
+		idx := make([]int64, 256)
+		for i := range idx {
+			switch {
+			case i%50 < 10 && i > 0:
+				idx[i] = min(idx[i-1]+1, 2*n-1) // a run
+			case i%61 == 0 && i > 0:
+				idx[i] = idx[i/2] // a repeat
+			default:
+				idx[i] = n + rng.Int64N(n)
+			}
+		}
+		return idx
+	}
+	check := func(s *ddstore.Store, dst []byte, idx []int64, shift int64) error {
+		if err := s.GetBatch("v", dst, idx); err != nil {
+			return err
+		}
+		for i, g := range idx {
+			if err := samePattern(dst[i*rb:(i+1)*rb], g+shift); err != nil {
+				return fmt.Errorf("GetBatch row %d of %d: %w", i, len(idx), err)
+			}
+		}
+		run := dst[:256*rb]
+		if err := s.Get("v", run, n+100); err != nil {
+			return err
+		}
+		for k := range int64(256) {
+			if err := samePattern(run[k*rb:(k+1)*rb], n+100+k+shift); err != nil {
+				return fmt.Errorf("Get of 256 rows: %w", err)
+			}
+		}
+		return nil
+	}
+	plain := make([]byte, 256*rb)
+	recv, err := s.AllocRecv(256 * rb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.FreeRecv(recv)
+	for _, dst := range [][]byte{plain, recv} {
+		if err := check(s, dst, batch(), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := s.Profile("v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Direct != 2*(256+256) || p.RemoteRows != p.Direct {
+		t.Fatalf("profile after 2 GetBatch of 256 rows and 2 Get of 256 of n1: Direct %d, RemoteRows %d; want %d, %d", p.Direct, p.RemoteRows, 2*(256+256), 2*(256+256))
+	}
+	// The pieces went over several connections, which stay pooled.
+	if got := agentInfo(t, c, runDir, "n1").Counters["direct_connections"]; got < 2 {
+		t.Fatalf("n1's direct_connections after reads of 1 MiB and more = %d, want >= 2 (one per piece)", got)
+	}
+
+	// The bound (DDSTORE_DIRECT_MAX_BYTES, read at Open): one row more
+	// than it goes through this node's agent, all rows right.
+	t.Setenv("DDSTORE_DIRECT_MAX_BYTES", fmt.Sprint(255*rb))
+	bound, err := ddstore.Open(ddstore.Config{Namespace: c.ns, Reader: true, Node: "n0", Rank: 0, Size: 2, RunDir: runDir,
+		NoSpawn: true, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bound.Close()
+	idx := batch()
+	if err := check(bound, plain[:256*rb], idx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := bound.GetBatch("v", plain[:255*rb], idx[:255]); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := bound.Profile("v"); p.Direct != 255 || p.RemoteRows != 256+256+255 {
+		t.Fatalf("with a bound of 255 rows: Direct %d, RemoteRows %d; want 255 (the batch of 255 rows), %d", p.Direct, p.RemoteRows, 256+256+255)
+	}
+
+	// Two reads in flight at once.
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for g := range errs {
+		dst := make([]byte, 256*rb)
+		idx := batch()
+		wg.Go(func() {
+			for range 20 {
+				if errs[g] = check(s, dst, idx, 0); errs[g] != nil {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+
+	// Freed and added again: the same geometry, each row the pattern of
+	// the row 5000 further.
+	c.mustEach(t, func(_ int, s *ddstore.Store) error { return s.Free("v") })
+	c.mustEach(t, func(rank int, s *ddstore.Store) error {
+		buf := make([]byte, n*rb)
+		for i := range int64(n) {
+			pattern(buf[i*rb:(i+1)*rb], int64(rank)*n+i+5000)
+		}
+		return s.Add("v", buf, 1024, 4)
+	})
+	for range 3 {
+		if err := check(s, recv, batch(), 5000); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p, _ := s.Profile("v"); p.Direct < 2*(256+256) || p.RemoteRows != 3*(256+256) {
+		t.Fatalf("reads of the new variable: Direct %d, RemoteRows %d; want >= %d direct of %d", p.Direct, p.RemoteRows, 2*(256+256), 3*(256+256))
 	}
 }

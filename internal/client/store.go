@@ -166,6 +166,9 @@ func Open(cfg Config) (*Store, error) {
 	if s.direct.max, err = directMax(); err != nil {
 		return nil, err
 	}
+	if s.direct.split, err = directSplit(); err != nil {
+		return nil, err
+	}
 	s.mu.vars = make(map[string]*variable)
 	s.mu.freed = make(map[string]bool)
 	s.mu.attempts = make(map[string]int64)

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"log/slog"
@@ -187,6 +188,10 @@ func (w *serverConn) reply(op wire.Op, id uint64, err error, fill func(*wire.Enc
 	return werr
 }
 
+// requestBuffer is the buffer a connection's requests are read through:
+// a Fetch of up to about 500 rows; a larger body is read past it.
+const requestBuffer = 4 << 10
+
 // authTimeout bounds a peer's handshake: a connection that has not proved
 // the key by then is dropped.
 const authTimeout = 10 * time.Second
@@ -305,8 +310,11 @@ func (s *Server) serveConn(nc net.Conn) {
 	var buf []byte
 	var fetch wire.Fetch
 	var rows [][]byte
+	// Requests are read through a buffer: a request's header and body,
+	// and requests sent back to back, come in one read.
+	in := bufio.NewReaderSize(nc, requestBuffer)
 	for {
-		h, body, err := wire.ReadFrame(nc, buf)
+		h, body, err := wire.ReadFrame(in, buf)
 		buf = body[:0]
 		if err != nil {
 			if errors.Is(err, base.ErrProtocol) {

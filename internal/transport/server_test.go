@@ -481,3 +481,72 @@ func TestControlEndsWithItsConnection(t *testing.T) {
 		t.Fatalf("echo after a closed connection: %q, %v", m.Text, err)
 	}
 }
+
+// TestServerRequestsBackToBack: requests sent back to back in one write,
+// one whose body is longer than the read buffer, and one whose header
+// comes in two writes, are each answered, in order, with the right rows.
+func TestServerRequestsBackToBack(t *testing.T) {
+	h := newFakeHandler()
+	v := h.addVar("v", 2000, 64, false)
+	s, _ := startServer(t, h)
+	fetch := func(id uint64, globals []int64) []byte {
+		return frame(wire.OpFetch, 0, id, 0, func(e *wire.Encoder) {
+			e.String("v")
+			e.I64(0)
+			e.U32(uint32(len(globals)))
+			for _, g := range globals {
+				e.I64(g)
+			}
+		})
+	}
+	large := make([]int64, 1500) // a body of 12 KB: past the read buffer
+	for i := range large {
+		large[i] = int64(1999 - i)
+	}
+	fr := wire.FetchRange{Name: "v", ID: 0, Start: 10, Count: 3}
+	want := [][]int64{{3, 5}, {10, 11, 12}, large, {7}}
+	var out []byte
+	out = append(out, fetch(1, want[0])...)
+	out = append(out, frame(wire.OpFetchRange, 0, 2, 0, fr.Encode)...)
+	out = append(out, fetch(3, want[2])...)
+	last := fetch(4, want[3])
+	out = append(out, last[:wire.HeaderSize/2]...)
+
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write(out); err != nil {
+		t.Fatal(err)
+	}
+	ops := []wire.Op{wire.OpFetch, wire.OpFetchRange, wire.OpFetch, wire.OpFetch}
+	for i, globals := range want {
+		if i == len(want)-1 {
+			// The rest of the last request, once the others are answered.
+			if _, err := c.Write(last[wire.HeaderSize/2:]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		hd, body, err := wire.ReadFrame(c, nil)
+		if err != nil {
+			t.Fatalf("reply %d: %v", i+1, err)
+		}
+		if err := wire.StatusError(hd, body); err != nil {
+			t.Fatalf("reply %d: %v", i+1, err)
+		}
+		if hd.ID != uint64(i+1) || hd.Op != ops[i] || hd.Payload != uint64(len(globals)*64) {
+			t.Fatalf("reply %d: %s #%d with %d row bytes, want %s #%d with %d", i+1, hd.Op, hd.ID, hd.Payload, ops[i], i+1, len(globals)*64)
+		}
+		rows := make([]byte, hd.Payload)
+		if _, err := io.ReadFull(c, rows); err != nil {
+			t.Fatal(err)
+		}
+		for k, g := range globals {
+			if string(rows[k*64:(k+1)*64]) != string(v.row(g)) {
+				t.Fatalf("reply %d: row %d (global %d) wrong", i+1, k, g)
+			}
+		}
+	}
+}
