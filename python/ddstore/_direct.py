@@ -53,8 +53,50 @@ _RANGE = struct.Struct("<qqq")  # FetchRange after its name: id, start, count
 _FETCH = struct.Struct("<qI")  # Fetch after its name: id, count of globals
 
 
+def _pieces(jobs):
+    """jobs in runs of at most PIPELINE_BYTES of requests each."""
+    part, size = [], 0
+    for j in jobs:
+        b = _wire.HEADER.size + len(j.body)
+        if part and size + b > PIPELINE_BYTES:
+            yield part
+            part, size = [], 0
+        part.append(j)
+        size += b
+    if part:
+        yield part
+
+
 class Failed(Exception):
     """A direct read did not happen; the caller reads through its agent."""
+
+
+class Job:
+    """One read of a batch of reads (Pool.run_jobs): a request to the agent
+    at addr (None: one for the own agent only) and where its reply's rows go
+    (want bytes into dst); place() (or None) then puts them where they
+    belong, done() counts them, and fallback() reads them through the own
+    agent instead when the direct read did not happen."""
+
+    __slots__ = ("addr", "op", "body", "dst", "want", "rows", "v", "place", "done", "fallback")
+
+    def __init__(self, addr, op, body, dst, want, v, rows, place=None):
+        self.addr, self.op, self.body, self.dst, self.want = addr, op, body, dst, want
+        self.v, self.rows, self.place = v, rows, place
+        self.done = self.fallback = None
+
+
+def agent_job(fallback):
+    """A Job for the own agent only: fallback() is the read."""
+    j = Job(None, 0, b"", None, 0, None, 0)
+    j.fallback = fallback
+    return j
+
+
+# Bytes of requests sent together on one connection before their replies
+# are read: well under a socket's receive buffer, so that the owner, which
+# answers each before it reads the next, never blocks the sender.
+PIPELINE_BYTES = 32 << 10
 
 
 class Conn:
@@ -121,6 +163,32 @@ class Conn:
         receive when they come together."""
         self.req += 1
         self.sock.sendall(_wire.HEADER.pack(_wire.MAGIC, _wire.VERSION, op, 0, 0, len(body), 0, self.req, 0) + body)
+        self._reply(op, self.req, dst, want)
+
+    def read_many(self, jobs):
+        """The jobs' requests sent together, then their replies read in
+        order (the owner answers a connection's fetches one after the other):
+        one round trip for them all. Returns whether each was read (False:
+        the owner answered an error; the connection stays sound); a broken
+        connection raises."""
+        frames, first = [], self.req + 1
+        for j in jobs:
+            self.req += 1
+            frames.append(_wire.HEADER.pack(_wire.MAGIC, _wire.VERSION, j.op, 0, 0, len(j.body), 0, self.req, 0))
+            frames.append(j.body)
+        self.sock.sendall(b"".join(frames))
+        ok = []
+        for k, j in enumerate(jobs):
+            try:
+                self._reply(j.op, first + k, j.dst, j.want)
+            except Failed:
+                ok.append(False)
+            else:
+                ok.append(True)
+        return ok
+
+    def _reply(self, op, req, dst, want):
+        """The reply to request req (op) and its want bytes of rows into dst."""
         view, hdr = memoryview(dst).cast("B"), self.hdr
         n = self.sock.recvmsg_into([hdr, view])[0]
         while n < len(hdr):
@@ -130,8 +198,8 @@ class Conn:
             n += k
         rop, status, blen, rid, payload = _wire.parse_header(hdr)
         got = n - len(hdr)  # bytes already in dst: rows, or an error's body
-        if rid != self.req or rop != op:
-            raise OSError(f"reply op {rop} #{rid} to op {op} #{self.req} from {self.addr}")
+        if rid != req or rop != op:
+            raise OSError(f"reply op {rop} #{rid} to op {op} #{req} from {self.addr}")
         if status:
             if payload:
                 raise OSError(f"error reply from {self.addr} with {payload} payload bytes")
@@ -304,45 +372,106 @@ class Pool:
         v.profile["direct_rows"] += k
         return True
 
-    def fetch(self, v, dst, globals_, owners):
-        """Rows globals_ (of ranks owners) into dst (len(globals_) rows,
-        contiguous); False: not read."""
-        k = globals_.shape[0]
-        if k * v.rb > self.max or v.ragged:
-            return False
-        return self._fetch(v, dst, globals_, owners, k * v.rb)
-
     def fetch_ragged(self, v, flat, globals_, owners, at, size):
         """Ragged rows globals_ (of ranks owners, none only in the backing
         file, none empty) into flat[at[k]:at[k] + size[k]]: one Fetch, the
         owner answering each row its own size (as to its peers), received
         straight into flat when the rows follow one another there, else
         into a buffer and placed; False: not read."""
-        total = int(size.sum())
-        if total > self.max:
-            return False
-        a0 = int(at[0])
-        if int(at[-1]) - a0 + int(size[-1]) == total:  # neighbouring places
-            return self._fetch(v, flat[a0:a0 + total], globals_, owners, total)
-        tmp = np.empty(total, dtype=np.uint8)
-        if not self._fetch(v, tmp, globals_, owners, total):
-            return False
-        dm, sm, o = memoryview(flat), memoryview(tmp), 0
-        for a, n in zip(at.tolist(), size.tolist()):
-            dm[a:a + n] = sm[o:o + n]
-            o += n
-        return True
+        j = self.ragged_job(v, flat, globals_, owners, at, size)
+        return j is not None and self.run_one(j)
 
     def _fetch(self, v, dst, globals_, owners, want):
-        k = globals_.shape[0]
+        j = self.fetch_job(v, dst, globals_, owners, want)
+        return j is not None and self.run_one(j)
+
+    def run_one(self, j):
+        """Run the direct job j by itself and place its rows (not done():
+        the caller counts); False: not read."""
+        if not self._run(j.addr, j.op, j.body, j.dst, j.want):
+            return False
+        j.v.profile["direct_rows"] += j.rows
+        if j.place is not None:
+            j.place()
+        return True
+
+    def fetch_job(self, v, dst, globals_, owners, want):
+        """A Job of rows globals_ (of ranks owners) into dst (want bytes,
+        contiguous), or None when they cannot go direct (above the bound,
+        several nodes, an owner without an address)."""
+        if want > self.max:
+            return None
         addr = self.addr_of(v, np.unique(owners).tolist())
         if addr is None:
-            return False
+            return None
+        k = globals_.shape[0]
         body = self._name(v) + _FETCH.pack(v.id, k) + np.ascontiguousarray(globals_, dtype="<i8").tobytes()
-        if not self._run(addr, OP_FETCH, body, dst, want):
-            return False
-        v.profile["direct_rows"] += k
-        return True
+        return Job(addr, OP_FETCH, body, dst, want, v, k)
+
+    def ragged_job(self, v, flat, globals_, owners, at, size):
+        """A Job of ragged rows globals_ into flat[at[k]:at[k] + size[k]]
+        (as fetch_ragged), or None."""
+        total = int(size.sum())
+        a0 = int(at[0])
+        if int(at[-1]) - a0 + int(size[-1]) == total:  # neighbouring places
+            return self.fetch_job(v, flat[a0:a0 + total], globals_, owners, total)
+        tmp = np.empty(total, dtype=np.uint8)
+        j = self.fetch_job(v, tmp, globals_, owners, total)
+        if j is None:
+            return None
+
+        def place():
+            dm, sm, o = memoryview(flat), memoryview(tmp), 0
+            for a, n in zip(at.tolist(), size.tolist()):
+                dm[a:a + n] = sm[o:o + n]
+                o += n
+        j.place = place
+        return j
+
+    def run_jobs(self, jobs):
+        """Run the direct jobs, those of one owner pipelined on one of its
+        connections (Conn.read_many), and finish each (place, done); returns
+        the jobs left to read through the own agent (their fallback not yet
+        called): those for the own agent only, and those whose direct read
+        did not happen."""
+        left, by = [], {}
+        for j in jobs:
+            if j.addr is None:
+                left.append(j)
+            else:
+                by.setdefault(j.addr, []).append(j)
+        for addr, group in by.items():
+            for part in _pieces(group):
+                ok = self._run_many(addr, part)
+                for j, good in zip(part, ok):
+                    if not good:
+                        left.append(j)
+                        continue
+                    j.v.profile["direct_rows"] += j.rows
+                    if j.place is not None:
+                        j.place()
+                    j.done()
+        return left
+
+    def _run_many(self, addr, jobs):
+        if len(jobs) == 1:
+            j = jobs[0]
+            return [self._run(addr, j.op, j.body, j.dst, j.want)]
+        got = self._take(addr)
+        if got is None:
+            return [False] * len(jobs)
+        c, reused = got
+        try:
+            ok = c.read_many(jobs)
+        except Exception:  # as _run: a broken connection; the agent path reads them all again
+            c.close()
+            if reused:
+                self._drop_idle(addr)
+            else:
+                self._mark_bad(addr)
+            return [False] * len(jobs)
+        self._put(c)
+        return ok
 
     def forked(self):
         """A forked child: the parent's connections are closed here (never

@@ -407,25 +407,31 @@ class _StoredDataset(_tud.Dataset):
         """Per-field arrays (len(idx), *shape) of rows idx (checked int64),
         in `out` (from _ddstore_buffers) when given. When several fields'
         reads may need the agent (rows of other nodes or of backing files),
-        they overlap: all but the first on the dataset's reader threads,
-        each a request of its own, so that a batch waits about one round
-        trip instead of one per field."""
+        they are made together (Store._read_many): the rows each needs from
+        one other node go to its agent in requests pipelined on one
+        connection, in this thread; the requests for the own agent overlap,
+        all but the first on the dataset's reader threads. A batch waits
+        about one round trip instead of one per field."""
         schema = self._schema.select(keys)
         fields = schema.fields
         far = [k for k, f in enumerate(fields) if self._needs_agent(f.var)] if idx.shape[0] else []
         if len(far) < 2:
             return schema, [self._read_field(f, idx, out) for f in fields]
-        pool = self._reader_pool()
-        futures = {k: pool.submit(self._read_field, fields[k], idx, out) for k in far[1:]}
-        arrays, err = [], None
-        for k, f in enumerate(fields):
-            try:
-                arrays.append(futures[k].result() if k in futures else self._read_field(f, idx, out))
-            except BaseException as e:  # the others are waited for: they write into out
-                err = err or e
-                arrays.append(None)
-        if err is not None:
-            raise err
+        arrays = [None if k in far else self._read_field(f, idx, out) for k, f in enumerate(fields)]
+        reads = []
+        for k in far:
+            f = fields[k]
+            if f.ragged:
+                reads.append(("ragged", f.var, idx, self._ragged_dest(f, idx, out)))
+            else:
+                a = out[f.key][:idx.shape[0]] if out is not None else np.empty((idx.shape[0], *f.shape), f.npdtype)
+                arrays[k] = a
+                reads.append(("batch", f.var, f.dest(a), idx))
+        got = self.store._read_many(reads, self._reader_pool())
+        for k, r in zip(far, got):
+            f = fields[k]
+            if f.ragged:
+                arrays[k] = self._ragged_values(f, r) if out is not None else r
         return schema, arrays
 
     def _read_field(self, f, idx, out):
@@ -463,10 +469,18 @@ class _StoredDataset(_tud.Dataset):
 
     def _read_ragged(self, f, idx, out):
         """(values, lengths) of rows idx of a ragged field: one get_ragged,
-        into out's buffer for the field when given (grown when a batch's
-        units outgrow it, and kept in out for the next batch)."""
-        if out is None:
+        into out's buffer for the field when given (see _ragged_dest)."""
+        dest = self._ragged_dest(f, idx, out)
+        if dest is None:
             return self.store.get_ragged(f.var, idx)
+        return self._ragged_values(f, self.store.get_ragged(f.var, idx, out=dest))
+
+    def _ragged_dest(self, f, idx, out):
+        """Where rows idx of ragged field f go: out's buffer for the field
+        (grown when a batch's units outgrow it, and kept in out for the next
+        batch), or None without out."""
+        if out is None:
+            return None
         units = int(self.store.ragged_sizes(f.var, idx).sum())
         buf = out.get(f.key)
         if buf is None or buf.shape[0] < units:
@@ -476,7 +490,11 @@ class _StoredDataset(_tud.Dataset):
             buf = (self.store._recv_buffer(shape, f.npdtype) if self.store._through_agent(f.var)
                    else np.empty(shape, f.npdtype))
             out[f.key] = buf
-        values, lengths = self.store.get_ragged(f.var, idx, out=f.dest(buf))
+        return f.dest(buf)
+
+    @staticmethod
+    def _ragged_values(f, got):
+        values, lengths = got
         if isinstance(values, torch.Tensor):
             values = values.numpy()
         return values.view(f.npdtype), lengths

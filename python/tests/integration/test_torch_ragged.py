@@ -449,10 +449,13 @@ for b, g in zip(list(sampler), ThreadDataLoader(ds, batch_sampler=sampler, num_w
     same(g, naive_graphs([src[i] for i in b]), f"rank {r} batch {b}")
     n += 1
 assert n == len(sampler)
-# The fields' reads of a batch (each needing the agent: rows of the other
-# node) overlapped on the dataset's reader threads, which close() stops.
+# The fields' reads of a batch (each needing rows of the other node) went
+# straight to its agent, pipelined in the loader's thread: no reader thread
+# of the dataset's was needed; close() stops any there are.
 readers = lambda: [t for t in threading.enumerate() if t.name.startswith("ddstore-fields-")]  # noqa: E731
-assert readers()
+for k in ("x", "pos", "edge_index"):
+    p = s.get_profile(f"g/{k}")
+    assert p["remote_rows"] > 0 and p["direct_rows"] == p["remote_rows"], (k, p)
 # The budget sampler: every rank the same number of steps, within budget,
 # each graph once across the ranks but for the padding of the last round.
 bs = BudgetSampler(ds, budget=30, seed=4)
