@@ -165,18 +165,23 @@ class Conn:
         self.sock.sendall(_wire.HEADER.pack(_wire.MAGIC, _wire.VERSION, op, 0, 0, len(body), 0, self.req, 0) + body)
         self._reply(op, self.req, dst, want)
 
-    def read_many(self, jobs):
-        """The jobs' requests sent together, then their replies read in
-        order (the owner answers a connection's fetches one after the other):
-        one round trip for them all. Returns whether each was read (False:
-        the owner answered an error; the connection stays sound); a broken
-        connection raises."""
+    def send_many(self, jobs):
+        """The jobs' requests sent together; returns the first one's id, for
+        recv_many (the owner answers a connection's fetches one after the
+        other, in order)."""
         frames, first = [], self.req + 1
         for j in jobs:
             self.req += 1
             frames.append(_wire.HEADER.pack(_wire.MAGIC, _wire.VERSION, j.op, 0, 0, len(j.body), 0, self.req, 0))
             frames.append(j.body)
         self.sock.sendall(b"".join(frames))
+        return first
+
+    def recv_many(self, jobs, first):
+        """The replies to send_many's requests, in order, each job's rows
+        into its dst. Returns whether each was read (False: the owner
+        answered an error; the connection stays sound); a broken connection
+        raises."""
         ok = []
         for k, j in enumerate(jobs):
             try:
@@ -429,12 +434,15 @@ class Pool:
         return j
 
     def run_jobs(self, jobs):
-        """Run the direct jobs, those of one owner pipelined on one of its
-        connections (Conn.read_many), and finish each (place, done); returns
-        the jobs left to read through the own agent (their fallback not yet
-        called): those for the own agent only, and those whose direct read
-        did not happen."""
-        left, by = [], {}
+        """Run the jobs (post, then collect); returns the jobs left to read
+        through the own agent (see collect)."""
+        return self.collect(self.post(jobs))
+
+    def post(self, jobs):
+        """Send the direct jobs' requests now, those of one owner pipelined on
+        one of its connections (Conn.send_many), which stays out of the pool
+        until collect() or discard() of what this returns."""
+        sent, left, by = [], [], {}
         for j in jobs:
             if j.addr is None:
                 left.append(j)
@@ -442,36 +450,61 @@ class Pool:
                 by.setdefault(j.addr, []).append(j)
         for addr, group in by.items():
             for part in _pieces(group):
-                ok = self._run_many(addr, part)
-                for j, good in zip(part, ok):
-                    if not good:
-                        left.append(j)
-                        continue
-                    j.v.profile["direct_rows"] += j.rows
-                    if j.place is not None:
-                        j.place()
-                    j.done()
+                got = self._take(addr)
+                if got is None:
+                    left.extend(part)
+                    continue
+                c, reused = got
+                try:
+                    first = c.send_many(part)
+                except Exception:
+                    self._broken(c, addr, reused)
+                    left.extend(part)
+                    continue
+                sent.append((addr, c, reused, part, first))
+        return sent, left
+
+    def collect(self, posted):
+        """The replies of post()'s requests: each job read finished (place,
+        done); returns the jobs left to read through the own agent (their
+        fallback not yet called): those for the own agent only, and those
+        whose direct read did not happen."""
+        sent, left = posted
+        left = list(left)
+        for addr, c, reused, part, first in sent:
+            try:
+                ok = c.recv_many(part, first)
+            except Exception:  # as _run: a broken connection; the agent path reads them all again
+                self._broken(c, addr, reused)
+                ok = [False] * len(part)
+            else:
+                self._put(c)
+            for j, good in zip(part, ok):
+                if not good:
+                    left.append(j)
+                    continue
+                j.v.profile["direct_rows"] += j.rows
+                if j.place is not None:
+                    j.place()
+                j.done()
         return left
 
-    def _run_many(self, addr, jobs):
-        if len(jobs) == 1:
-            j = jobs[0]
-            return [self._run(addr, j.op, j.body, j.dst, j.want)]
-        got = self._take(addr)
-        if got is None:
-            return [False] * len(jobs)
-        c, reused = got
-        try:
-            ok = c.read_many(jobs)
-        except Exception:  # as _run: a broken connection; the agent path reads them all again
+    @staticmethod
+    def discard(posted):
+        """Let go of post()'s requests unread: their connections are closed
+        (the replies on their way are dropped with them)."""
+        for _, c, _, _, _ in posted[0]:
             c.close()
-            if reused:
-                self._drop_idle(addr)
-            else:
-                self._mark_bad(addr)
-            return [False] * len(jobs)
-        self._put(c)
-        return ok
+
+    def _broken(self, c, addr, reused):
+        """A connection that failed mid-request: closed; a pooled one may
+        have died with its agent (a restart), so the next read dials afresh;
+        a new one that fails leaves the address alone a while."""
+        c.close()
+        if reused:
+            self._drop_idle(addr)
+        else:
+            self._mark_bad(addr)
 
     def forked(self):
         """A forked child: the parent's connections are closed here (never

@@ -727,6 +727,13 @@ class Store:
         through the own agent is read after, the requests of two or more
         reads overlapped on `overlap` (an executor) when given. A read whose
         variable turns out dropped is made again by itself."""
+        return self._finish_reads(self._start_reads(reads), overlap)
+
+    def _start_reads(self, reads, post=False):
+        """The first half of _read_many: rows of this node copied, the reads
+        of the others planned, and with post their direct requests sent now
+        (their replies wait in the socket for _finish_reads, or are dropped
+        by _drop_reads)."""
         self._check_fork()
         jobs, got, vs = [], [], []
         for kind, name, a, b in reads:
@@ -736,9 +743,23 @@ class Store:
             else:
                 got.append(self._get_batch(v, name, a, b, jobs))
             vs.append(v)
+        posted = self._direct.post(jobs) if post else None
+        return reads, jobs, got, vs, posted, os.getpid()
+
+    def _drop_reads(self, started):
+        """Let go of _start_reads's reads unfinished (their results unread)."""
+        posted, pid = started[4], started[5]
+        if posted is not None and pid == os.getpid():
+            self._direct.discard(posted)
+
+    def _finish_reads(self, started, overlap=None):
+        """The second half of _read_many: the results of _start_reads's reads."""
+        reads, jobs, got, vs, posted, pid = started
+        if pid != os.getpid():
+            raise ArgumentError("ddstore: bad argument: reads started in another process")
         err, stale = None, False
         try:
-            left = self._direct.run_jobs(jobs)
+            left = self._direct.collect(posted) if posted is not None else self._direct.run_jobs(jobs)
         except BaseException as e:  # the agent path reads what the direct one did not finish
             left, err = [j for j in jobs if j.addr is None], e
         futures = []

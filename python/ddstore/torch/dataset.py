@@ -24,10 +24,12 @@ in place. Dict datasets also get `{name}/__fields__` (their keys, as JSON
 bytes) for readers that only know DDStore's conventions.
 """
 
+import collections
 import concurrent.futures as _futures
 import json
 import operator
 import os
+import threading
 import weakref
 
 import numpy as np
@@ -47,6 +49,9 @@ _default_collate = getattr(_tud, "default_collate", None) or _tud._utils.collate
 # never meets the previous census while a slower rank still frees it. Every
 # rank makes the same loads, so all count alike.
 _LOADS = weakref.WeakKeyDictionary()
+# Announced batches (prefetch) whose reads are kept sent, the oldest dropped
+# past it.
+READ_AHEAD = 4
 
 
 def _census_name(store, name):
@@ -250,6 +255,7 @@ class _StoredDataset(_tud.Dataset):
         self._backed = None  # the variables with a backing file (_backed_vars)
         self._far = {}  # variable -> whether its reads may need the agent
         self._readers = None  # (pid, executor): overlapped field reads
+        self._ahead = None  # (pid, lock, deque of _Ahead): reads of announced batches, sent (_read_ahead)
 
     def __len__(self):
         return self._len
@@ -414,6 +420,9 @@ class _StoredDataset(_tud.Dataset):
         about one round trip instead of one per field."""
         schema = self._schema.select(keys)
         fields = schema.fields
+        ahead = self._take_ahead(idx, out) if keys is None and self._ahead is not None else None
+        if ahead is not None:
+            return schema, [ahead[f.key] if f.key in ahead else self._read_field(f, idx, out) for f in fields]
         far = [k for k, f in enumerate(fields) if self._needs_agent(f.var)] if idx.shape[0] else []
         if len(far) < 2:
             return schema, [self._read_field(f, idx, out) for f in fields]
@@ -463,6 +472,7 @@ class _StoredDataset(_tud.Dataset):
         return pool[1]
 
     def _stop_readers(self):
+        self._drop_ahead()
         pool, self._readers = self._readers, None
         if pool is not None and pool[0] == os.getpid():
             pool[1].shutdown(wait=True)
@@ -512,14 +522,108 @@ class _StoredDataset(_tud.Dataset):
     def prefetch(self, indices):
         """Tell the agents which samples this rank reads soon (ScheduledSampler
         does, steps ahead): those only the backing files hold are read from
-        them now, into staging memory. Samples in memory are skipped, and so
-        are datasets without backing files. Returns at once."""
+        them now, into staging memory; and the requests for those of other
+        nodes (in memory there) are sent now, when the fields' reads need
+        the agent, their replies left to wait in the socket until the batch
+        is read (by __getitems__ or a loader, without out=, the same indices
+        in the same order, within READ_AHEAD announcements). Samples of this
+        node are copied then. Returns at once."""
         idx = _check_indices(indices, self._len, self.name)
-        backed = self._backed_vars()
-        if not idx.size or not backed:
+        if not idx.size:
             return
-        for var in backed:
+        for var in self._backed_vars():
             self.store.prefetch(var, idx)
+        self._read_ahead(idx)
+
+    def _read_ahead(self, idx):
+        """Start the read of rows idx of the fields that need the agent
+        (Store._start_reads with post), kept for _take_ahead."""
+        fields = [f for f in self._schema.fields if self._needs_agent(f.var)]
+        if not fields:
+            return
+        reads = []
+        arrays = {}
+        for f in fields:
+            if f.ragged:
+                reads.append(("ragged", f.var, idx, None))
+            else:
+                a = arrays[f.key] = np.empty((idx.shape[0], *f.shape), f.npdtype)
+                reads.append(("batch", f.var, f.dest(a), idx))
+        pid, lock, queue = self._ahead_state()
+        with lock:
+            profiles = [self.store._var(f.var).profile for f in fields]
+            before = [dict(p) for p in profiles]
+            try:
+                started = self.store._start_reads(reads, post=True)
+            except Error:  # the read itself, when it comes, says what is wrong
+                return
+            # What the rows of this node cost is counted when the batch is
+            # read, not now: a read dropped unused counts nothing.
+            counted = [{k: p[k] - b[k] for k in b} for p, b in zip(profiles, before)]
+            ahead = _Ahead(idx, fields, arrays, started, profiles, counted)
+            if not started[4][0]:  # no request sent ahead (none direct): nothing gained by it
+                self._drop(ahead)
+                return
+            queue.append(ahead)
+            while len(queue) > READ_AHEAD:
+                self._drop(queue.popleft())
+
+    def _drop(self, ahead):
+        self.store._drop_reads(ahead.started)
+        for p, c in zip(ahead.profiles, ahead.counted):
+            for k, d in c.items():
+                p[k] -= d
+
+    def _ahead_state(self):
+        st = self._ahead
+        if st is None or st[0] != os.getpid():  # a forked child: none of the parent's
+            st = self._ahead = (os.getpid(), threading.Lock(), collections.deque())
+        return st
+
+    def _take_ahead(self, idx, out):
+        """[array per field] of the announced read of rows idx, finished (the
+        reads announced before it dropped), into out's buffers when given
+        (copied), or None when there is none (no array for a field that
+        needs no agent: the caller reads it)."""
+        st = self._ahead
+        if st is None or not st[2] or st[0] != os.getpid():
+            return None
+        _, lock, queue = st
+        with lock:
+            for k, a in enumerate(queue):
+                if a.idx.shape == idx.shape and np.array_equal(a.idx, idx):
+                    break
+            else:
+                return None
+            for _ in range(k):
+                self._drop(queue.popleft())
+            a = queue.popleft()
+            got = self.store._finish_reads(a.started, self._reader_pool())
+        arrays = a.arrays
+        for f, r in zip(a.fields, got):
+            if f.ragged:
+                arrays[f.key] = r
+        if out is not None:
+            n = idx.shape[0]
+            for f in a.fields:
+                if f.ragged:
+                    values, lengths = arrays[f.key]
+                    dest = self._ragged_dest(f, idx, out)
+                    d = dest.reshape(-1)[:values.size].reshape(values.shape)
+                    d[...] = values
+                    arrays[f.key] = self._ragged_values(f, (d, lengths))
+                else:
+                    o = out[f.key][:n]
+                    o[...] = arrays[f.key]
+                    arrays[f.key] = o
+        return arrays
+
+    def _drop_ahead(self):
+        st, self._ahead = self._ahead, None
+        if st is not None and st[0] == os.getpid():
+            with st[1]:
+                while st[2]:
+                    self._drop(st[2].popleft())
 
     def _backed_vars(self):
         """The variables of fields with a backing file, looked up once (a
@@ -583,6 +687,18 @@ class _StoredDataset(_tud.Dataset):
 
     def __repr__(self):
         return f"{type(self).__name__}({self.name!r}, len={self._len}, fields={self.fields})"
+
+
+class _Ahead:
+    """The read of an announced batch, sent (DistDataset.prefetch): its rows,
+    the fields read, the fixed fields' arrays, Store._start_reads's handle,
+    and what it counted in the variables' profiles so far."""
+
+    __slots__ = ("idx", "fields", "arrays", "started", "profiles", "counted")
+
+    def __init__(self, idx, fields, arrays, started, profiles, counted):
+        self.idx, self.fields, self.arrays, self.started = idx, fields, arrays, started
+        self.profiles, self.counted = profiles, counted
 
 
 class DistDataset(_StoredDataset):
