@@ -286,6 +286,24 @@ if r == 0:
     for _ in range(3):
         got = reader._read_many([("batch", "v", np.empty((3, 3), np.int64), idx), ("ragged", "g", idx, None)])
         assert np.array_equal(got[0], idx[:, None] * 10 + np.arange(3) + 1000), got[0]
+    # Reads started (their requests sent) before the variable is freed and
+    # added again, finished after: read again, the new rows.
+    started = reader._start_reads([("batch", "v", np.empty((3, 3), np.int64), idx)], post=True)
+    assert started[4][0], "no request sent ahead"
+s.fence()
+s.free("v")
+s.fence()
+s.add("v", (np.arange(r * n, (r + 1) * n, dtype=np.int64)[:, None] * 10 + np.arange(3)) + 2000)
+s.fence()
+if r == 0:
+    got = reader._finish_reads(started)
+    assert np.array_equal(got[0], idx[:, None] * 10 + np.arange(3) + 2000), got[0]
+    # Started and dropped: the connection it held is closed, the next read
+    # dials afresh.
+    dropped = reader._start_reads([("batch", "v", np.empty((3, 3), np.int64), idx)], post=True)
+    reader._drop_reads(dropped)
+    got = reader._read_many([("batch", "v", np.empty((3, 3), np.int64), idx)])
+    assert np.array_equal(got[0], idx[:, None] * 10 + np.arange(3) + 2000), got[0]
     reader.close()
 s.fence()
 s.close()

@@ -489,6 +489,86 @@ def test_two_ranks_on_two_nodes(job, chunk):
     assert set(every) == set(range(45)), outs
 
 
+
+AHEAD = r"""
+import numpy as np, torch, ddstore
+from torch.utils.data import Dataset
+from ddstore.torch import DistDataset, Graphs, ScheduledSampler, ThreadDataLoader
+from ddstore.torch import dataset as dsmod
+EDGES = {"edge_index": "x"}
+""" + inspect.getsource(Molecules) + inspect.getsource(same) + "same = assert_same\n" + inspect.getsource(naive_graphs) + r"""
+src = Molecules(40)
+ds = DistDataset(src, "g")
+s = ds.store
+r = s.rank
+queue = lambda: ds._ahead[2] if ds._ahead is not None else []  # noqa: E731
+rows = lambda: s.get_profile("g/x")["rows"]  # noqa: E731
+if r == 0:
+    b1, b2, b3, b4 = [21, 3, 30, 22], [25, 1, 2, 39], [5, 33, 34], [36, 6, 20, 7, 27]
+    # Announced batches: their requests sent; read, they are the source's.
+    ds.prefetch(b1)
+    ds.prefetch(b2)
+    assert len(queue()) == 2
+    before = rows()
+    for g, i in zip(ds.__getitems__(b1), b1):
+        same(g, src[i], f"sample {i} read ahead")
+    assert len(queue()) == 1 and rows() == before + len(b1)
+    # Into buffers from alloc(): copied there, views of them.
+    out = ds.alloc(len(b2))
+    got = ds.__getitems__(b2, out=out)
+    for g, i in zip(got, b2):
+        same(g, src[i], f"sample {i} read ahead into out")
+    assert not queue()
+    assert np.shares_memory(got[0]["y"].numpy(), out["y"]), "fixed field not in out"
+    # A batch read that was not announced, and single samples, leave the
+    # announced ones alone; a later one read drops those before it, which
+    # count nothing.
+    ds.prefetch(b3)
+    ds.prefetch(b4)
+    same(ds[33], src[33], "sample 33")
+    for g, i in zip(ds.__getitems__([1, 38]), [1, 38]):
+        same(g, src[i], f"sample {i}")
+    assert len(queue()) == 2
+    before = rows()
+    for g, i in zip(ds.__getitems__(b4), b4):
+        same(g, src[i], f"sample {i} read ahead")
+    assert not queue() and rows() == before + len(b4), (rows(), before)
+    # No more than READ_AHEAD announcements kept, the oldest dropped.
+    for k in range(dsmod.READ_AHEAD + 2):
+        ds.prefetch([20 + k, k])
+    assert len(queue()) == dsmod.READ_AHEAD and np.array_equal(queue()[0].idx, [22, 2])
+    # Rows all of this node: nothing sent, nothing kept.
+    ds._drop_ahead()
+    ds.prefetch([1, 2, 3])
+    assert not queue()
+    # ScheduledSampler (announcing two steps ahead) and ThreadDataLoader:
+    # the batches are the source's, every one read ahead.
+    direct = s.get_profile("g/x")["direct_rows"]
+    sampler = ScheduledSampler(ds, batch_size=5, seed=2, rank=0, ranks=1)
+    n = 0
+    for b, g in zip(list(sampler), ThreadDataLoader(ds, batch_sampler=sampler, collate_fn=Graphs(edges=EDGES))):
+        same(g, naive_graphs([src[i] for i in b]), f"batch {b}")
+        # Batch n taken from those sent; n + 1 and n + 2 sent.
+        assert [a.idx.tolist() for a in queue()] == [sampler.plan(hits=False).batch(k).tolist() for k in range(n + 1, min(n + 3, 8))], (n, queue())
+        n += 1
+    assert n == len(sampler) == 8 and not queue()
+    assert s.get_profile("g/x")["direct_rows"] - direct == sum(1 for i in range(40) if i >= 20 and src.nodes[i] > 0)
+    # close() lets go of what was sent.
+    ds.prefetch(b1)
+    assert queue()
+    ds._stop_readers()
+    assert ds._ahead is None
+s.add("done", np.zeros((1, 1), np.uint8))  # rank 1 serves its rows until rank 0 is done
+ds.close()
+print("ok", r)
+"""
+
+
+def test_read_ahead_of_announced_batches(job):
+    outs = run_ranks(AHEAD, ["a", "b"], job, timeout=120)
+    assert [o.strip().splitlines()[-1] for o in outs] == ["ok 0", "ok 1"], outs
+
+
 FAILING = r"""
 import sys, pickle, numpy as np, torch, ddstore
 from ddstore.torch import DistDataset
