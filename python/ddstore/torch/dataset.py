@@ -39,7 +39,7 @@ import torch.utils.data as _tud
 from .._errors import (ArgumentError, ArgumentTypeError, BadBuffer, BadDataset, Error, IndexOutOfRange,
                        UnknownVariable, Unsupported)
 from ..store import Store
-from ._schema import (_CENSUS, _FIELDS, _META, _Field, _Schema, _check_index, _check_indices, _items,
+from ._schema import (_CENSUS, _FIELDS, _META, WindowValues, _Field, _Schema, _check_index, _check_indices, _items,
                       _shape_words)
 
 _default_collate = getattr(_tud, "default_collate", None) or _tud._utils.collate.default_collate
@@ -1133,13 +1133,16 @@ class WindowedDataset(_tud.Dataset):
     A start whose window does not lie in ds is an IndexError.
 
     A field of varying size (ragged, str, bytes: of a DistDataset or
-    DistDatasetReader) comes as a list of the window's values, row after
-    row, each what the dataset's sample holds; a batch of windows is one
+    DistDatasetReader; over other datasets, a field whose values in the
+    window differ in shape, or are str or bytes, as a WindowValues) comes as
+    a list of the window's values, row after row, each what the dataset's
+    sample holds; a batch of windows is one
     get_ragged per such field. Collated (ThreadDataLoader, or a collate of
     ddstore.torch.collate given ds=this dataset), B windows are the batch
     of their B * window rows, window after window: every field as the
     collate makes it of that many samples (a fixed field [B * window,
-    *shape]).
+    *shape]). Over other datasets so are B windows of which the first holds
+    a WindowValues (ThreadDataLoader's default collate is then Packed).
     """
 
     def __init__(self, ds, window, stride=1, dilation=1, starts=None, fields=None):
@@ -1273,8 +1276,12 @@ class WindowedDataset(_tud.Dataset):
     def _stack(self, samples):
         kind, items = _items(samples[0])
         cols = [[v] for _, v in items]
-        for s in samples[1:]:
-            for c, (_, v) in zip(cols, _items(s)[1]):
+        for j, s in enumerate(samples[1:], 1):
+            k2, it = _items(s)
+            if k2 != kind or [k for k, _ in it] != [k for k, _ in items]:
+                raise BadDataset(f"ddstore: bad geometry: row {j} of a window ({k2}, fields {[k for k, _ in it]}) "
+                                 f"differs from its first ({kind}, fields {[k for k, _ in items]})")
+            for c, (_, v) in zip(cols, it):
                 c.append(v)
         keys = [k for k, _ in items]
         schema = self._schema_of(_Schema(kind, [_Field(k, "", (), "uint8", False) for k in keys]).select(self.fields))
@@ -1283,9 +1290,20 @@ class WindowedDataset(_tud.Dataset):
 
 
 def _stack(values):
-    if isinstance(values[0], torch.Tensor):
+    """A field's values over a window: stacked (window, *shape), or, when
+    they vary in shape or are str or bytes, their WindowValues (as a ragged
+    field of a DistDataset comes)."""
+    first = values[0]
+    if isinstance(first, (str, bytes)):
+        return WindowValues(values)
+    if isinstance(first, torch.Tensor):
+        if any(not isinstance(v, torch.Tensor) or v.shape != first.shape for v in values):
+            return WindowValues(values)
         return torch.stack(values)
-    return np.stack([np.asarray(v) for v in values])
+    arrays = [np.asarray(v) for v in values]
+    if any(a.shape != arrays[0].shape for a in arrays):
+        return WindowValues(values)
+    return np.stack(arrays)
 
 
 def row_of(concat, source, index):

@@ -181,6 +181,53 @@ def test_windowed_ragged(store):
     assert WindowedDataset(ds, 2, fields=["y"])[0]["y"].shape == (2,)  # fixed fields window as before
 
 
+def test_windowed_plain_ragged(store):
+    """Windows over a dataset not of this package whose fields vary in size
+    come and collate as over a DistDataset of the same samples."""
+    src = Molecules()
+    ds = DistDataset(src, "gw", store=store)
+    x_edges = dict(edges={"edge_index": "x"})
+    e_edges = dict(edges={"edge_index": "edge_index"}, nodes="edge_index")
+    for args, kw, graphs in (((3,), dict(stride=2, dilation=2), x_edges),
+                             ((2,), dict(fields=["edge_index", "y", "name"]), e_edges),
+                             ((4,), dict(starts=[49, 0, 3, 3], fields="x"), None)):
+        plain, stored = WindowedDataset(src, *args, **kw), WindowedDataset(ds, *args, **kw)
+        assert len(plain) == len(stored)
+        for i in range(len(plain)):
+            p, q = plain[i], stored[i]
+            if isinstance(q, dict):
+                assert list(p) == list(q)
+                for k in q:
+                    same(list(p[k]), list(q[k]), f"window {i} field {k}")
+            else:
+                same(list(p), list(q), f"window {i}")
+        b = [len(plain) - 1, 0, 2, 2]
+        collates = [Packed] + ([Graphs] if graphs else [])
+        for c in collates:
+            ckw = graphs if c is Graphs else {}
+            want = next(iter(ThreadDataLoader(stored, batch_sampler=[b], collate_fn=c(**ckw))))
+            same(next(iter(ThreadDataLoader(plain, batch_sampler=[b], collate_fn=c(**ckw)))), want)
+            same(next(iter(DataLoader(plain, batch_sampler=[b], collate_fn=c(ds=plain, **ckw)))), want)
+            same(c(**ckw)(plain.__getitems__(b)), want)
+        # ThreadDataLoader's default: Packed, as over the DistDataset.
+        same(next(iter(ThreadDataLoader(plain, batch_sampler=[b]))), next(iter(ThreadDataLoader(stored,
+                                                                                           batch_sampler=[b]))))
+    # Fields that keep their shape stack as before; rows of another kind
+    # than the window's first are refused.
+    assert isinstance(WindowedDataset(src, 2, fields=["y"])[0]["y"], torch.Tensor)
+
+    class Mixed(Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return {"a": torch.zeros(i)} if i % 2 else (torch.zeros(i),)
+
+    with pytest.raises(ddstore.Error, match=r"row 1 of a window \(dict, fields \['a'\]\) differs from its first "
+                                            r"\(tuple"):
+        WindowedDataset(Mixed(), 2)[0]
+
+
 class PlainGraphs(Dataset):
     """Molecules without their str and bytes fields: what a backing file of
     numeric datasets holds."""
