@@ -729,6 +729,17 @@ class Store:
         variable turns out dropped is made again by itself."""
         return self._finish_reads(self._start_reads(reads), overlap)
 
+    def _direct_worth(self, name, indices):
+        """Whether a read of rows indices (checked int64) of variable name
+        would send a request straight to another node's agent: some rows in
+        memory on another node, none only in the backing file (a read ahead
+        of use is started only then: the others gain nothing by it)."""
+        v = self._var(name)
+        if not indices.shape[0] or int(indices.max()) >= v.held:
+            return False
+        owner = v.upper.searchsorted(indices, side="right")
+        return any(v.local[r] is None for r in np.unique(owner).tolist())
+
     def _start_reads(self, reads, post=False):
         """The first half of _read_many: rows of this node copied, the reads
         of the others planned, and with post their direct requests sent now

@@ -522,12 +522,13 @@ class _StoredDataset(_tud.Dataset):
     def prefetch(self, indices):
         """Tell the agents which samples this rank reads soon (ScheduledSampler
         does, steps ahead): those only the backing files hold are read from
-        them now, into staging memory; and the requests for those of other
-        nodes (in memory there) are sent now, when the fields' reads need
-        the agent, their replies left to wait in the socket until the batch
-        is read (by __getitems__ or a loader, without out=, the same indices
-        in the same order, within READ_AHEAD announcements). Samples of this
-        node are copied then. Returns at once."""
+        them now, into staging memory; and when the batch holds samples of
+        other nodes (in memory there) and none only the files hold, its read
+        is started: the samples of this node copied, the requests for the
+        others sent, their replies left to wait in the socket until the
+        batch is read (by __getitems__ or a loader: the same indices in the
+        same order, within READ_AHEAD announcements; with out=, copied
+        into it). Returns without waiting for an agent."""
         idx = _check_indices(indices, self._len, self.name)
         if not idx.size:
             return
@@ -539,7 +540,7 @@ class _StoredDataset(_tud.Dataset):
         """Start the read of rows idx of the fields that need the agent
         (Store._start_reads with post), kept for _take_ahead."""
         fields = [f for f in self._schema.fields if self._needs_agent(f.var)]
-        if not fields:
+        if not fields or not self.store._direct_worth(fields[0].var, idx):
             return
         reads = []
         arrays = {}

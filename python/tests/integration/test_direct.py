@@ -233,6 +233,10 @@ if r == 0:
     nb = lambda f: sum(1 for i in idx if i >= n and f(i) > 0)  # noqa: E731
     assert direct() == [nb(lambda i: 1), nb(lengths), nb(lambda i: lengths(i + 1))] == remote(), (direct(), remote())
     assert sum(len(c) for c in s._direct.idle.values()) == 1, s._direct.idle
+    # Whether a read would go straight to another node's agent (a read
+    # ahead of use is started only then): rows of b, yes; of this node
+    # alone, no.
+    assert s._direct_worth("g", np.array(idx)) and not s._direct_worth("g", np.array([1, 2, 3]))
     # Into a destination of the caller's, larger than the batch.
     out = np.full(64, -1, np.int32)
     g, gl = many([23, 2, 26], out=out)[1]
