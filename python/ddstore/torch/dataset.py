@@ -52,6 +52,9 @@ _LOADS = weakref.WeakKeyDictionary()
 # Announced batches (prefetch) whose reads are kept sent, the oldest dropped
 # past it.
 READ_AHEAD = 4
+# What the start of a read counts in a variable's profile (rows of this
+# node; those of others when they are counted, at the finish).
+_COUNTED = ("calls", "rows", "bytes", "local_rows", "remote_rows", "storage_rows", "remote_calls", "wait_s")
 
 
 def _census_name(store, name):
@@ -553,14 +556,14 @@ class _StoredDataset(_tud.Dataset):
         pid, lock, queue = self._ahead_state()
         with lock:
             profiles = [self.store._var(f.var).profile for f in fields]
-            before = [dict(p) for p in profiles]
+            before = [[p[k] for k in _COUNTED] for p in profiles]
             try:
                 started = self.store._start_reads(reads, post=True)
             except Error:  # the read itself, when it comes, says what is wrong
                 return
             # What the rows of this node cost is counted when the batch is
             # read, not now: a read dropped unused counts nothing.
-            counted = [{k: p[k] - b[k] for k in b} for p, b in zip(profiles, before)]
+            counted = [[p[k] - b for k, b in zip(_COUNTED, bs)] for p, bs in zip(profiles, before)]
             ahead = _Ahead(idx, fields, arrays, started, profiles, counted)
             if not started[4][0]:  # no request sent ahead (none direct): nothing gained by it
                 self._drop(ahead)
@@ -572,7 +575,7 @@ class _StoredDataset(_tud.Dataset):
     def _drop(self, ahead):
         self.store._drop_reads(ahead.started)
         for p, c in zip(ahead.profiles, ahead.counted):
-            for k, d in c.items():
+            for k, d in zip(_COUNTED, c):
                 p[k] -= d
 
     def _ahead_state(self):
