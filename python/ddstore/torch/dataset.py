@@ -52,6 +52,9 @@ _LOADS = weakref.WeakKeyDictionary()
 # Announced batches (prefetch) whose reads are kept sent, the oldest dropped
 # past it.
 READ_AHEAD = 4
+# Announced reads dropped unused in a row after which a process reads no
+# more ahead (it announces batches that others read).
+_GIVE_UP = 2 * READ_AHEAD
 # What the start of a read counts in a variable's profile (rows of this
 # node; those of others when they are counted, at the finish).
 _COUNTED = ("calls", "rows", "bytes", "local_rows", "remote_rows", "storage_rows", "remote_calls", "wait_s")
@@ -258,7 +261,7 @@ class _StoredDataset(_tud.Dataset):
         self._backed = None  # the variables with a backing file (_backed_vars)
         self._far = {}  # variable -> whether its reads may need the agent
         self._readers = None  # (pid, executor): overlapped field reads
-        self._ahead = None  # (pid, lock, deque of _Ahead): reads of announced batches, sent (_read_ahead)
+        self._ahead = None  # (pid, lock, deque of _Ahead, [misses]): reads of announced batches, sent (_read_ahead)
 
     def __len__(self):
         return self._len
@@ -553,7 +556,10 @@ class _StoredDataset(_tud.Dataset):
             else:
                 a = arrays[f.key] = np.empty((idx.shape[0], *f.shape), f.npdtype)
                 reads.append(("batch", f.var, f.dest(a), idx))
-        pid, lock, queue = self._ahead_state()
+        st = self._ahead_state()
+        if st[3][0] >= _GIVE_UP:
+            return
+        pid, lock, queue, misses = st
         with lock:
             profiles = [self.store._var(f.var).profile for f in fields]
             before = [[p[k] for k in _COUNTED] for p in profiles]
@@ -571,6 +577,7 @@ class _StoredDataset(_tud.Dataset):
             queue.append(ahead)
             while len(queue) > READ_AHEAD:
                 self._drop(queue.popleft())
+                misses[0] += 1
 
     def _drop(self, ahead):
         self.store._drop_reads(ahead.started)
@@ -581,7 +588,10 @@ class _StoredDataset(_tud.Dataset):
     def _ahead_state(self):
         st = self._ahead
         if st is None or st[0] != os.getpid():  # a forked child: none of the parent's
-            st = self._ahead = (os.getpid(), threading.Lock(), collections.deque())
+            # misses: reads dropped unused since the last one used (a
+            # process that announces batches others read, as a DataLoader's
+            # main process whose worker processes read them, stops).
+            st = self._ahead = (os.getpid(), threading.Lock(), collections.deque(), [0])
         return st
 
     def _take_ahead(self, idx, out):
@@ -592,7 +602,7 @@ class _StoredDataset(_tud.Dataset):
         st = self._ahead
         if st is None or not st[2] or st[0] != os.getpid():
             return None
-        _, lock, queue = st
+        _, lock, queue, _ = st
         with lock:
             for k, a in enumerate(queue):
                 if a.idx.shape == idx.shape and np.array_equal(a.idx, idx):
@@ -602,6 +612,7 @@ class _StoredDataset(_tud.Dataset):
             for _ in range(k):
                 self._drop(queue.popleft())
             a = queue.popleft()
+            st[3][0] = 0
             got = self.store._finish_reads(a.started, self._reader_pool())
         arrays = a.arrays
         for f, r in zip(a.fields, got):

@@ -584,6 +584,15 @@ if r == 0:
     for k in range(dsmod.READ_AHEAD + 2):
         ds.prefetch([20 + k, k])
     assert len(queue()) == dsmod.READ_AHEAD and np.array_equal(queue()[0].idx, [22, 2])
+    # A process whose announced batches others read (a DataLoader's, with
+    # worker processes) stops reading ahead after 2 READ_AHEAD unused.
+    for k in range(3 * dsmod.READ_AHEAD):
+        ds.prefetch([20 + k % 20, k % 20])
+    kept = [a.idx.tolist() for a in queue()]
+    ds.prefetch([39, 9])
+    assert [a.idx.tolist() for a in queue()] == kept and len(kept) == dsmod.READ_AHEAD, kept
+    for g, i in zip(ds.__getitems__(kept[-1]), kept[-1]):  # those kept are still read ahead
+        same(g, src[i], f"sample {i} read ahead")
     # Rows all of this node: nothing sent, nothing kept.
     ds._drop_ahead()
     ds.prefetch([1, 2, 3])
