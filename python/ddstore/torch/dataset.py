@@ -559,7 +559,7 @@ class _StoredDataset(_tud.Dataset):
         st = self._ahead_state()
         if st[3][0] >= _GIVE_UP:
             return
-        pid, lock, queue, misses = st
+        _, lock, queue, misses = st
         with lock:
             profiles = [self.store._var(f.var).profile for f in fields]
             before = [[p[k] for k in _COUNTED] for p in profiles]

@@ -605,7 +605,8 @@ if r == 0:
     for b, g in zip(list(sampler), ThreadDataLoader(ds, batch_sampler=sampler, collate_fn=Graphs(edges=EDGES))):
         same(g, naive_graphs([src[i] for i in b]), f"batch {b}")
         # Batch n taken from those sent; n + 1 and n + 2 sent.
-        assert [a.idx.tolist() for a in queue()] == [sampler.plan(hits=False).batch(k).tolist() for k in range(n + 1, min(n + 3, 8))], (n, queue())
+        sent = [sampler.plan(hits=False).batch(k).tolist() for k in range(n + 1, min(n + 3, 8))]
+        assert [a.idx.tolist() for a in queue()] == sent, (n, queue())
         n += 1
     assert n == len(sampler) == 8 and not queue()
     assert s.get_profile("g/x")["direct_rows"] - direct == sum(1 for i in range(40) if i >= 20 and src.nodes[i] > 0)
