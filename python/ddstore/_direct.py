@@ -58,8 +58,50 @@ _RANGE = struct.Struct("<qqq")  # FetchRange after its name: id, start, count
 _FETCH = struct.Struct("<qI")  # Fetch after its name: id, count of globals
 
 
+def _pieces(jobs):
+    """jobs in runs of at most PIPELINE_BYTES of requests each."""
+    part, size = [], 0
+    for j in jobs:
+        b = _wire.HEADER.size + len(j.body)
+        if part and size + b > PIPELINE_BYTES:
+            yield part
+            part, size = [], 0
+        part.append(j)
+        size += b
+    if part:
+        yield part
+
+
 class Failed(Exception):
     """A direct read did not happen; the caller reads through its agent."""
+
+
+class Job:
+    """One read of a batch of reads (Pool.run_jobs): a request to the agent
+    at addr (None: one for the own agent only) and where its reply's rows go
+    (want bytes into dst); place() (or None) then puts them where they
+    belong, done() counts them, and fallback() reads them through the own
+    agent instead when the direct read did not happen."""
+
+    __slots__ = ("addr", "op", "body", "dst", "want", "rows", "v", "place", "done", "fallback")
+
+    def __init__(self, addr, op, body, dst, want, v, rows, place=None):
+        self.addr, self.op, self.body, self.dst, self.want = addr, op, body, dst, want
+        self.v, self.rows, self.place = v, rows, place
+        self.done = self.fallback = None
+
+
+def agent_job(fallback):
+    """A Job for the own agent only: fallback() is the read."""
+    j = Job(None, 0, b"", None, 0, None, 0)
+    j.fallback = fallback
+    return j
+
+
+# Bytes of requests sent together on one connection before their replies
+# are read: well under a socket's receive buffer, so that the owner, which
+# answers each before it reads the next, never blocks the sender.
+PIPELINE_BYTES = 32 << 10
 
 
 class Conn:
@@ -125,9 +167,40 @@ class Conn:
         (a writable contiguous buffer of bytes): the header and the rows in
         one receive when they come together."""
         self.req = rid = self.req + 1
-        sock, hdr = self.sock, self.hdr
-        sock.sendall(_HEADER.pack(_MAGIC, _VERSION, op, 0, 0, len(body), 0, rid, 0) + body)
-        n = sock.recvmsg_into([hdr, dst])[0]
+        self.sock.sendall(_HEADER.pack(_MAGIC, _VERSION, op, 0, 0, len(body), 0, rid, 0) + body)
+        self._reply(op, rid, dst, want)
+
+    def send_many(self, jobs):
+        """The jobs' requests sent together; returns the first one's id, for
+        recv_many (the owner answers a connection's fetches one after the
+        other, in order)."""
+        frames, first = [], self.req + 1
+        for j in jobs:
+            self.req += 1
+            frames.append(_HEADER.pack(_MAGIC, _VERSION, j.op, 0, 0, len(j.body), 0, self.req, 0))
+            frames.append(j.body)
+        self.sock.sendall(b"".join(frames))
+        return first
+
+    def recv_many(self, jobs, first):
+        """The replies to send_many's requests, in order, each job's rows
+        into its dst. Returns whether each was read (False: the owner
+        answered an error; the connection stays sound); a broken connection
+        raises."""
+        ok = []
+        for k, j in enumerate(jobs):
+            try:
+                self._reply(j.op, first + k, j.dst, j.want)
+            except Failed:
+                ok.append(False)
+            else:
+                ok.append(True)
+        return ok
+
+    def _reply(self, op, rid, dst, want):
+        """The reply to request rid (op) and its want bytes of rows into dst."""
+        hdr = self.hdr
+        n = self.sock.recvmsg_into([hdr, dst])[0]
         if n < _HLEN:
             self._recv_into(memoryview(hdr)[n:])  # raises at EOF
             n = _HLEN
@@ -282,15 +355,7 @@ class Pool:
             self._put(c)  # the owner answered: the connection is sound
             return False
         except Exception:
-            # A pooled connection may have died with its agent (a restart):
-            # the next read dials afresh; a new one that fails leaves the
-            # address alone a while.
-            c.close()
-            if reused:
-                self._drop_idle(addr)
-            else:
-                self._mark_bad(addr)
-            self._note_moved(addr)
+            self._broken(c, addr, reused)
             return False
         self._put(c)
         return True
@@ -343,45 +408,136 @@ class Pool:
         v.profile["direct_rows"] += k
         return True
 
-    def fetch(self, v, dst, globals_, owners):
-        """Rows globals_ (of ranks owners) into dst (len(globals_) rows,
-        contiguous); False: not read."""
-        k = globals_.shape[0]
-        if k * v.rb > self.max or v.ragged:
-            return False
-        return self._fetch(v, dst, globals_, owners, k * v.rb)
-
     def fetch_ragged(self, v, flat, globals_, owners, at, size):
         """Ragged rows globals_ (of ranks owners, none only in the backing
         file, none empty) into flat[at[k]:at[k] + size[k]]: one Fetch, the
         owner answering each row its own size (as to its peers), received
         straight into flat when the rows follow one another there, else
         into a buffer and placed; False: not read."""
-        total = int(size.sum())
-        if total > self.max:
-            return False
-        a0 = int(at[0])
-        if int(at[-1]) - a0 + int(size[-1]) == total:  # neighbouring places
-            return self._fetch(v, flat[a0:a0 + total], globals_, owners, total)
-        tmp = np.empty(total, dtype=np.uint8)
-        if not self._fetch(v, tmp, globals_, owners, total):
-            return False
-        dm, sm, o = memoryview(flat), memoryview(tmp), 0
-        for a, n in zip(at.tolist(), size.tolist()):
-            dm[a:a + n] = sm[o:o + n]
-            o += n
-        return True
+        j = self.ragged_job(v, flat, globals_, owners, at, size)
+        return j is not None and self.run_one(j)
 
     def _fetch(self, v, dst, globals_, owners, want):
-        k = globals_.shape[0]
+        j = self.fetch_job(v, dst, globals_, owners, want)
+        return j is not None and self.run_one(j)
+
+    def run_one(self, j):
+        """Run the direct job j by itself and place its rows (not done():
+        the caller counts); False: not read."""
+        if not self._run(j.addr, j.op, j.body, j.dst, j.want):
+            return False
+        j.v.profile["direct_rows"] += j.rows
+        if j.place is not None:
+            j.place()
+        return True
+
+    def fetch_job(self, v, dst, globals_, owners, want):
+        """A Job of rows globals_ (of ranks owners) into dst (want bytes,
+        contiguous), or None when they cannot go direct (above the bound,
+        several nodes, an owner without an address)."""
+        if want > self.max:
+            return None
         addr = self.addr_of(v, np.unique(owners).tolist())
         if addr is None:
-            return False
+            return None
+        k = globals_.shape[0]
         body = self._name(v) + _FETCH.pack(v.id, k) + np.ascontiguousarray(globals_, dtype="<i8").tobytes()
-        if not self._run(addr, OP_FETCH, body, dst, want):
-            return False
-        v.profile["direct_rows"] += k
-        return True
+        return Job(addr, OP_FETCH, body, dst, want, v, k)
+
+    def ragged_job(self, v, flat, globals_, owners, at, size):
+        """A Job of ragged rows globals_ into flat[at[k]:at[k] + size[k]]
+        (as fetch_ragged), or None."""
+        total = int(size.sum())
+        a0 = int(at[0])
+        if int(at[-1]) - a0 + int(size[-1]) == total:  # neighbouring places
+            return self.fetch_job(v, flat[a0:a0 + total], globals_, owners, total)
+        tmp = np.empty(total, dtype=np.uint8)
+        j = self.fetch_job(v, tmp, globals_, owners, total)
+        if j is None:
+            return None
+
+        def place():
+            dm, sm, o = memoryview(flat), memoryview(tmp), 0
+            for a, n in zip(at.tolist(), size.tolist()):
+                dm[a:a + n] = sm[o:o + n]
+                o += n
+        j.place = place
+        return j
+
+    def run_jobs(self, jobs):
+        """Run the jobs (post, then collect); returns the jobs left to read
+        through the own agent (see collect)."""
+        return self.collect(self.post(jobs))
+
+    def post(self, jobs):
+        """Send the direct jobs' requests now, those of one owner pipelined on
+        one of its connections (Conn.send_many), which stays out of the pool
+        until collect() or discard() of what this returns."""
+        sent, left, by = [], [], {}
+        for j in jobs:
+            if j.addr is None:
+                left.append(j)
+            else:
+                by.setdefault(j.addr, []).append(j)
+        for addr, group in by.items():
+            for part in _pieces(group):
+                got = self._take(addr)
+                if got is None:
+                    left.extend(part)
+                    continue
+                c, reused = got
+                try:
+                    first = c.send_many(part)
+                except Exception:
+                    self._broken(c, addr, reused)
+                    left.extend(part)
+                    continue
+                sent.append((addr, c, reused, part, first))
+        return sent, left
+
+    def collect(self, posted):
+        """The replies of post()'s requests: each job read finished (place,
+        done); returns the jobs left to read through the own agent (their
+        fallback not yet called): those for the own agent only, and those
+        whose direct read did not happen."""
+        sent, left = posted
+        left = list(left)
+        for addr, c, reused, part, first in sent:
+            try:
+                ok = c.recv_many(part, first)
+            except Exception:  # as _run: a broken connection; the agent path reads them all again
+                self._broken(c, addr, reused)
+                ok = [False] * len(part)
+            else:
+                self._put(c)
+            for j, good in zip(part, ok):
+                if not good:
+                    left.append(j)
+                    continue
+                j.v.profile["direct_rows"] += j.rows
+                if j.place is not None:
+                    j.place()
+                j.done()
+        return left
+
+    @staticmethod
+    def discard(posted):
+        """Let go of post()'s requests unread: their connections are closed
+        (the replies on their way are dropped with them)."""
+        for _, c, _, _, _ in posted[0]:
+            c.close()
+
+    def _broken(self, c, addr, reused):
+        """A connection that failed mid-request: closed; a pooled one may
+        have died with its agent (a restart), so the next read dials afresh;
+        a new one that fails leaves the address alone a while; either way
+        the owner may have moved (Store._readdress)."""
+        c.close()
+        if reused:
+            self._drop_idle(addr)
+        else:
+            self._mark_bad(addr)
+        self._note_moved(addr)
 
     def forked(self):
         """A forked child: the parent's connections are closed here (never

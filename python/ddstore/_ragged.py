@@ -9,7 +9,7 @@ from bisect import bisect_right
 
 import numpy as np
 
-from . import _wire
+from . import _direct, _wire
 from ._errors import ArgumentError, BadBuffer, GeometryError
 from ._vars import MAX_ROWS_PER_READ, check_rows, row_indices
 from .dtypes import as_array, as_destination
@@ -48,8 +48,11 @@ def sizes(v, name, indices):
     return ext[:, 1] - ext[:, 0]
 
 
-def get(store, v, name, indices, out):
-    """Store.get_ragged of v: (values, lengths)."""
+def get(store, v, name, indices, out, jobs=None):
+    """Store.get_ragged of v: (values, lengths). With jobs (a list), the
+    rows of other nodes are not read here: the read of them is appended to
+    jobs (_direct.Job), for the caller to run with other reads' (Store._read_many),
+    and values holds them once it has."""
     only(v, name)
     idx = row_indices(indices)
     n = idx.shape[0]
@@ -116,16 +119,35 @@ def get(store, v, name, indices, out):
         nremote = sel.shape[0]
         if v.total > v.held:
             nstored = int((idx[sel] >= v.held).sum())  # only in the backing file
-        if not nstored and nremote <= MAX_ROWS_PER_READ:
+
+        def through_agent():
+            for lo in range(0, nremote, MAX_ROWS_PER_READ):
+                part = sel[lo:lo + MAX_ROWS_PER_READ]
+                _fetch(store, v, flat, idx[part], pos[part] * ub, lengths[part] * ub)
+        direct = not nstored and nremote <= MAX_ROWS_PER_READ
+        if jobs is not None:
+            j = None
+            if direct:
+                j = store._direct.ragged_job(v, flat, idx[sel], (o0,) if owner is None else owner[sel],
+                                             pos[sel] * ub, lengths[sel] * ub)
+            if j is None:
+                j = _direct.agent_job(None)
+            j.done = lambda: _count(v, n, units * ub, nremote, nstored, t0)
+
+            def fallback():
+                through_agent()
+                j.done()
+            j.fallback = fallback
+            jobs.append(j)
+            return out, lengths
+        if direct:
             # All on one other node, within the bound: straight to its
             # agent (_direct.py), else through the own agent.
             owners = (o0,) if owner is None else owner[sel]
             if store._direct.fetch_ragged(v, flat, idx[sel], owners, pos[sel] * ub, lengths[sel] * ub):
                 _count(v, n, units * ub, nremote, nstored, t0)
                 return out, lengths
-        for lo in range(0, nremote, MAX_ROWS_PER_READ):
-            part = sel[lo:lo + MAX_ROWS_PER_READ]
-            _fetch(store, v, flat, idx[part], pos[part] * ub, lengths[part] * ub)
+        through_agent()
     _count(v, n, units * ub, nremote, nstored, t0)
     return out, lengths
 

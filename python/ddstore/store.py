@@ -733,15 +733,96 @@ class Store:
         self._check_fork()
         return self._reading(name, lambda v: self._get_batch(v, name, arr, indices))
 
-    def _get_batch(self, v, name, arr, indices):
+    def _get_batch(self, v, name, arr, indices, jobs=None):
         _not_ragged(v, "get_batch")
         idx = row_indices(indices)
         dst = self._dst(v, arr, idx.shape[0])
         check_rows(idx, v.total, name)
-        self._gather(v, dst, idx)
+        self._gather(v, dst, idx, jobs)
         return arr
 
-    def _gather(self, v, dst, idx):
+    def _read_many(self, reads, overlap=None):
+        """Several reads made at once, their results in order: each read
+        ("ragged", name, indices, out) as get_ragged(name, indices, out),
+        ("batch", name, arr, indices) as get_batch(name, arr, indices). The
+        rows they need from one other node go to its agent together, their
+        requests pipelined on one direct connection (a batch of several
+        fields waits about one round trip, in this thread); what must go
+        through the own agent is read after, the requests of two or more
+        reads overlapped on `overlap` (an executor) when given. A read whose
+        variable turns out dropped is made again by itself."""
+        return self._finish_reads(self._start_reads(reads), overlap)
+
+    def _direct_worth(self, name, indices):
+        """Whether a read of rows indices (checked int64) of variable name
+        would send a request straight to another node's agent: some rows in
+        memory on another node, none only in the backing file (a read ahead
+        of use is started only then: the others gain nothing by it)."""
+        v = self._var(name)
+        if not indices.shape[0] or int(indices.max()) >= v.held:
+            return False
+        owner = v.upper.searchsorted(indices, side="right")
+        return any(v.local[r] is None for r in np.unique(owner).tolist())
+
+    def _start_reads(self, reads, post=False):
+        """The first half of _read_many: rows of this node copied, the reads
+        of the others planned, and with post their direct requests sent now
+        (their replies wait in the socket for _finish_reads, or are dropped
+        by _drop_reads)."""
+        self._check_fork()
+        jobs, got, vs = [], [], []
+        for kind, name, a, b in reads:
+            v = self._var(name)
+            if kind == "ragged":
+                got.append(_ragged.get(self, v, name, a, b, jobs))
+            else:
+                got.append(self._get_batch(v, name, a, b, jobs))
+            vs.append(v)
+        posted = self._direct.post(jobs) if post else None
+        return reads, jobs, got, vs, posted, os.getpid()
+
+    def _drop_reads(self, started):
+        """Let go of _start_reads's reads unfinished (their results unread)."""
+        posted, pid = started[4], started[5]
+        if posted is not None and pid == os.getpid():
+            self._direct.discard(posted)
+
+    def _finish_reads(self, started, overlap=None):
+        """The second half of _read_many: the results of _start_reads's reads."""
+        reads, jobs, got, vs, posted, pid = started
+        if pid != os.getpid():
+            raise ArgumentError("ddstore: bad argument: reads started in another process")
+        err, stale = None, False
+        try:
+            left = self._direct.collect(posted) if posted is not None else self._direct.run_jobs(jobs)
+        except BaseException as e:  # the agent path reads what the direct one did not finish
+            left, err = [j for j in jobs if j.addr is None], e
+        futures = []
+        if overlap is not None and len(left) > 1:
+            futures = [overlap.submit(j.fallback) for j in left[1:]]
+            left = left[:1]
+        for j in left:
+            try:
+                j.fallback()
+            except FreedVariable:
+                stale = True
+            except BaseException as e:
+                err = err or e
+        for f in futures:
+            try:
+                f.result()
+            except FreedVariable:
+                stale = True
+            except BaseException as e:
+                err = err or e
+        if err is not None:
+            raise err
+        for k, (kind, name, a, b) in enumerate(reads):
+            if stale or vs[k].stale():
+                got[k] = self.get_ragged(name, a, b) if kind == "ragged" else self.get_batch(name, a, b)
+        return got
+
+    def _gather(self, v, dst, idx, jobs=None):
         t0 = time.perf_counter()
         n = idx.shape[0]
         if n == 0:
@@ -783,28 +864,58 @@ class Store:
                 v.profile["storage_rows"] += int(np.count_nonzero(idx[pos] >= v.held))
             if v.win is not None and self._mpi.usable():
                 pos = self._mpi.get_rows(v, dst, idx, pos, owner)
+            elif jobs is not None:
+                j = self._fetch_job(v, dst, idx, pos) if pos.shape[0] <= MAX_ROWS_PER_READ else None
+                if j is None:
+                    j = _direct.agent_job(None)
+                j.done = lambda: count(v, n, nremote, time.perf_counter() - t0)
+
+                def fallback():
+                    for lo in range(0, pos.shape[0], MAX_ROWS_PER_READ):
+                        self._fetch_agent(v, dst, idx, pos[lo:lo + MAX_ROWS_PER_READ])
+                    j.done()
+                j.fallback = fallback
+                jobs.append(j)
+                return
             for lo in range(0, pos.shape[0], MAX_ROWS_PER_READ):
                 self._fetch(v, dst, idx, pos[lo:lo + MAX_ROWS_PER_READ])
         count(v, n, nremote, time.perf_counter() - t0 if nremote else 0.0)
 
     def _fetch(self, v, dst, idx, pos):
+        """Rows idx[pos] from other nodes into dst[pos]: straight from their
+        node's agent when they may (_direct.py), else one request to the own
+        agent."""
+        j = self._fetch_job(v, dst, idx, pos)
+        if j is None or not self._direct.run_one(j):
+            self._fetch_agent(v, dst, idx, pos)
+
+    def _fetch_job(self, v, dst, idx, pos):
+        """The direct read of rows idx[pos] into dst[pos] (a _direct.Job,
+        received into a buffer and placed when the places do not follow one
+        another), or None when they cannot go direct."""
+        rb = v.rb
+        k = pos.shape[0]
+        if k * rb > self._direct.max:
+            return None
+        g = idx[pos]
+        owners = np.searchsorted(v.prefix, g, side="right") - 1
+        p0 = int(pos[0])
+        if int(pos[-1]) - p0 == k - 1 and (k == 1 or bool((np.diff(pos) == 1).all())):
+            return self._direct.fetch_job(v, dst[p0:p0 + k], g, owners, k * rb)
+        tmp = np.empty((k, rb), dtype=np.uint8)
+        j = self._direct.fetch_job(v, tmp, g, owners, k * rb)
+        if j is not None:
+            def place():
+                dst[pos] = tmp
+            j.place = place
+        return j
+
+    def _fetch_agent(self, v, dst, idx, pos):
         """Rows idx[pos] from other nodes into dst[pos]: one request to the
         agent, rows written into a registered region (the destination itself
         when it lies in a buffer from alloc_recv)."""
         rb = v.rb
         k = pos.shape[0]
-        if k * rb <= self._direct.max:
-            g = idx[pos]
-            owners = np.searchsorted(v.prefix, g, side="right") - 1
-            p0 = int(pos[0])
-            if int(pos[-1]) - p0 == k - 1 and (k == 1 or bool((np.diff(pos) == 1).all())):
-                if self._direct.fetch(v, dst[p0:p0 + k], g, owners):
-                    return
-            else:
-                tmp = np.empty((k, rb), dtype=np.uint8)
-                if self._direct.fetch(v, tmp, g, owners):
-                    dst[pos] = tmp
-                    return
         region, base = self._recv.region_of(dst)
 
         def read(lane):

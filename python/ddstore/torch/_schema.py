@@ -339,6 +339,16 @@ def _shape_words(shape):
     return "(" + ", ".join("*" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
+class WindowValues(list):
+    """A field's values over a window of rows (WindowedDataset over a dataset
+    not of this package) where they cannot be stacked: of different shapes,
+    or str and bytes. The collates of ddstore.torch.collate take a batch of
+    windows holding such values as the batch of their rows, window after
+    window."""
+
+    __slots__ = ()
+
+
 def _items(sample):
     """(kind, [(key, value)]) of a source sample."""
     if isinstance(sample, dict):

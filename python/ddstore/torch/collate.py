@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from .._errors import ArgumentError, ArgumentTypeError
-from ._schema import _items
+from ._schema import WindowValues, _items
 
 __all__ = ["Packed", "Padded", "Graphs"]
 
@@ -85,6 +85,20 @@ def _window_rows(kind, samples, w):
     return rows
 
 
+def _plain_window_rows(samples):
+    """The rows of windows of a dataset not of this package (WindowedDataset)
+    when the first holds WindowValues (its fields vary in shape), else
+    None."""
+    s0 = samples[0]
+    if isinstance(s0, WindowValues):  # bare samples
+        return [r for s in samples for r in s]
+    kind, items = _items(s0)
+    lens = [len(v) for _, v in items if isinstance(v, WindowValues)]
+    if not lens:
+        return None
+    return _window_rows(kind, samples, lens[0])
+
+
 def _numpy(t):
     """A CPU tensor's numpy view (no copy), None for one numpy cannot hold
     (on a device, bfloat16, needing grad)."""
@@ -136,6 +150,8 @@ class _Collate:
                                 f"list of samples")
         if self._window is not None:
             samples = _window_rows(self._window.kind, samples, self._window_len)
+        else:
+            samples = _plain_window_rows(samples) or samples
         kind, items = _items(samples[0])
         keys = [k for k, _ in items]
         cols = []

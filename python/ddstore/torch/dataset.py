@@ -24,10 +24,12 @@ in place. Dict datasets also get `{name}/__fields__` (their keys, as JSON
 bytes) for readers that only know DDStore's conventions.
 """
 
+import collections
 import concurrent.futures as _futures
 import json
 import operator
 import os
+import threading
 import weakref
 
 import numpy as np
@@ -37,7 +39,7 @@ import torch.utils.data as _tud
 from .._errors import (ArgumentError, ArgumentTypeError, BadBuffer, BadDataset, Error, IndexOutOfRange,
                        UnknownVariable, Unsupported)
 from ..store import Store
-from ._schema import (_CENSUS, _FIELDS, _META, _Field, _Schema, _check_index, _check_indices, _items,
+from ._schema import (_CENSUS, _FIELDS, _META, WindowValues, _Field, _Schema, _check_index, _check_indices, _items,
                       _shape_words)
 
 _default_collate = getattr(_tud, "default_collate", None) or _tud._utils.collate.default_collate
@@ -47,6 +49,15 @@ _default_collate = getattr(_tud, "default_collate", None) or _tud._utils.collate
 # never meets the previous census while a slower rank still frees it. Every
 # rank makes the same loads, so all count alike.
 _LOADS = weakref.WeakKeyDictionary()
+# Announced batches (prefetch) whose reads are kept sent, the oldest dropped
+# past it.
+READ_AHEAD = 4
+# Announced reads dropped unused in a row after which a process reads no
+# more ahead (it announces batches that others read).
+_GIVE_UP = 2 * READ_AHEAD
+# What the start of a read counts in a variable's profile (rows of this
+# node; those of others when they are counted, at the finish).
+_COUNTED = ("calls", "rows", "bytes", "local_rows", "remote_rows", "storage_rows", "remote_calls", "wait_s")
 
 
 def _census_name(store, name):
@@ -250,6 +261,7 @@ class _StoredDataset(_tud.Dataset):
         self._backed = None  # the variables with a backing file (_backed_vars)
         self._far = {}  # variable -> whether its reads may need the agent
         self._readers = None  # (pid, executor): overlapped field reads
+        self._ahead = None  # (pid, lock, deque of _Ahead, [misses]): reads of announced batches, sent (_read_ahead)
 
     def __len__(self):
         return self._len
@@ -407,25 +419,34 @@ class _StoredDataset(_tud.Dataset):
         """Per-field arrays (len(idx), *shape) of rows idx (checked int64),
         in `out` (from _ddstore_buffers) when given. When several fields'
         reads may need the agent (rows of other nodes or of backing files),
-        they overlap: all but the first on the dataset's reader threads,
-        each a request of its own, so that a batch waits about one round
-        trip instead of one per field."""
+        they are made together (Store._read_many): the rows each needs from
+        one other node go to its agent in requests pipelined on one
+        connection, in this thread; the requests for the own agent overlap,
+        all but the first on the dataset's reader threads. A batch waits
+        about one round trip instead of one per field."""
         schema = self._schema.select(keys)
         fields = schema.fields
+        ahead = self._take_ahead(idx, out) if keys is None and self._ahead is not None else None
+        if ahead is not None:
+            return schema, [ahead[f.key] if f.key in ahead else self._read_field(f, idx, out) for f in fields]
         far = [k for k, f in enumerate(fields) if self._needs_agent(f.var)] if idx.shape[0] else []
         if len(far) < 2:
             return schema, [self._read_field(f, idx, out) for f in fields]
-        pool = self._reader_pool()
-        futures = {k: pool.submit(self._read_field, fields[k], idx, out) for k in far[1:]}
-        arrays, err = [], None
-        for k, f in enumerate(fields):
-            try:
-                arrays.append(futures[k].result() if k in futures else self._read_field(f, idx, out))
-            except BaseException as e:  # the others are waited for: they write into out
-                err = err or e
-                arrays.append(None)
-        if err is not None:
-            raise err
+        arrays = [None if k in far else self._read_field(f, idx, out) for k, f in enumerate(fields)]
+        reads = []
+        for k in far:
+            f = fields[k]
+            if f.ragged:
+                reads.append(("ragged", f.var, idx, self._ragged_dest(f, idx, out)))
+            else:
+                a = out[f.key][:idx.shape[0]] if out is not None else np.empty((idx.shape[0], *f.shape), f.npdtype)
+                arrays[k] = a
+                reads.append(("batch", f.var, f.dest(a), idx))
+        got = self.store._read_many(reads, self._reader_pool())
+        for k, r in zip(far, got):
+            f = fields[k]
+            if f.ragged:
+                arrays[k] = self._ragged_values(f, r) if out is not None else r
         return schema, arrays
 
     def _read_field(self, f, idx, out):
@@ -457,16 +478,25 @@ class _StoredDataset(_tud.Dataset):
         return pool[1]
 
     def _stop_readers(self):
+        self._drop_ahead()
         pool, self._readers = self._readers, None
         if pool is not None and pool[0] == os.getpid():
             pool[1].shutdown(wait=True)
 
     def _read_ragged(self, f, idx, out):
         """(values, lengths) of rows idx of a ragged field: one get_ragged,
-        into out's buffer for the field when given (grown when a batch's
-        units outgrow it, and kept in out for the next batch)."""
-        if out is None:
+        into out's buffer for the field when given (see _ragged_dest)."""
+        dest = self._ragged_dest(f, idx, out)
+        if dest is None:
             return self.store.get_ragged(f.var, idx)
+        return self._ragged_values(f, self.store.get_ragged(f.var, idx, out=dest))
+
+    def _ragged_dest(self, f, idx, out):
+        """Where rows idx of ragged field f go: out's buffer for the field
+        (grown when a batch's units outgrow it, and kept in out for the next
+        batch), or None without out."""
+        if out is None:
+            return None
         units = int(self.store.ragged_sizes(f.var, idx).sum())
         buf = out.get(f.key)
         if buf is None or buf.shape[0] < units:
@@ -476,7 +506,11 @@ class _StoredDataset(_tud.Dataset):
             buf = (self.store._recv_buffer(shape, f.npdtype) if self.store._through_agent(f.var)
                    else np.empty(shape, f.npdtype))
             out[f.key] = buf
-        values, lengths = self.store.get_ragged(f.var, idx, out=f.dest(buf))
+        return f.dest(buf)
+
+    @staticmethod
+    def _ragged_values(f, got):
+        values, lengths = got
         if isinstance(values, torch.Tensor):
             values = values.numpy()
         return values.view(f.npdtype), lengths
@@ -494,14 +528,117 @@ class _StoredDataset(_tud.Dataset):
     def prefetch(self, indices):
         """Tell the agents which samples this rank reads soon (ScheduledSampler
         does, steps ahead): those only the backing files hold are read from
-        them now, into staging memory. Samples in memory are skipped, and so
-        are datasets without backing files. Returns at once."""
+        them now, into staging memory; and when the batch holds samples of
+        other nodes (in memory there) and none only the files hold, its read
+        is started: the samples of this node copied, the requests for the
+        others sent, their replies left to wait in the socket until the
+        batch is read (by __getitems__ or a loader: the same indices in the
+        same order, within READ_AHEAD announcements; with out=, copied
+        into it). Returns without waiting for an agent."""
         idx = _check_indices(indices, self._len, self.name)
-        backed = self._backed_vars()
-        if not idx.size or not backed:
+        if not idx.size:
             return
-        for var in backed:
+        for var in self._backed_vars():
             self.store.prefetch(var, idx)
+        self._read_ahead(idx)
+
+    def _read_ahead(self, idx):
+        """Start the read of rows idx of the fields that need the agent
+        (Store._start_reads with post), kept for _take_ahead."""
+        fields = [f for f in self._schema.fields if self._needs_agent(f.var)]
+        if not fields or not self.store._direct_worth(fields[0].var, idx):
+            return
+        reads = []
+        arrays = {}
+        for f in fields:
+            if f.ragged:
+                reads.append(("ragged", f.var, idx, None))
+            else:
+                a = arrays[f.key] = np.empty((idx.shape[0], *f.shape), f.npdtype)
+                reads.append(("batch", f.var, f.dest(a), idx))
+        st = self._ahead_state()
+        if st[3][0] >= _GIVE_UP:
+            return
+        _, lock, queue, misses = st
+        with lock:
+            profiles = [self.store._var(f.var).profile for f in fields]
+            before = [[p[k] for k in _COUNTED] for p in profiles]
+            try:
+                started = self.store._start_reads(reads, post=True)
+            except Error:  # the read itself, when it comes, says what is wrong
+                return
+            # What the rows of this node cost is counted when the batch is
+            # read, not now: a read dropped unused counts nothing.
+            counted = [[p[k] - b for k, b in zip(_COUNTED, bs)] for p, bs in zip(profiles, before)]
+            ahead = _Ahead(idx, fields, arrays, started, profiles, counted)
+            if not started[4][0]:  # no request sent ahead (none direct): nothing gained by it
+                self._drop(ahead)
+                return
+            queue.append(ahead)
+            while len(queue) > READ_AHEAD:
+                self._drop(queue.popleft())
+                misses[0] += 1
+
+    def _drop(self, ahead):
+        self.store._drop_reads(ahead.started)
+        for p, c in zip(ahead.profiles, ahead.counted):
+            for k, d in zip(_COUNTED, c):
+                p[k] -= d
+
+    def _ahead_state(self):
+        st = self._ahead
+        if st is None or st[0] != os.getpid():  # a forked child: none of the parent's
+            # misses: reads dropped unused since the last one used (a
+            # process that announces batches others read, as a DataLoader's
+            # main process whose worker processes read them, stops).
+            st = self._ahead = (os.getpid(), threading.Lock(), collections.deque(), [0])
+        return st
+
+    def _take_ahead(self, idx, out):
+        """[array per field] of the announced read of rows idx, finished (the
+        reads announced before it dropped), into out's buffers when given
+        (copied), or None when there is none (no array for a field that
+        needs no agent: the caller reads it)."""
+        st = self._ahead
+        if st is None or not st[2] or st[0] != os.getpid():
+            return None
+        _, lock, queue, _ = st
+        with lock:
+            for k, a in enumerate(queue):
+                if a.idx.shape == idx.shape and np.array_equal(a.idx, idx):
+                    break
+            else:
+                return None
+            for _ in range(k):
+                self._drop(queue.popleft())
+            a = queue.popleft()
+            st[3][0] = 0
+            got = self.store._finish_reads(a.started, self._reader_pool())
+        arrays = a.arrays
+        for f, r in zip(a.fields, got):
+            if f.ragged:
+                arrays[f.key] = r
+        if out is not None:
+            n = idx.shape[0]
+            for f in a.fields:
+                if f.ragged:
+                    values, lengths = arrays[f.key]
+                    dest = self._ragged_dest(f, idx, out)
+                    d = dest.reshape(-1)[:values.size].reshape(values.shape)
+                    d[...] = values
+                    arrays[f.key] = self._ragged_values(f, (d, lengths))
+                else:
+                    o = out[f.key][:n]
+                    o[...] = arrays[f.key]
+                    arrays[f.key] = o
+        return arrays
+
+    def _drop_ahead(self):
+        st, self._ahead = self._ahead, None
+        if st is not None and st[0] == os.getpid():
+            with st[1]:
+                while st[2]:
+                    self._drop(st[2].popleft())
 
     def _backed_vars(self):
         """The variables of fields with a backing file, looked up once (a
@@ -565,6 +702,18 @@ class _StoredDataset(_tud.Dataset):
 
     def __repr__(self):
         return f"{type(self).__name__}({self.name!r}, len={self._len}, fields={self.fields})"
+
+
+class _Ahead:
+    """The read of an announced batch, sent (DistDataset.prefetch): its rows,
+    the fields read, the fixed fields' arrays, Store._start_reads's handle,
+    and what it counted in the variables' profiles so far."""
+
+    __slots__ = ("idx", "fields", "arrays", "started", "profiles", "counted")
+
+    def __init__(self, idx, fields, arrays, started, profiles, counted):
+        self.idx, self.fields, self.arrays, self.started = idx, fields, arrays, started
+        self.profiles, self.counted = profiles, counted
 
 
 class DistDataset(_StoredDataset):
@@ -999,13 +1148,16 @@ class WindowedDataset(_tud.Dataset):
     A start whose window does not lie in ds is an IndexError.
 
     A field of varying size (ragged, str, bytes: of a DistDataset or
-    DistDatasetReader) comes as a list of the window's values, row after
-    row, each what the dataset's sample holds; a batch of windows is one
+    DistDatasetReader; over other datasets, a field whose values in the
+    window differ in shape, or are str or bytes, as a WindowValues) comes as
+    a list of the window's values, row after row, each what the dataset's
+    sample holds; a batch of windows is one
     get_ragged per such field. Collated (ThreadDataLoader, or a collate of
     ddstore.torch.collate given ds=this dataset), B windows are the batch
     of their B * window rows, window after window: every field as the
     collate makes it of that many samples (a fixed field [B * window,
-    *shape]).
+    *shape]). Over other datasets so are B windows of which the first holds
+    a WindowValues (ThreadDataLoader's default collate is then Packed).
     """
 
     def __init__(self, ds, window, stride=1, dilation=1, starts=None, fields=None):
@@ -1139,8 +1291,12 @@ class WindowedDataset(_tud.Dataset):
     def _stack(self, samples):
         kind, items = _items(samples[0])
         cols = [[v] for _, v in items]
-        for s in samples[1:]:
-            for c, (_, v) in zip(cols, _items(s)[1]):
+        for j, s in enumerate(samples[1:], 1):
+            k2, it = _items(s)
+            if k2 != kind or [k for k, _ in it] != [k for k, _ in items]:
+                raise BadDataset(f"ddstore: bad geometry: row {j} of a window ({k2}, fields {[k for k, _ in it]}) "
+                                 f"differs from its first ({kind}, fields {[k for k, _ in items]})")
+            for c, (_, v) in zip(cols, it):
                 c.append(v)
         keys = [k for k, _ in items]
         schema = self._schema_of(_Schema(kind, [_Field(k, "", (), "uint8", False) for k in keys]).select(self.fields))
@@ -1149,9 +1305,20 @@ class WindowedDataset(_tud.Dataset):
 
 
 def _stack(values):
-    if isinstance(values[0], torch.Tensor):
+    """A field's values over a window: stacked (window, *shape), or, when
+    they vary in shape or are str or bytes, their WindowValues (as a ragged
+    field of a DistDataset comes)."""
+    first = values[0]
+    if isinstance(first, (str, bytes)):
+        return WindowValues(values)
+    if isinstance(first, torch.Tensor):
+        if any(not isinstance(v, torch.Tensor) or v.shape != first.shape for v in values):
+            return WindowValues(values)
         return torch.stack(values)
-    return np.stack([np.asarray(v) for v in values])
+    arrays = [np.asarray(v) for v in values]
+    if any(a.shape != arrays[0].shape for a in arrays):
+        return WindowValues(values)
+    return np.stack(arrays)
 
 
 def row_of(concat, source, index):

@@ -256,7 +256,7 @@ class ThreadDataLoader:
                 batch = ds._ddstore_collated(indices, buffers(slot, len(indices)), ours)
                 return _copy(batch) if copies and reuse else batch
             return fetch
-        collate = self.collate_fn or _default_collate
+        collate = self.collate_fn or _plain_default
 
         def fetch(indices, slot):
             if fast:
@@ -291,6 +291,16 @@ class ThreadDataLoader:
             finally:
                 pool.put(got)
         return fetch
+
+
+def _plain_default(samples):
+    """The default collate of samples not read by this package: torch's,
+    but Packed for windows (WindowedDataset) whose fields vary in shape, as
+    over a DistDataset with ragged fields."""
+    from .collate import Packed, _plain_window_rows
+    if _plain_window_rows(samples[:1]) is not None:
+        return Packed()(samples)
+    return _default_collate(samples)
 
 
 def _span(ptr, shape, strides, itemsize):

@@ -3,7 +3,8 @@ message-passing network (ddstore_bench.gnn.model) on the same structures,
 run with each loader, and a table of what each cost.
 
     python -m ddstore_bench.gnn train [--json] [--loaders L ...] [--samples N]
-        [--epochs E] [--batch B] [--ranks P] [--nodes K] [--workers W] [--threads T] [--data DIR]
+        [--epochs E] [--batch B] [--ranks P] [--nodes K] [--workers W] [--threads T]
+        [--prefetch S] [--data DIR]
 
 The command generates the dataset under DIR when it is missing
 (ddstore_bench.gnn.data), starts P ranks on this machine (ddstore.launch)
@@ -25,7 +26,12 @@ before them, as graph libraries collate):
   lengths, and a fixed one for the energies), every rank holding its share
   [r N / P, (r + 1) N / P); ScheduledSampler("random") and ThreadDataLoader
   with the Graphs collate: a batch is one get_ragged per field, rows of
-  other ranks included;
+  other ranks included, read in the loop's thread (--threads 0); the
+  sampler announces each batch --prefetch steps ahead (2), when the
+  dataset sends the requests for its rows of other nodes, so that the
+  replies wait in the socket when the loop asks for the batch (no thread,
+  no process: --prefetch 0 asks for every batch only then, as the other
+  loaders read theirs);
 * ddstore-locality: the same DistDataset holding only the prefix of the
   structures that fills --capacity of the set's bytes (0.5), the agents
   reading the others from the flat file's values and offsets, coalesced
@@ -83,6 +89,11 @@ def add_arguments(p):
     p.add_argument("--threads", type=int, default=0,
                    help="ThreadDataLoader worker threads of ddstore and ddstore-locality (default 0: batches read "
                         "in the training loop's thread, as the other loaders read theirs by default)")
+    p.add_argument("--prefetch", type=int, default=2,
+                   help="steps ahead ScheduledSampler announces each batch of ddstore and ddstore-locality (default "
+                        "2): ddstore-locality's agents stage the rows only the file holds, and both send the requests "
+                        "for rows of other nodes then, read when the loop asks for the batch; 0: every batch asked "
+                        "for only when the loop wants it, as the other loaders read theirs")
     p.add_argument("--capacity", type=float, default=0.5,
                    help="memory of ddstore-locality, a fraction of the set's bytes (default 0.5)")
     p.add_argument("--data", default=None,
@@ -103,6 +114,8 @@ def config(a, ranks):
         raise ValueError(f"--workers {a.workers}: want >= 0")
     if a.threads < 0:
         raise ValueError(f"--threads {a.threads}: want >= 0")
+    if a.prefetch < 0:
+        raise ValueError(f"--prefetch {a.prefetch}: want >= 0")
     if not 0 < a.capacity <= 1:
         raise ValueError(f"--capacity {a.capacity}: want a fraction of the set's bytes in (0, 1]")
     if a.batch * ranks > a.samples:
@@ -110,6 +123,7 @@ def config(a, ranks):
     d = os.path.abspath(a.data or os.path.join(tempfile.gettempdir(), f"ddstore-gnn-{a.samples}"))
     return {"loaders": _loaders(a.loaders), "samples": a.samples, "epochs": a.epochs, "batch": a.batch,
             "ranks": ranks, "data": d, "seed": a.seed, "workers": a.workers, "threads": a.threads, "lr": a.lr,
+            "prefetch": a.prefetch,
             "data_seed": 0,
             "capacity": a.capacity,
             "flat": os.path.join(d, data.FLAT_NAME),
@@ -334,7 +348,7 @@ class _Stored(_Loader):
         self.ds = DistDataset(FlatStructures(c["flat"]), self.var, store=self.store, **self.dataset_args())
         self.storage += self.ds.hi - self.ds.lo
         self.sampler = ScheduledSampler(self.ds, c["batch"], seed=c["seed"], policy=self.policy, drop_last=True,
-                                        epochs=c["epochs"], **self.sampler_args())
+                                        epochs=c["epochs"], prefetch=c.get("prefetch", 2), **self.sampler_args())
         self.loader = ThreadDataLoader(self.ds, batch_sampler=self.sampler, num_workers=c["threads"],
                                        collate_fn=Graphs(edges={"edge_index": "z"}))
         self._prof = self._profile()
@@ -398,7 +412,7 @@ class Locality(_Stored):
             "dist": (f"{h5}:/dist", f"{h5}:/edge_offsets"), "energy": f"{h5}:/energy"}}
 
     def sampler_args(self):
-        return {"sizes": self.sizes, "capacity_bytes": self.budget, "prefetch": 2}
+        return {"sizes": self.sizes, "capacity_bytes": self.budget}
 
     def planned_bytes(self, e):
         """(bytes, of them from storage) this rank reads in epoch e, as
@@ -584,7 +598,8 @@ def rank_main(cfg, generate=False):
     store.close()
     out = None
     if rank == 0:
-        out = {k: cfg[k] for k in ("ranks", "epochs", "batch", "samples", "seed", "workers", "threads", "data")}
+        out = {k: cfg.get(k) for k in ("ranks", "epochs", "batch", "samples", "seed", "workers", "threads", "prefetch",
+                                        "data")}
         out["loaders"] = results
         write_result(cfg, out)
     dist.barrier()
@@ -659,7 +674,7 @@ def _byte_hit_rate(ep):
 def report(r):
     out = [f"gnn train: {r['ranks']} ranks, {r['samples']} structures, batch {r['batch']} per rank, "
            f"{r['epochs']} epochs, seed {r['seed']}, baseline workers {r['workers']}, ddstore threads "
-           f"{r.get('threads', 0)}", f"data: {r['data']}", ""]
+           f"{r.get('threads', 0)}, ddstore prefetch {r.get('prefetch', 2)}", f"data: {r['data']}", ""]
     base = r["loaders"].get("baseline")
     rows = [("loader", "loading s", "x shorter", "epoch s", "storage reads/epoch", "hit rate", "set-up s",
              "loss (last)", "max dloss", "errors")]

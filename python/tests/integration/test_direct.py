@@ -323,3 +323,137 @@ def test_direct_owner_restart(job, monkeypatch):
         for p in agents.values():
             p.terminate()
             p.wait()
+
+
+MANY = r"""
+import threading
+from concurrent.futures import ThreadPoolExecutor
+import numpy as np, ddstore
+from ddstore import Error
+
+s = ddstore.Store()
+r = s.rank
+n = 20
+def lengths(g):
+    return g % 4  # empty rows too
+s.add("v", (np.arange(r * n, (r + 1) * n, dtype=np.int64)[:, None] * 10 + np.arange(3)))
+s.add_ragged("g", np.concatenate([np.full(lengths(g), g, np.int32) for g in range(r * n, (r + 1) * n)]),
+             [lengths(g) for g in range(r * n, (r + 1) * n)])
+s.add_ragged("h", np.concatenate([np.full((lengths(g + 1), 2), -g, np.float32) for g in range(r * n, (r + 1) * n)]),
+             [lengths(g + 1) for g in range(r * n, (r + 1) * n)])
+s.fence()
+
+def check(idx, got):
+    (v,), (g, gl), (h, hl) = [got[0]], got[1], got[2]
+    idx = np.asarray(idx)
+    assert np.array_equal(v, idx[:, None] * 10 + np.arange(3)), (idx, v)
+    assert gl.tolist() == [lengths(i) for i in idx] and g.tolist() == [i for i in idx for _ in range(lengths(i))]
+    assert hl.tolist() == [lengths(i + 1) for i in idx]
+    assert np.array_equal(h, np.concatenate([np.full((lengths(i + 1), 2), -i, np.float32) for i in idx]))
+
+def many(idx, out=None, overlap=None):
+    idx = np.asarray(idx, np.int64)
+    got = s._read_many([("batch", "v", np.empty((len(idx), 3), np.int64), idx), ("ragged", "g", idx, out),
+                        ("ragged", "h", idx, None)], overlap)
+    check(idx, got)
+    return got
+
+def direct():
+    return [s.get_profile(k)["direct_rows"] for k in ("v", "g", "h")]
+
+def remote():
+    return [s.get_profile(k)["remote_rows"] for k in ("v", "g", "h")]
+
+if r == 0:
+    # Rows of node b and of this node: b's of the three variables in
+    # requests pipelined on one connection to b's agent.
+    idx = [21, 3, 22, 27, 5, 39]
+    many(idx)
+    nb = lambda f: sum(1 for i in idx if i >= n and f(i) > 0)  # noqa: E731
+    assert direct() == [nb(lambda i: 1), nb(lengths), nb(lambda i: lengths(i + 1))] == remote(), (direct(), remote())
+    assert sum(len(c) for c in s._direct.idle.values()) == 1, s._direct.idle
+    # Whether a read would go straight to another node's agent (a read
+    # ahead of use is started only then): rows of b, yes; of this node
+    # alone, no.
+    assert s._direct_worth("g", np.array(idx)) and not s._direct_worth("g", np.array([1, 2, 3]))
+    # Into a destination of the caller's, larger than the batch.
+    out = np.full(64, -1, np.int32)
+    g, gl = many([23, 2, 26], out=out)[1]
+    assert g.base is not None and (out[int(gl.sum()):] == -1).all()
+    # Rows of nodes b and c: through the own agent, the reads overlapped on
+    # the executor's threads.
+    names = set()
+    class Pool(ThreadPoolExecutor):
+        def submit(self, fn, *a):
+            def run():
+                names.add(threading.current_thread().name)
+                return fn(*a)
+            return super().submit(run)
+    d = direct()
+    with Pool(2, thread_name_prefix="overlap") as pool:
+        many([21, 41, 22, 42, 1], overlap=pool)
+        assert direct() == d and names and all(x.startswith("overlap") for x in names), (direct(), names)
+        # No direct reads at all (over the byte bound): the same rows.
+        bound, s._direct.max = s._direct.max, 0
+        many([21, 3, 25], overlap=pool)
+        s._direct.max = bound
+    assert direct() == d
+    # A bad index fails the whole call, naming it; the store keeps working.
+    try:
+        many([21, 60])
+        raise AssertionError("index 60 of 60 rows read")
+    except Error as e:
+        assert "60" in str(e), e
+    many([21, 33])
+    # A ragged read of a fixed variable, and the reverse: refused.
+    for reads in ([("ragged", "v", np.array([1]), None)], [("batch", "g", np.empty((1, 1), np.int32), np.array([1]))]):
+        try:
+            s._read_many(reads)
+            raise AssertionError(f"{reads} read")
+        except Error:
+            pass
+s.fence()
+# A variable freed and added again with other rows under a reader that
+# keeps its table: the batch is read again, never the old rows.
+if r == 0:
+    reader = ddstore.Store(reader=True)
+    idx = np.array([21, 2, 30], np.int64)
+    got = reader._read_many([("batch", "v", np.empty((3, 3), np.int64), idx)])
+    assert np.array_equal(got[0], idx[:, None] * 10 + np.arange(3))
+s.fence()
+s.free("v")
+s.fence()
+s.add("v", (np.arange(r * n, (r + 1) * n, dtype=np.int64)[:, None] * 10 + np.arange(3)) + 1000)
+s.fence()
+if r == 0:
+    for _ in range(3):
+        got = reader._read_many([("batch", "v", np.empty((3, 3), np.int64), idx), ("ragged", "g", idx, None)])
+        assert np.array_equal(got[0], idx[:, None] * 10 + np.arange(3) + 1000), got[0]
+    # Reads started (their requests sent) before the variable is freed and
+    # added again, finished after: read again, the new rows.
+    started = reader._start_reads([("batch", "v", np.empty((3, 3), np.int64), idx)], post=True)
+    assert started[4][0], "no request sent ahead"
+s.fence()
+s.free("v")
+s.fence()
+s.add("v", (np.arange(r * n, (r + 1) * n, dtype=np.int64)[:, None] * 10 + np.arange(3)) + 2000)
+s.fence()
+if r == 0:
+    got = reader._finish_reads(started)
+    assert np.array_equal(got[0], idx[:, None] * 10 + np.arange(3) + 2000), got[0]
+    # Started and dropped: the connection it held is closed, the next read
+    # dials afresh.
+    dropped = reader._start_reads([("batch", "v", np.empty((3, 3), np.int64), idx)], post=True)
+    reader._drop_reads(dropped)
+    got = reader._read_many([("batch", "v", np.empty((3, 3), np.int64), idx)])
+    assert np.array_equal(got[0], idx[:, None] * 10 + np.arange(3) + 2000), got[0]
+    reader.close()
+s.fence()
+s.close()
+print("ok", r)
+"""
+
+
+def test_reads_made_together(job):
+    outs = run_ranks(MANY, ["a", "b", "c"], job)
+    assert [o.strip().splitlines()[-1] for o in outs] == ["ok 0", "ok 1", "ok 2"], outs

@@ -181,6 +181,53 @@ def test_windowed_ragged(store):
     assert WindowedDataset(ds, 2, fields=["y"])[0]["y"].shape == (2,)  # fixed fields window as before
 
 
+def test_windowed_plain_ragged(store):
+    """Windows over a dataset not of this package whose fields vary in size
+    come and collate as over a DistDataset of the same samples."""
+    src = Molecules()
+    ds = DistDataset(src, "gw", store=store)
+    x_edges = dict(edges={"edge_index": "x"})
+    e_edges = dict(edges={"edge_index": "edge_index"}, nodes="edge_index")
+    for args, kw, graphs in (((3,), dict(stride=2, dilation=2), x_edges),
+                             ((2,), dict(fields=["edge_index", "y", "name"]), e_edges),
+                             ((4,), dict(starts=[49, 0, 3, 3], fields="x"), None)):
+        plain, stored = WindowedDataset(src, *args, **kw), WindowedDataset(ds, *args, **kw)
+        assert len(plain) == len(stored)
+        for i in range(len(plain)):
+            p, q = plain[i], stored[i]
+            if isinstance(q, dict):
+                assert list(p) == list(q)
+                for k in q:
+                    same(list(p[k]), list(q[k]), f"window {i} field {k}")
+            else:
+                same(list(p), list(q), f"window {i}")
+        b = [len(plain) - 1, 0, 2, 2]
+        collates = [Packed] + ([Graphs] if graphs else [])
+        for c in collates:
+            ckw = graphs if c is Graphs else {}
+            want = next(iter(ThreadDataLoader(stored, batch_sampler=[b], collate_fn=c(**ckw))))
+            same(next(iter(ThreadDataLoader(plain, batch_sampler=[b], collate_fn=c(**ckw)))), want)
+            same(next(iter(DataLoader(plain, batch_sampler=[b], collate_fn=c(ds=plain, **ckw)))), want)
+            same(c(**ckw)(plain.__getitems__(b)), want)
+        # ThreadDataLoader's default: Packed, as over the DistDataset.
+        same(next(iter(ThreadDataLoader(plain, batch_sampler=[b]))), next(iter(ThreadDataLoader(stored,
+                                                                                           batch_sampler=[b]))))
+    # Fields that keep their shape stack as before; rows of another kind
+    # than the window's first are refused.
+    assert isinstance(WindowedDataset(src, 2, fields=["y"])[0]["y"], torch.Tensor)
+
+    class Mixed(Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return {"a": torch.zeros(i)} if i % 2 else (torch.zeros(i),)
+
+    with pytest.raises(ddstore.Error, match=r"row 1 of a window \(dict, fields \['a'\]\) differs from its first "
+                                            r"\(tuple"):
+        WindowedDataset(Mixed(), 2)[0]
+
+
 class PlainGraphs(Dataset):
     """Molecules without their str and bytes fields: what a backing file of
     numeric datasets holds."""
@@ -449,10 +496,13 @@ for b, g in zip(list(sampler), ThreadDataLoader(ds, batch_sampler=sampler, num_w
     same(g, naive_graphs([src[i] for i in b]), f"rank {r} batch {b}")
     n += 1
 assert n == len(sampler)
-# The fields' reads of a batch (each needing the agent: rows of the other
-# node) overlapped on the dataset's reader threads, which close() stops.
+# The fields' reads of a batch (each needing rows of the other node) went
+# straight to its agent, pipelined in the loader's thread: no reader thread
+# of the dataset's was needed; close() stops any there are.
 readers = lambda: [t for t in threading.enumerate() if t.name.startswith("ddstore-fields-")]  # noqa: E731
-assert readers()
+for k in ("x", "pos", "edge_index"):
+    p = s.get_profile(f"g/{k}")
+    assert p["remote_rows"] > 0 and p["direct_rows"] == p["remote_rows"], (k, p)
 # The budget sampler: every rank the same number of steps, within budget,
 # each graph once across the ranks but for the padding of the last round.
 bs = BudgetSampler(ds, budget=30, seed=4)
@@ -484,6 +534,96 @@ def test_two_ranks_on_two_nodes(job, chunk):
     assert words[0][5] == words[1][5], outs
     every = [int(x) for w in words for x in w[7].split(",")]
     assert set(every) == set(range(45)), outs
+
+
+
+AHEAD = r"""
+import numpy as np, torch, ddstore
+from torch.utils.data import Dataset
+from ddstore.torch import DistDataset, Graphs, ScheduledSampler, ThreadDataLoader
+from ddstore.torch import dataset as dsmod
+EDGES = {"edge_index": "x"}
+""" + inspect.getsource(Molecules) + inspect.getsource(same) + "same = assert_same\n" + inspect.getsource(naive_graphs) + r"""
+src = Molecules(40)
+ds = DistDataset(src, "g")
+s = ds.store
+r = s.rank
+queue = lambda: ds._ahead[2] if ds._ahead is not None else []  # noqa: E731
+rows = lambda: s.get_profile("g/x")["rows"]  # noqa: E731
+if r == 0:
+    b1, b2, b3, b4 = [21, 3, 30, 22], [25, 1, 2, 39], [5, 33, 34], [36, 6, 20, 7, 27]
+    # Announced batches: their requests sent; read, they are the source's.
+    ds.prefetch(b1)
+    ds.prefetch(b2)
+    assert len(queue()) == 2
+    before = rows()
+    for g, i in zip(ds.__getitems__(b1), b1):
+        same(g, src[i], f"sample {i} read ahead")
+    assert len(queue()) == 1 and rows() == before + len(b1)
+    # Into buffers from alloc(): copied there, views of them.
+    out = ds.alloc(len(b2))
+    got = ds.__getitems__(b2, out=out)
+    for g, i in zip(got, b2):
+        same(g, src[i], f"sample {i} read ahead into out")
+    assert not queue()
+    assert np.shares_memory(got[0]["y"].numpy(), out["y"]), "fixed field not in out"
+    # A batch read that was not announced, and single samples, leave the
+    # announced ones alone; a later one read drops those before it, which
+    # count nothing.
+    ds.prefetch(b3)
+    ds.prefetch(b4)
+    same(ds[33], src[33], "sample 33")
+    for g, i in zip(ds.__getitems__([1, 38]), [1, 38]):
+        same(g, src[i], f"sample {i}")
+    assert len(queue()) == 2
+    before = rows()
+    for g, i in zip(ds.__getitems__(b4), b4):
+        same(g, src[i], f"sample {i} read ahead")
+    assert not queue() and rows() == before + len(b4), (rows(), before)
+    # No more than READ_AHEAD announcements kept, the oldest dropped.
+    for k in range(dsmod.READ_AHEAD + 2):
+        ds.prefetch([20 + k, k])
+    assert len(queue()) == dsmod.READ_AHEAD and np.array_equal(queue()[0].idx, [22, 2])
+    # A process whose announced batches others read (a DataLoader's, with
+    # worker processes) stops reading ahead after 2 READ_AHEAD unused.
+    for k in range(3 * dsmod.READ_AHEAD):
+        ds.prefetch([20 + k % 20, k % 20])
+    kept = [a.idx.tolist() for a in queue()]
+    ds.prefetch([39, 9])
+    assert [a.idx.tolist() for a in queue()] == kept and len(kept) == dsmod.READ_AHEAD, kept
+    for g, i in zip(ds.__getitems__(kept[-1]), kept[-1]):  # those kept are still read ahead
+        same(g, src[i], f"sample {i} read ahead")
+    # Rows all of this node: nothing sent, nothing kept.
+    ds._drop_ahead()
+    ds.prefetch([1, 2, 3])
+    assert not queue()
+    # ScheduledSampler (announcing two steps ahead) and ThreadDataLoader:
+    # the batches are the source's, every one read ahead.
+    direct = s.get_profile("g/x")["direct_rows"]
+    sampler = ScheduledSampler(ds, batch_size=5, seed=2, rank=0, ranks=1)
+    n = 0
+    for b, g in zip(list(sampler), ThreadDataLoader(ds, batch_sampler=sampler, collate_fn=Graphs(edges=EDGES))):
+        same(g, naive_graphs([src[i] for i in b]), f"batch {b}")
+        # Batch n taken from those sent; n + 1 and n + 2 sent.
+        sent = [sampler.plan(hits=False).batch(k).tolist() for k in range(n + 1, min(n + 3, 8))]
+        assert [a.idx.tolist() for a in queue()] == sent, (n, queue())
+        n += 1
+    assert n == len(sampler) == 8 and not queue()
+    assert s.get_profile("g/x")["direct_rows"] - direct == sum(1 for i in range(40) if i >= 20 and src.nodes[i] > 0)
+    # close() lets go of what was sent.
+    ds.prefetch(b1)
+    assert queue()
+    ds._stop_readers()
+    assert ds._ahead is None
+s.add("done", np.zeros((1, 1), np.uint8))  # rank 1 serves its rows until rank 0 is done
+ds.close()
+print("ok", r)
+"""
+
+
+def test_read_ahead_of_announced_batches(job):
+    outs = run_ranks(AHEAD, ["a", "b"], job, timeout=120)
+    assert [o.strip().splitlines()[-1] for o in outs] == ["ok 0", "ok 1"], outs
 
 
 FAILING = r"""
