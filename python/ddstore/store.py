@@ -718,10 +718,19 @@ class Store:
                         # usage on one node): each owner's rows in one gather.
                         dst = arr.reshape(n, -1).view(np.uint8)
                         owner = v.upper.searchsorted(indices, side="right")
-                        for o in np.bincount(owner).nonzero()[0].tolist():
-                            pos = (owner == o).nonzero()[0]
-                            first, _, _, src, _ = v.fast[o]
-                            copy_rows(dst, src, indices[pos] - first if first else indices[pos], pos)
+                        sp = v.span
+                        if sp is not None:  # one gather over the node's shards (_vars.node_span)
+                            span, c, items, _ = sp
+                            at = indices + c.take(owner)
+                            if items is not None:
+                                items.take(at, out=arr.reshape(-1).view(v.void), mode="clip")
+                            else:
+                                span.take(at, axis=0, out=dst, mode="clip")
+                        else:
+                            for o in np.bincount(owner).nonzero()[0].tolist():
+                                pos = (owner == o).nonzero()[0]
+                                first, _, _, src, _ = v.fast[o]
+                                copy_rows(dst, src, indices[pos] - first if first else indices[pos], pos)
                         if not v.stale():
                             p = v.profile
                             p["calls"] += 1
