@@ -1,6 +1,7 @@
 """A variable as one rank sees it (its table, the shards mapped on this
 node, its MPI window), and the copying of its rows out of mapped shards."""
 
+import math
 import threading
 import time
 
@@ -216,36 +217,46 @@ def _copy_staged(dst, src, loc, pos):
 
 def node_span(fast, shard_rows, rb, void):
     """The node's shards (fast's rows, two or more with rows) as one array
-    of rows for get_batch, where their mappings lie a whole number of rows
-    apart (rows of a page or a divisor of one always do: each mapping
-    starts on a page): a batch over several of them is then one gather
-    straight into the destination, each row in its place, where a gather
-    per shard must place its rows at their positions (a second pass through
-    the staging buffer, or a Python step per row: 0.6× numpy's gather of as
+    for get_batch: a batch over several of them is then one gather straight
+    into the destination, each row in its place, where a gather per shard
+    must place its rows at their positions (a second pass through the
+    staging buffer, or a Python step per row: 0.6-0.8× numpy's gather of as
     many rows into one place, docs/benchmarks.md). The array starts at the
-    lowest shard's first row; a row of global index i of shard o is its row
-    i + c[o]. The space between the mappings is never read (every index is
-    checked first); the shards' arrays are kept with it, so that no mapping
-    it spans closes while it lives. Returns (span, c, items, shards), or
-    None where fewer than two shards have rows or the distances are not
-    whole rows (a gather per shard then); items: the span's rows as void
-    items (rows under 1 KiB, as copy_rows takes them) or None."""
+    lowest shard's first row and spans the others' mappings in chunks of g
+    bytes, g the greatest common divisor of the row size and the shards'
+    distances (the row itself, or a page: each mapping starts on one): a
+    row of global index i of shard o is the m = rb / g chunks from
+    i * m + c[o] on. The space between the mappings is never read (every
+    index is checked first); the shards' arrays are kept with it, so that
+    no mapping it spans closes while it lives. Returns (span, c, m, chunks,
+    items, lo, hi, shards), or None where fewer than two shards have rows
+    or a chunk would be under 1 KiB (a gather per shard then): span is
+    (chunks, g) uint8; chunks np.arange(m) (None when m is 1); items the
+    span's rows as void items (rows under 1 KiB, m == 1) or None; [lo, hi)
+    the addresses it spans (numpy's take into a destination within them
+    goes through a temporary of the whole batch: get_batch then gathers
+    per shard)."""
     held = [(r, f[0], f[3]) for r, (f, k) in enumerate(zip(fast, shard_rows)) if f is not None and k > 0]
     if len(held) < 2 or rb <= 0:
         return None
     addr = {r: rows.__array_interface__["data"][0] for r, _, rows in held}
     base_r = min(addr, key=addr.get)
     base = addr[base_r]
-    if any((a - base) % rb for a in addr.values()):
+    g = rb
+    for a in addr.values():
+        g = math.gcd(g, a - base)
+    m = rb // g
+    if m > 1 and g < 1024:
         return None
-    end = max((addr[r] - base) // rb + rows.shape[0] for r, _, rows in held)
+    end = max((addr[r] - base) // g + rows.shape[0] * m for r, _, rows in held)
     base_rows = next(rows for r, _, rows in held if r == base_r)
-    span = np.lib.stride_tricks.as_strided(base_rows, shape=(end, rb), strides=(rb, 1), writeable=False)
+    span = np.lib.stride_tricks.as_strided(base_rows, shape=(end, g), strides=(g, 1), writeable=False)
     c = np.zeros(len(fast) + 1, np.int64)
     for r, first, _ in held:
-        c[r] = (addr[r] - base) // rb - first
-    items = span.view(void).reshape(-1) if void is not None else None
-    return span, c, items, tuple(rows for _, _, rows in held)
+        c[r] = (addr[r] - base) // g - first * m
+    items = span.view(void).reshape(-1) if void is not None and m == 1 else None
+    return (span, c, m, np.arange(m) if m > 1 else None, items, base, base + end * g,
+            tuple(rows for _, _, rows in held))
 
 
 def copy_rows(dst, src, loc, pos=None):

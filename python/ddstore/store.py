@@ -719,13 +719,21 @@ class Store:
                         dst = arr.reshape(n, -1).view(np.uint8)
                         owner = v.upper.searchsorted(indices, side="right")
                         sp = v.span
+                        if sp is not None:
+                            d = arr.ctypes.data
+                            if d < sp[6] and d + arr.nbytes > sp[5]:
+                                sp = None  # a destination among the shards' mappings
                         if sp is not None:  # one gather over the node's shards (_vars.node_span)
-                            span, c, items, _ = sp
-                            at = indices + c.take(owner)
-                            if items is not None:
-                                items.take(at, out=arr.reshape(-1).view(v.void), mode="clip")
+                            span, c, m, chunks, items = sp[:5]
+                            if m == 1:
+                                at = indices + c.take(owner)
+                                if items is not None:
+                                    items.take(at, out=arr.reshape(-1).view(v.void), mode="clip")
+                                else:
+                                    span.take(at, axis=0, out=dst, mode="clip")
                             else:
-                                span.take(at, axis=0, out=dst, mode="clip")
+                                at = (indices * m + c.take(owner))[:, None] + chunks
+                                span.take(at, axis=0, out=dst.reshape(n, m, -1), mode="clip")
                         else:
                             for o in np.bincount(owner).nonzero()[0].tolist():
                                 pos = (owner == o).nonzero()[0]

@@ -280,9 +280,9 @@ s = ddstore.Store()
 r, n = s.rank, s.size
 counts = [int(x) for x in sys.argv[1].split(",")]
 first, total = sum(counts[:r]), sum(counts)
-# Rows of 64 B (void items) and 4 KiB: the shards' mappings lie whole rows
-# apart (one gather over them); 64 KiB (as the mappings fall) and 3,000 B
-# (a gather per shard).
+# Rows of 64 B (void items), 4 KiB (one chunk a row), 64 KiB (a page a
+# chunk, or one a row), one gather over the shards; 3,000 B (no common
+# chunk of 1 KiB: a gather per shard).
 for rb in (64, 4096, 65536, 3000):
     name = f"n{rb}"
     rows = np.random.default_rng(rb + r).integers(0, 256, (counts[r], rb), dtype=np.uint8)
@@ -292,7 +292,7 @@ for rb in (64, 4096, 65536, 3000):
     s.get(name, want, 0)
     assert (want[:, :8].copy().view(np.int64)[:, 0] == np.arange(total)).all(), (r, rb)
     sp = s._var(name).span
-    if rb in (64, 4096):
+    if rb in (64, 4096, 65536):
         assert sp is not None, (r, rb)
     rng = np.random.default_rng(r)
     for k in range(30):
