@@ -715,7 +715,8 @@ class Store:
                             return self._reading(name, lambda v: self._get_batch(v, name, arr, indices))
                     if v.fast_all and below(indices, v.held):
                         # Rows of several shards, all of this node (DDStore's
-                        # usage on one node): each owner's rows in one gather.
+                        # usage on one node): one gather over the node's
+                        # shards, or each owner's rows in one gather.
                         dst = arr.reshape(n, -1).view(np.uint8)
                         owner = v.upper.searchsorted(indices, side="right")
                         sp = v.span
