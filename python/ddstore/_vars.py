@@ -1,6 +1,7 @@
 """A variable as one rank sees it (its table, the shards mapped on this
 node, its MPI window), and the copying of its rows out of mapped shards."""
 
+import math
 import threading
 import time
 
@@ -27,7 +28,7 @@ class Var:
     __slots__ = ("name", "label", "id", "disp", "itemsize", "rb", "dtype", "npdtype", "total", "held", "backing", "prefix",
                  "upper", "bounds", "shard_rows", "nodes", "addrs", "local", "typed", "own", "segs", "single",
                  "single_first", "profile", "win", "ragged", "shape", "index", "first_unit", "extents", "views",
-                 "marks", "mark", "void", "items", "fast", "fast_rank", "fast_all", "addrs_at")
+                 "marks", "mark", "void", "items", "fast", "fast_rank", "fast_all", "span", "addrs_at")
 
     def __init__(self, t, own_rank):
         self.name, self.id, self.disp, self.itemsize, self.dtype = t.name, t.id, t.disp, t.itemsize, t.dtype
@@ -136,6 +137,7 @@ class Var:
         # backing file): a batch of several owners then needs no request.
         self.fast_all = self.total == self.held and all(f is not None or k == 0
                                                         for f, k in zip(self.fast, t.shard_rows))
+        self.span = node_span(self.fast, t.shard_rows, self.rb, self.void) if self.fast_all else None
         # Past the last rank: the backing file's rows, never local.
         self.fast.append(None)
         self.local.append(None)
@@ -168,6 +170,7 @@ class Var:
         self.fast = [None] * len(self.local)
         self.fast_rank = None
         self.fast_all = False
+        self.span = None
         self.views = [None] * len(self.local)
         self.own = self.single = self.index = self.extents = None
         for s in self.segs:
@@ -210,6 +213,50 @@ def _copy_staged(dst, src, loc, pos):
             dst[a:a + m] = stage[:m]
         else:
             dst[pos[a:a + m]] = stage[:m]
+
+
+def node_span(fast, shard_rows, rb, void):
+    """The node's shards (fast's rows, two or more with rows) as one array
+    for get_batch: a batch over several of them is then one gather straight
+    into the destination, each row in its place, where a gather per shard
+    must place its rows at their positions (a second pass through the
+    staging buffer, or a Python step per row: 0.6-0.8× numpy's gather of as
+    many rows into one place, docs/benchmarks.md). The array starts at the
+    lowest shard's first row and spans the others' mappings in chunks of g
+    bytes, g the greatest common divisor of the row size and the shards'
+    distances (the row itself, or a page: each mapping starts on one): a
+    row of global index i of shard o is the m = rb / g chunks from
+    i * m + c[o] on. The space between the mappings is never read (every
+    index is checked first); the shards' arrays are kept with it, so that
+    no mapping it spans closes while it lives. Returns (span, c, m, chunks,
+    items, lo, hi, shards), or None where fewer than two shards have rows
+    or a chunk would be under 1 KiB (a gather per shard then): span is
+    (chunks, g) uint8; chunks np.arange(m) (None when m is 1); items the
+    span's rows as void items (rows under 1 KiB, m == 1) or None; [lo, hi)
+    the addresses it spans (numpy's take into a destination within them
+    goes through a temporary of the whole batch: get_batch then gathers
+    per shard)."""
+    held = [(r, f[0], f[3]) for r, (f, k) in enumerate(zip(fast, shard_rows)) if f is not None and k > 0]
+    if len(held) < 2 or rb <= 0:
+        return None
+    addr = {r: rows.__array_interface__["data"][0] for r, _, rows in held}
+    base_r = min(addr, key=addr.get)
+    base = addr[base_r]
+    g = rb
+    for a in addr.values():
+        g = math.gcd(g, a - base)
+    m = rb // g
+    if m > 1 and g < 1024:
+        return None
+    end = max((addr[r] - base) // g + rows.shape[0] * m for r, _, rows in held)
+    base_rows = next(rows for r, _, rows in held if r == base_r)
+    span = np.lib.stride_tricks.as_strided(base_rows, shape=(end, g), strides=(g, 1), writeable=False)
+    c = np.zeros(len(fast) + 1, np.int64)
+    for r, first, _ in held:
+        c[r] = (addr[r] - base) // g - first * m
+    items = span.view(void).reshape(-1) if void is not None and m == 1 else None
+    return (span, c, m, np.arange(m) if m > 1 else None, items, base, base + end * g,
+            tuple(rows for _, _, rows in held))
 
 
 def copy_rows(dst, src, loc, pos=None):

@@ -715,13 +715,31 @@ class Store:
                             return self._reading(name, lambda v: self._get_batch(v, name, arr, indices))
                     if v.fast_all and below(indices, v.held):
                         # Rows of several shards, all of this node (DDStore's
-                        # usage on one node): each owner's rows in one gather.
+                        # usage on one node): one gather over the node's
+                        # shards, or each owner's rows in one gather.
                         dst = arr.reshape(n, -1).view(np.uint8)
                         owner = v.upper.searchsorted(indices, side="right")
-                        for o in np.bincount(owner).nonzero()[0].tolist():
-                            pos = (owner == o).nonzero()[0]
-                            first, _, _, src, _ = v.fast[o]
-                            copy_rows(dst, src, indices[pos] - first if first else indices[pos], pos)
+                        sp = v.span
+                        if sp is not None:
+                            d = arr.ctypes.data
+                            if d < sp[6] and d + arr.nbytes > sp[5]:
+                                sp = None  # a destination among the shards' mappings
+                        if sp is not None:  # one gather over the node's shards (_vars.node_span)
+                            span, c, m, chunks, items = sp[:5]
+                            if m == 1:
+                                at = indices + c.take(owner)
+                                if items is not None:
+                                    items.take(at, out=arr.reshape(-1).view(v.void), mode="clip")
+                                else:
+                                    span.take(at, axis=0, out=dst, mode="clip")
+                            else:
+                                at = (indices * m + c.take(owner))[:, None] + chunks
+                                span.take(at, axis=0, out=dst.reshape(n, m, -1), mode="clip")
+                        else:
+                            for o in np.bincount(owner).nonzero()[0].tolist():
+                                pos = (owner == o).nonzero()[0]
+                                first, _, _, src, _ = v.fast[o]
+                                copy_rows(dst, src, indices[pos] - first if first else indices[pos], pos)
                         if not v.stale():
                             p = v.profile
                             p["calls"] += 1

@@ -274,6 +274,63 @@ def test_ranks_on_two_nodes(job, nodes, counts):
     assert all(x > 0 for x in remote), outs  # every rank read rows of the other node
 
 
+NODE_SPAN = r"""
+import sys, numpy as np, ddstore
+s = ddstore.Store()
+r, n = s.rank, s.size
+counts = [int(x) for x in sys.argv[1].split(",")]
+first, total = sum(counts[:r]), sum(counts)
+# Rows of 64 B (void items), 4 KiB (one chunk a row), 64 KiB (a page a
+# chunk, or one a row), one gather over the shards; 3,000 B (no common
+# chunk of 1 KiB: a gather per shard).
+for rb in (64, 4096, 65536, 3000):
+    name = f"n{rb}"
+    rows = np.random.default_rng(rb + r).integers(0, 256, (counts[r], rb), dtype=np.uint8)
+    rows[:, :8] = (np.arange(first, first + counts[r], dtype=np.int64)).view(np.uint8).reshape(-1, 8)
+    s.add(name, rows)
+    want = np.empty((total, rb), np.uint8)
+    s.get(name, want, 0)
+    assert (want[:, :8].copy().view(np.int64)[:, 0] == np.arange(total)).all(), (r, rb)
+    sp = s._var(name).span
+    if rb in (64, 4096, 65536):
+        assert sp is not None, (r, rb)
+    rng = np.random.default_rng(r)
+    for k in range(30):
+        idx = rng.integers(0, total, int(rng.integers(1, 300)))
+        if k == 0:
+            idx = np.array([0, total - 1, first, total - 1, 0])  # each end and repeats
+        o = np.zeros((idx.shape[0], rb), np.uint8)
+        s.get_batch(name, o, idx)
+        assert np.array_equal(o, want[idx]), (r, rb, k)
+    for bad in ([total], [-1], [0, total + 5]):
+        try:
+            s.get_batch(name, np.zeros((len(bad), rb), np.uint8), np.array(bad))
+        except ddstore.IndexOutOfRange:
+            pass
+        else:
+            raise AssertionError(("no error", bad))
+    o = np.zeros((3, rb), np.uint8)
+    s.get_batch(name, o, np.array([total - 1, 0, 1]))
+    assert np.array_equal(o, want[[total - 1, 0, 1]])
+    s.free(name)
+print("rank", r, "ok")
+s.close()
+"""
+
+
+@pytest.mark.parametrize("nodes,counts", [
+    (["a", "a"], "37,21"),
+    (["a", "a", "a"], "9,0,14"),
+])
+def test_batches_over_the_shards_of_one_node(job, nodes, counts):
+    """get_batch of rows of several shards of this node, in one gather over
+    the node's shards (_vars.node_span) or one per shard: the right rows,
+    each end of every shard, an empty shard, repeats; bad indices named
+    and the store keeps reading."""
+    outs = run_ranks(NODE_SPAN, nodes, job, args=(counts,))
+    assert all("ok" in o for o in outs), outs
+
+
 def test_reader_store(store):
     data = rows_of("float64", 20, 2)
     store.add("pub", data)

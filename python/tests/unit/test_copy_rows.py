@@ -2,10 +2,12 @@
 fancy indexing at each of its row-size regimes, with and without the
 positions of a batch of several owners."""
 
+import mmap
+
 import numpy as np
 import pytest
 
-from ddstore._vars import below, copy_rows
+from ddstore._vars import below, copy_rows, node_span
 
 
 @pytest.mark.parametrize("rb", [1, 8, 64, 1000, 1024, 4096, 32 << 10, 40000])
@@ -67,3 +69,46 @@ def test_below_is_one_pass_of_both_bounds(idx, n, want):
     a = np.array(idx, np.int64)
     assert below(a, n) is want
     assert below(np.repeat(a, 3)[::3], n) is want  # not contiguous
+
+
+@pytest.mark.parametrize("rb,gaps,whole", [
+    (64, (0, 4096), True), (4096, (4096, 8192), True), (65536, (4096, 12288), True), (65536, (0, 65536), True),
+    (3000, (4096, 4096), False), (2048, (1024, 3072), True), (2048, (100, 0), False),
+])
+def test_node_span_reads_each_shard_row(rb, gaps, whole):
+    """node_span: the node's shards at distances of their own in one
+    mapping (as the agent's segments lie); row i of shard o is at
+    i * m + c[o] of the span, for every row of every shard, an empty shard
+    among them; None where no chunk of 1 KiB divides the distances."""
+    counts = (5, 0, 7)
+    void = np.dtype((np.void, rb)) if rb < 1024 else None
+    mm = mmap.mmap(-1, (sum(counts) + 2) * rb + sum(gaps) + 8192)
+    base, off, fast, want = np.frombuffer(mm, np.uint8), 4096, [], []
+    rng = np.random.default_rng(rb)
+    first = 0
+    for o, k in enumerate(counts):
+        rows = base[off:off + k * rb].reshape(k, rb)
+        rows[:] = rng.integers(0, 256, rows.shape, dtype=np.uint8)
+        fast.append((first, k, None, rows, None))
+        want.append(rows.copy())
+        first += k
+        off += k * rb + (gaps[0] if o == 0 else gaps[1])
+    sp = node_span(fast, counts, rb, void)
+    if not whole:
+        assert sp is None
+        return
+    span, c, m, chunks, items, lo, hi, held = sp
+    assert len(held) == 2 and lo == fast[0][3].ctypes.data
+    assert hi == fast[2][3].ctypes.data + counts[2] * rb
+    idx = np.arange(sum(counts))
+    owner = np.searchsorted(np.cumsum(counts), idx, side="right")
+    at = idx * m + c.take(owner)
+    got = np.empty((idx.shape[0], rb), np.uint8)
+    if m == 1:
+        span.take(at, axis=0, out=got, mode="clip")
+    else:
+        span.take(at[:, None] + chunks, axis=0, out=got.reshape(idx.shape[0], m, -1), mode="clip")
+    assert np.array_equal(got, np.concatenate(want))
+    if items is not None:
+        assert np.array_equal(items.take(at).view(np.uint8).reshape(-1, rb), got)
+    del span, items, held, sp, rows, fast, base
