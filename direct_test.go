@@ -242,20 +242,101 @@ func TestDirectFreedReadded(t *testing.T) {
 // direct connection pooled, and started again on a new port; reads fail
 // as through the agent while it is gone (ErrPeer), then find it again
 // (through this node's agent, which learns the new address), always with
-// the right rows.
+// the right rows; and then go direct again, to the new address, without
+// the variable looked up again by hand: fixed rows (GetBatch and Get) and
+// ragged rows.
 func TestDirectOwnerRestart(t *testing.T) {
 	c, p1 := startTwoNodeProcs(t, "directrestart", "5s")
 	c.addPattern(t, "v", []int64{10, 10}, 16, 4)
+	ragLen := func(g int64) int64 { return g%3 + 1 }
+	c.mustEach(t, func(rank int, s *ddstore.Store) error {
+		var vals []byte
+		var lens []int64
+		for g := int64(rank) * 10; g < int64(rank+1)*10; g++ {
+			lens = append(lens, ragLen(g))
+			for u := range ragLen(g) {
+				vals = append(vals, byte(g*5+u))
+			}
+		}
+		return s.AddRagged("g", vals, lens, ddstore.Uint8)
+	})
+	s := c.stores[0]
+	ragged := func(idx ...int64) error {
+		var want []byte
+		for _, g := range idx {
+			for u := range ragLen(g) {
+				want = append(want, byte(g*5+u))
+			}
+		}
+		dst := make([]byte, len(want))
+		got, err := s.GetRagged("g", dst, idx, nil)
+		if err != nil {
+			return err
+		}
+		if string(dst[:got]) != string(want) {
+			return fmt.Errorf("GetRagged %v: %v, want %v", idx, dst[:got], want)
+		}
+		return nil
+	}
+	direct := func(name string) int64 {
+		t.Helper()
+		p, err := s.Profile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Direct
+	}
+	// idx and the run of 3 rows from idx[0] are all of n1: 7 rows direct
+	// per checkRows.
 	idx := []int64{15, 13, 19, 11}
-	if err := checkRows(c.stores[0], "v", idx, 64, 0); err != nil {
+	if err := checkRows(s, "v", idx, 64, 0); err != nil {
 		t.Fatal(err)
 	}
+	if err := ragged(12, 15, 19); err != nil {
+		t.Fatal(err)
+	}
+	if d, g := direct("v"), direct("g"); d != 7 || g != 3 {
+		t.Fatalf("before the restart: %d and %d rows direct, want 7 and 3", d, g)
+	}
+	runDir := p1.arg("--run-dir")
+	old := agentInfo(t, c, runDir, "n1").PeerAddr
 	p1.kill()
-	if err := checkRows(c.stores[0], "v", idx, 64, 0); !errors.Is(err, ddstore.ErrPeer) {
+	if err := checkRows(s, "v", idx, 64, 0); !errors.Is(err, ddstore.ErrPeer) {
 		t.Fatalf("rows of a dead node: %v, want ErrPeer", err)
 	}
 	p1.start()
-	testutil.WaitFor(t, 20*time.Second, func() error { return checkRows(c.stores[0], "v", idx, 64, 0) })
+	testutil.WaitFor(t, 20*time.Second, func() error { return checkRows(s, "v", idx, 64, 0) })
+	moved := agentInfo(t, c, runDir, "n1")
+	if moved.PeerAddr == old {
+		t.Fatalf("n1 restarted at its old peer address %s", old)
+	}
+	// Direct again, at the new address, for a batch and for Get.
+	before := direct("v")
+	for k := range int64(3) {
+		if err := checkRows(s, "v", idx, 64, 0); err != nil {
+			t.Fatal(err)
+		}
+		if d := direct("v"); d != before+7*(k+1) {
+			t.Fatalf("read %d after the restart: %d rows direct, want %d", k+1, d, before+7*(k+1))
+		}
+	}
+	if n := agentInfo(t, c, runDir, "n1").Counters["direct_connections"]; n < 1 {
+		t.Fatalf("the restarted agent at %s took %d direct connections, want some", moved.PeerAddr, n)
+	}
+	// The ragged variable's addresses likewise: its first read after the
+	// restart (through the own agent) refreshes them, the next are direct.
+	if err := ragged(11, 13); err != nil {
+		t.Fatal(err)
+	}
+	before = direct("g")
+	for k := range int64(2) {
+		if err := ragged(14, 18, 10); err != nil {
+			t.Fatal(err)
+		}
+		if g := direct("g"); g != before+3*(k+1) {
+			t.Fatalf("ragged read %d after the restart: %d rows direct, want %d", k+1, g, before+3*(k+1))
+		}
+	}
 }
 
 // TestDirectRagged: ragged rows of the other node are read straight from

@@ -9,7 +9,11 @@ package client
 // key, no address, a refused or broken connection, an error reply) the
 // read goes through this node's agent instead, which gives the answer that
 // path gives (ErrFreed for a re-created variable, the backing file for a
-// lost node, a refreshed address for a restarted one).
+// lost node, a refreshed address for a restarted one). When a connection
+// to an owner failed and the read through this node's agent then worked,
+// the owner may have moved (its agent restarted on another port): the
+// variable is looked up again for its owners' addresses (readdress, at
+// most once per failure), so that direct reads resume at the new one.
 
 import (
 	"errors"
@@ -17,8 +21,10 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -137,11 +143,34 @@ type directPool struct {
 	idle     map[string][]*directConn
 	busy     map[string]int       // addr: its connections taken and not yet put back or closed
 	bad      map[string]time.Time // addr: its dial failed; not tried before then
+	moved    map[string]time.Time // addr: when a connection to it last failed (a dial, a broken reply), for readdress
 	timer    *time.Timer          // closes idle connections; nil when none is idle
 	closed   bool
 	idleFor  time.Duration
 	max      int64 // the largest read sent direct (directMax)
 	split    int64 // a read is cut into pieces of about that many bytes (directSplit; 0: never)
+	// anyMoved: moved has an entry (set once, never cleared), so that a
+	// read through the agent looks at moved only after a failure.
+	anyMoved atomic.Bool
+}
+
+// owners is a variable's owners' peer addresses, per rank, as a table gave
+// them, and when they were taken (a connection failure since then may mean
+// an owner moved).
+type owners struct {
+	addrs []string
+	at    time.Time
+}
+
+// tableAddrs is, per rank of t, its node's peer address ("" for none).
+func tableAddrs(t *wire.Table) []string {
+	addrs := make([]string, len(t.RankNode))
+	for r, n := range t.RankNode {
+		if n < int64(len(t.Addrs)) {
+			addrs[r] = t.Addrs[n]
+		}
+	}
+	return addrs
 }
 
 // tryDirect reads the rows at positions pos of dst (global index at(i))
@@ -233,14 +262,15 @@ func (s *Store) tryDirectRagged(v *variable, dst []byte, globals, at, size []int
 // file).
 func (s *Store) directAddr(v *variable, n int, global func(int) int64) string {
 	addr := ""
+	addrs := v.addrs.Load().addrs
 	for k := 0; k < n; k++ {
 		r, _ := v.lay.Owner(global(k))
-		if r == layout.Backed || v.addrs[r] == "" {
+		if r == layout.Backed || addrs[r] == "" {
 			return ""
 		}
 		if addr == "" {
-			addr = v.addrs[r]
-		} else if v.addrs[r] != addr {
+			addr = addrs[r]
+		} else if addrs[r] != addr {
 			return ""
 		}
 	}
@@ -264,6 +294,7 @@ func (s *Store) runDirect(addr string, read func(c *directConn) error) bool {
 			// restart): the next read dials afresh.
 			s.direct.drop(c)
 			s.direct.dropIdle(addr)
+			s.direct.noteMoved(addr)
 		default:
 			// A new one that fails leaves the address alone a while.
 			s.direct.drop(c)
@@ -594,7 +625,8 @@ func (p *directPool) dropIdle(addr string) {
 }
 
 // markBad leaves addr alone for a while (its agent is gone or moved: reads
-// go through this node's agent, which finds the new address).
+// go through this node's agent, which finds the new address) and notes it
+// moved.
 func (p *directPool) markBad(addr string) {
 	p.mu.Lock()
 	if p.bad == nil {
@@ -603,6 +635,65 @@ func (p *directPool) markBad(addr string) {
 	p.bad[addr] = time.Now().Add(directRetry)
 	p.mu.Unlock()
 	p.dropIdle(addr)
+	p.noteMoved(addr)
+}
+
+// noteMoved records that a connection to addr failed now (its agent may
+// have moved), for readdress.
+func (p *directPool) noteMoved(addr string) {
+	p.mu.Lock()
+	if p.moved == nil {
+		p.moved = make(map[string]time.Time)
+	}
+	p.moved[addr] = time.Now()
+	p.mu.Unlock()
+	p.anyMoved.Store(true)
+}
+
+// movedSince reports whether a connection to one of addrs failed after t.
+func (p *directPool) movedSince(addrs []string, t time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, a := range addrs {
+		if m, ok := p.moved[a]; ok && m.After(t) {
+			return true
+		}
+	}
+	return false
+}
+
+// readdress runs after a read of v through this node's agent worked: when
+// a direct connection to one of v's owners failed since v's addresses were
+// taken, the owner may have moved (its agent restarted on another port,
+// which this node's agent learnt on that read), and v's addresses are
+// taken from its table looked up anew, so that direct reads go to the new
+// one. Once per failure (the failed address is then left alone a while:
+// directRetry), and only from the same table (a variable added again is
+// the stale reads' to look up, stale.go). The caller holds v.mu (R).
+func (s *Store) readdress(v *variable) {
+	if !s.direct.anyMoved.Load() {
+		return
+	}
+	o := v.addrs.Load()
+	if !s.direct.movedSince(o.addrs, o.at) {
+		return
+	}
+	now := &owners{addrs: o.addrs, at: time.Now()}
+	if !v.addrs.CompareAndSwap(o, now) {
+		return // another read of v is on it
+	}
+	m := wire.Name{Name: v.name}
+	body, err := s.request(wire.OpLookup, m.Encode, s.cfg.Timeout)
+	if err != nil {
+		return // the read stands; the next failure tries again
+	}
+	t, err := wire.DecodeTable(body)
+	if err != nil || t.ID != v.id || len(t.RankNode) != len(o.addrs) {
+		return
+	}
+	if addrs := tableAddrs(&t); !slices.Equal(addrs, o.addrs) {
+		v.addrs.CompareAndSwap(now, &owners{addrs: addrs, at: now.at})
+	}
 }
 
 // close closes every idle connection; connections in use are closed when

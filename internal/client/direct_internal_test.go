@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ddstore-go/ddstore/internal/base"
 )
@@ -65,5 +66,32 @@ func TestDirectSplitEnv(t *testing.T) {
 		t.Fatalf("-5: %v, want ErrArgument", err)
 	} else if want := DirectSplitEnv + `="-5"`; !strings.Contains(err.Error(), want) {
 		t.Fatalf("-5: %q does not name %s", err, want)
+	}
+}
+
+// TestDirectMoved: a failed connection to an owner counts as a move of
+// that owner's address only for addresses taken before the failure (so a
+// refresh happens once per failure), and a dial failure both leaves the
+// address alone and counts.
+func TestDirectMoved(t *testing.T) {
+	p := &directPool{}
+	taken := time.Now().Add(-time.Second) // addresses taken before the failures below
+	if p.anyMoved.Load() || p.movedSince([]string{"a:1"}, taken) {
+		t.Fatal("a pool without failures says an owner moved")
+	}
+	p.noteMoved("a:1")
+	switch {
+	case !p.anyMoved.Load():
+		t.Fatal("anyMoved unset after a failure")
+	case !p.movedSince([]string{"", "b:2", "a:1"}, taken):
+		t.Fatal("a:1 failed after its addresses were taken: not moved")
+	case p.movedSince([]string{"b:2"}, taken):
+		t.Fatal("b:2 moved without a failure")
+	case p.movedSince([]string{"a:1"}, p.moved["a:1"]):
+		t.Fatal("addresses taken at the failure still count it")
+	}
+	p.markBad("b:2")
+	if !p.movedSince([]string{"b:2"}, taken) || !time.Now().Before(p.bad["b:2"]) {
+		t.Fatalf("a dial failure: moved %v, left alone until %v", p.movedSince([]string{"b:2"}, taken), p.bad["b:2"])
 	}
 }

@@ -289,7 +289,7 @@ func (s *Store) fetchRagged(v *variable, dst []byte, globals, at, size []int64) 
 	if len(globals) == 0 || s.tryDirectRagged(v, dst, globals, at, size) {
 		return nil
 	}
-	return s.withLane(func(l *lane) error {
+	err := s.withLane(func(l *lane) error {
 		m := &l.read
 		m.Name, m.ID = v.name, v.id
 		m.Globals, m.Offsets = append(m.Globals[:0], globals...), m.Offsets[:0]
@@ -322,4 +322,8 @@ func (s *Store) fetchRagged(v *variable, dst []byte, globals, at, size []int64) 
 		}
 		return nil
 	})
+	if err == nil {
+		s.readdress(v)
+	}
+	return err
 }

@@ -142,7 +142,11 @@ func (s *Store) fetch(v *variable, dst []byte, pos []int64, at func(int) int64) 
 	if len(pos) == 0 || s.tryDirect(v, dst, pos, at) {
 		return nil
 	}
-	return s.withLane(func(l *lane) error { return s.fetchOn(l, v, dst, pos, at) })
+	err := s.withLane(func(l *lane) error { return s.fetchOn(l, v, dst, pos, at) })
+	if err == nil {
+		s.readdress(v)
+	}
+	return err
 }
 
 // fetchOn is one attempt of fetch, on lane l.

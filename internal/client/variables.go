@@ -36,9 +36,12 @@ type variable struct {
 	exp      transport.Exposure
 	windowed bool
 	nodes    []string // per rank: node id
-	addrs    []string // per rank: its node's peer address, as the table says (direct reads)
-	dtype    string
-	id       int64 // the table's id: reads name it, so a re-created variable is never mixed in
+	// addrs: per rank, its node's peer address as a table said, for
+	// direct reads; replaced (never changed in place) when an owner moved
+	// (direct.go, readdress), so a read loads it without a lock.
+	addrs atomic.Pointer[owners]
+	dtype string
+	id    int64 // the table's id: reads name it, so a re-created variable is never mixed in
 	// backing is the file holding every row, "" for none: rows from
 	// lay.Held() on are read from it by the agent.
 	backing string
@@ -198,18 +201,16 @@ func (s *Store) install(t *wire.Table, name string) (*variable, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := &variable{name: t.Name, lay: lay, rb: lay.Bytes(), local: make([][]byte, len(t.ShardRows)), nodes: make([]string, len(t.ShardRows)), addrs: make([]string, len(t.ShardRows)), dtype: t.Dtype, id: t.ID, backing: t.Backing}
+	v := &variable{name: t.Name, lay: lay, rb: lay.Bytes(), local: make([][]byte, len(t.ShardRows)), nodes: make([]string, len(t.ShardRows)), dtype: t.Dtype, id: t.ID, backing: t.Backing}
 	if t.Ragged() {
 		if v.rag, err = openRagged(t, lay); err != nil {
 			return nil, fmt.Errorf("variable %q: %w", name, err)
 		}
 		v.segs = append(v.segs, v.rag.index)
 	}
+	v.addrs.Store(&owners{addrs: tableAddrs(t), at: time.Now()})
 	for r := range t.ShardRows {
 		v.nodes[r] = t.Nodes[t.RankNode[r]]
-		if n := t.RankNode[r]; n < int64(len(t.Addrs)) {
-			v.addrs[r] = t.Addrs[n]
-		}
 		if r >= len(t.Paths) || t.Paths[r] == "" {
 			continue
 		}
