@@ -385,13 +385,7 @@ class Pool:
         if k * v.rb > self.max or v.ragged:
             return False
         addr = v.addrs[r] if r < len(v.addrs) else ""
-        if not addr:
-            return False
-        body = self._name(v) + _RANGE.pack(v.id, first, k)
-        if not self._run(addr, OP_FETCH_RANGE, body, dst, k * v.rb):
-            return False
-        v.profile["direct_rows"] += k
-        return True
+        return bool(addr) and self._fetch_range(v, dst, first, k, addr)
 
     def range(self, v, dst, first, k, rank_lo, rank_hi):
         """Rows [first, first+k) of ranks rank_lo..rank_hi into dst (k rows
@@ -400,8 +394,10 @@ class Pool:
         if k * v.rb > self.max or v.ragged:
             return False
         addr = self.addr_of(v, range(rank_lo, rank_hi + 1))
-        if addr is None:
-            return False
+        return addr is not None and self._fetch_range(v, dst, first, k, addr)
+
+    def _fetch_range(self, v, dst, first, k, addr):
+        """One FetchRange of rows [first, first+k) from the agent at addr."""
         body = self._name(v) + _RANGE.pack(v.id, first, k)
         if not self._run(addr, OP_FETCH_RANGE, body, dst, k * v.rb):
             return False

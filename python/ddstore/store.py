@@ -741,11 +741,7 @@ class Store:
                                 first, _, _, src, _ = v.fast[o]
                                 copy_rows(dst, src, indices[pos] - first if first else indices[pos], pos)
                         if not v.stale():
-                            p = v.profile
-                            p["calls"] += 1
-                            p["rows"] += n
-                            p["bytes"] += n * v.rb
-                            p["local_rows"] += n
+                            count(v, n, 0, 0.0)
                             return arr
                         self._forget(name, v)
         self._check_fork()
