@@ -149,10 +149,12 @@ type Tier struct {
 		// queuedBytes are the bytes of the queued rows, bounded by
 		// capBytes.
 		queuedBytes int64
-		// recent holds the rows read on demand in the last lateWindow, in
-		// order: a prefetch of one of them arrived after its read (the
-		// loader ran ahead of the sampler's announcement) and is ignored,
-		// not read a second time.
+		// recent holds the rows read on demand, unannounced, in the last
+		// lateWindow, in order: a prefetch of one of them arrived after
+		// its read (the loader ran ahead of the sampler's announcement)
+		// and is ignored, not read a second time. Rows read after their
+		// announcement are not in it: announced again, they are wanted
+		// again (the next epoch).
 		recent     map[int64]time.Time
 		recentFIFO []int64
 		stopped    bool
@@ -285,9 +287,15 @@ func (t *Tier) Read(ctx context.Context, rows []int64, dst [][]byte) error {
 			hits = append(hits, e)
 		} else {
 			miss = append(miss, i)
-			t.unqueueLocked(g) // read now: not again ahead
+			// Read now: not again ahead. A row neither staged nor queued
+			// was read before its announcement came, if one comes: noted,
+			// so that it is not read a second time then. A row that was
+			// announced is not noted: its next announcement is of another
+			// use (the next epoch's, read again soon on a short epoch).
+			if !t.unqueueLocked(g) {
+				t.noteReadLocked(g, now)
+			}
 		}
-		t.noteReadLocked(g, now)
 	}
 	t.mu.Unlock()
 	var waitErr error
@@ -340,12 +348,14 @@ func (t *Tier) readPicked(ctx context.Context, rows []int64, dst [][]byte, pick 
 }
 
 // unqueueLocked takes row g out of the rows queued to be read ahead, if
-// it is there; the caller holds t.mu.
-func (t *Tier) unqueueLocked(g int64) {
-	if _, ok := t.mu.queued[g]; ok {
+// it is there (and says whether it was); the caller holds t.mu.
+func (t *Tier) unqueueLocked(g int64) bool {
+	_, ok := t.mu.queued[g]
+	if ok {
 		delete(t.mu.queued, g)
 		t.mu.queuedBytes -= t.rowBytes(g)
 	}
+	return ok
 }
 
 // noteReadLocked records that row g was read at now, and forgets the reads

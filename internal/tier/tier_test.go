@@ -126,9 +126,33 @@ func TestPrefetchServesFromStaging(t *testing.T) {
 	if c.Staged.Load() != int64(len(rows)) {
 		t.Errorf("%d rows served from staging, want %d", c.Staged.Load(), len(rows))
 	}
-	// A prefetch of rows just read on demand comes too late.
-	if err := tr.Prefetch(rows[:1]); err != nil || c.Late.Load() != 1 {
-		t.Errorf("late prefetch: %v, %d late", err, c.Late.Load())
+	// A prefetch of a row just read on demand, unannounced, comes too
+	// late: it is not read a second time.
+	if err := tr.Read(context.Background(), []int64{70}, buffers(1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Prefetch([]int64{70}); err != nil || c.Late.Load() != 1 {
+		t.Errorf("late prefetch: %v, %d late, want 1", err, c.Late.Load())
+	}
+	// Rows read after their announcement, announced again at once (the
+	// next epoch's reads of a short epoch), are read ahead again and
+	// served from staging.
+	if err := tr.Prefetch(rows); err != nil || c.Late.Load() != 1 {
+		t.Errorf("announced again: %v, %d late, want 1 (row 70's)", err, c.Late.Load())
+	}
+	testutil.WaitFor(t, 5*time.Second, func() error {
+		if n := c.Prefetched.Load(); n < int64(2*len(rows)) {
+			return fmt.Errorf("%d rows read ahead, want %d", n, 2*len(rows))
+		}
+		return nil
+	})
+	dst = buffers(len(rows))
+	if err := tr.Read(context.Background(), rows, dst); err != nil {
+		t.Fatal(err)
+	}
+	checkRows(t, rows, dst)
+	if c.Staged.Load() != int64(2*len(rows)) {
+		t.Errorf("%d rows served from staging, want %d", c.Staged.Load(), 2*len(rows))
 	}
 }
 

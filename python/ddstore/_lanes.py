@@ -84,6 +84,45 @@ class Lane:
             raise _wire.status_error(status, body)
         return body
 
+    def calls(self, op, encs):
+        """Requests op of each of encs, pipelined: sent at once, the
+        replies read in turn (the agent serves a connection's requests in
+        order). The first error answered is raised once every reply is
+        read, so that the lane stays in step."""
+        if len(encs) == 1:
+            return self.call(op, encs[0])
+        first = self.req + 1
+        frames = b"".join(enc.frame(op, first + k) for k, enc in enumerate(encs))
+        self.req += len(encs)
+        err = None
+        try:
+            self.sock.settimeout(self.timeout)
+            try:
+                self.sock.sendall(frames)
+            except (BrokenPipeError, ConnectionResetError, ConnectionRefusedError, ConnectionAbortedError):
+                self.unsent = True
+                raise
+            for k in range(len(encs)):
+                self._recv_into(self.hdr)
+                rop, status, blen, rid, payload = _wire.parse_header(self.hdr)
+                body = bytearray(blen)
+                if blen:
+                    self._recv_into(body)
+                if rid != first + k or rop != op or payload:
+                    self.broken = True
+                    raise ProtocolError(f"ddstore: protocol error: reply op {rop} #{rid} to request op {op} "
+                                        f"#{first + k}")
+                if status and err is None:
+                    err = _wire.status_error(status, body)
+        except socket.timeout:
+            self.broken = True
+            raise Timeout(f"ddstore: timed out: the agent did not answer op {op} in time") from None
+        except (OSError, EOFError) as e:
+            self.broken = True
+            raise NoAgent(f"ddstore: no agent: op {op}: {e}") from None
+        if err is not None:
+            raise err
+
     def _recv_into(self, buf):
         view, n = memoryview(buf), 0
         while n < len(buf):

@@ -38,9 +38,10 @@ class Prefetcher:
         return err
 
     def submit(self, enc, lock, send):
-        """Queue enc, starting the thread under lock (the store's) if it is
-        not running yet; the thread sends each request with send(enc) (on a
-        lane of the store's pool), and keeps the store alive until close."""
+        """Queue enc (the requests of one announcement), starting the
+        thread under lock (the store's) if it is not running yet; the
+        thread sends each with send(enc) (on a lane of the store's pool),
+        and keeps the store alive until close."""
         with lock:
             if self.queue is None:
                 self.queue = queue.SimpleQueue()

@@ -1062,20 +1062,29 @@ class Store:
         thread of the store (wait=True sends it on this thread and returns
         once the agent has queued the rows). Bad arguments raise here; an
         error the agent answers is raised by the next prefetch."""
+        self._prefetch_many([name], indices, wait)
+
+    def _prefetch_many(self, names, indices, wait=False):
+        """prefetch of the same rows of several variables (a dataset's
+        fields): one hand-over to the prefetch thread, which sends the
+        requests pipelined on one lane (one wake-up of the thread and of
+        the agent a step, not one per variable, where the thread competes
+        with the caller for the interpreter)."""
         self._check_fork()
-        enc = _prefetch.request(self._var(name), indices)
+        encs = [e for e in (_prefetch.request(self._var(n), indices) for n in names) if e is not None]
         err = self._prefetcher.take_error()
         if err is not None:
             raise err
-        if enc is None:
+        if not encs:
             return
         if wait:
-            self._request(_wire.OP_PREFETCH, enc)
+            self._send_prefetch(encs)
             return
-        self._prefetcher.submit(enc, self._lock, self._send_prefetch)
+        self._prefetcher.submit(encs, self._lock, self._send_prefetch)
 
-    def _send_prefetch(self, enc):
-        self._request(_wire.OP_PREFETCH, enc)
+    def _send_prefetch(self, encs):
+        self._check_fork()
+        self._pool.with_lane(lambda lane: lane.calls(_wire.OP_PREFETCH, encs))
 
     def get_profile(self, name):
         return dict(self._var(name).profile)

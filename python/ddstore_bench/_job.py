@@ -117,7 +117,7 @@ class NodeAgent:
     first rank of each node; None elsewhere or when the agent cannot say."""
 
     KEYS = ("storage_rows", "storage_reads", "storage_bytes", "staged_rows", "prefetch_rows", "prefetch_dropped",
-            "storage_errors")
+            "prefetch_late", "prefetch_evicted", "storage_errors")
 
     def __init__(self, store, local_rank):
         from ddstore import _agent

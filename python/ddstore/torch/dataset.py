@@ -538,8 +538,9 @@ class _StoredDataset(_tud.Dataset):
         idx = _check_indices(indices, self._len, self.name)
         if not idx.size:
             return
-        for var in self._backed_vars():
-            self.store.prefetch(var, idx)
+        backed = self._backed_vars()
+        if backed:
+            self.store._prefetch_many(backed, idx)
         self._read_ahead(idx)
 
     def _read_ahead(self, idx):

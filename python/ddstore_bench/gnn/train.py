@@ -642,9 +642,9 @@ def summarize(per_rank, cfg):
     samples = [sum(x["samples"] for x in ep) for ep in eps]
     seen = [sorted(i for x in ep for i in x["seen"]) for ep in eps]
 
-    def agent_rows(ep):
+    def agent_rows(ep, key="storage_rows"):
         d = [x["agent"] for x in ep if x["agent"] is not None]
-        return sum(a["storage_rows"] for a in d) if d else None
+        return sum(a.get(key, 0) for a in d) if d else None
 
     return {
         "loading_seconds": sum(max(x["load_s"] for x in ep) for ep in eps),
@@ -654,6 +654,10 @@ def summarize(per_rank, cfg):
         "samples_per_epoch": samples,
         "storage_reads_per_epoch": [sum(x["storage"] for x in ep) for ep in eps],
         "agent_storage_rows_per_epoch": [agent_rows(ep) for ep in eps],
+        # of the file's rows: read ahead and served from staging; announced
+        # after their read on demand (late)
+        "agent_staged_rows_per_epoch": [agent_rows(ep, "staged_rows") for ep in eps],
+        "agent_prefetch_late_per_epoch": [agent_rows(ep, "prefetch_late") for ep in eps],
         "content_errors": sum(x["errors"] for ep in eps for x in ep),
         "repeated_per_epoch": [len(s) - len(set(s)) for s in seen],
         "setup_seconds": max(r["setup_s"] for r in per_rank),

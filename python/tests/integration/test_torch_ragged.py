@@ -289,6 +289,42 @@ def test_graphs_larger_than_memory(store, tmp_path, chunk):
     DistDataset(src, "gb", store=store, capacity=20, backing=backing, **kw).free()  # the name works again
 
 
+def agent_counters(store):
+    import json
+    import subprocess
+    from ddstore import _agent
+    out = subprocess.run([_agent.find_binary(), "info", "--json", "--socket", store.socket_path],
+                         capture_output=True, text=True, check=True, timeout=30).stdout
+    return json.loads(out)["counters"]
+
+
+def test_announced_batch_staged_for_every_field(store, tmp_path):
+    """prefetch of samples only the file holds: one announcement for the
+    dataset's fields, its requests sent together; the agent reads every
+    field's rows ahead, and the read of the batch takes them all from
+    staging. Bad indices raise, and announcements keep working."""
+    pytest.importorskip("h5py")
+    from conftest import wait_until
+    src = PlainGraphs()
+    ds = DistDataset(src, "ga", store=store, capacity=20, backing=write_graph_file(str(tmp_path / "g.h5"), src))
+    fields = len(ds.fields)
+    for k, b in enumerate(([30, 41, 33, 52], [21, 22])):
+        c0 = agent_counters(store)
+        ds.prefetch(b)
+        want = fields * len(b)
+        wait_until(lambda: agent_counters(store)["prefetch_rows"] - c0["prefetch_rows"] >= want, 10,
+                   f"{want} rows read ahead")
+        for i, got in zip(b, ds.__getitems__(b)):
+            same(got, src[i], f"sample {i}")
+        c1 = agent_counters(store)
+        assert c1["staged_rows"] - c0["staged_rows"] == want, (c0, c1)
+        assert c1["prefetch_late"] == c0["prefetch_late"], (c0, c1)
+        if k == 0:
+            with pytest.raises(ddstore.IndexOutOfRange, match=str(len(src))):
+                ds.prefetch([len(src)])
+    ds.free()
+
+
 def naive_graphs_plain(samples):
     g = naive_graphs([dict(s, name="", raw=b"") for s in samples])
     del g["name"], g["raw"]
