@@ -15,6 +15,10 @@ BAR = "*" * 40
 # How many ranks launch_ranks started on this machine (all of its simulated
 # nodes'): what start_rank shares the cores among.
 RANKS_HERE = "DDSTORE_BENCH_RANKS_HERE"
+# DDSTORE_BENCH_STACKS_AFTER=SECONDS: each rank writes every thread's Python
+# stack to its stderr once it has run that long (faulthandler), to see where
+# a job that does not end waits.
+STACKS_AFTER = "DDSTORE_BENCH_STACKS_AFTER"
 
 
 def say(msg):
@@ -89,9 +93,14 @@ def print_result(result, as_json, report):
 def start_rank():
     """Join the job's gloo process group (torchrun's variables) with the
     heap kept and torch's threads shared among the node's ranks; returns
-    (rank, ranks, local_rank)."""
+    (rank, ranks, local_rank). With DDSTORE_BENCH_STACKS_AFTER=SECONDS the
+    rank writes every thread's stack to stderr after that long."""
     import torch
     import torch.distributed as dist
+    after = os.environ.get(STACKS_AFTER)
+    if after:
+        import faulthandler
+        faulthandler.dump_traceback_later(float(after), exit=False)
     keep_heap()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
