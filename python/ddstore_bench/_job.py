@@ -9,7 +9,7 @@ import sys
 import tempfile
 
 __all__ = ["say", "parse_loaders", "under_launcher", "launch_ranks", "write_result", "print_result", "start_rank",
-           "NodeAgent", "keep_heap", "fmt_list", "table", "BAR"]
+           "end_rank", "NodeAgent", "keep_heap", "fmt_list", "table", "BAR"]
 
 BAR = "*" * 40
 # How many ranks launch_ranks started on this machine (all of its simulated
@@ -112,6 +112,32 @@ def start_rank():
     here = int(os.environ.get(RANKS_HERE) or os.environ.get("LOCAL_WORLD_SIZE") or ranks)
     torch.set_num_threads(max(1, _cores() // max(1, here)))
     return rank, ranks, local_rank
+
+
+def end_rank(models):
+    """Leave the job's process group (start_rank's), after the job's last
+    collective: each DDP model of `models` (None skipped) lets go of the
+    group, then the group is destroyed. The models cannot train any more.
+
+    The order matters with gloo (torch 1.13): a DDP model's reducer holds a
+    C++ reference to the group, and were it the last one (the model freed
+    after destroy_process_group), the group's destructor would run there
+    with the GIL held and join the group's worker threads, while a worker
+    that still drops a finished collective's tensor waits for the GIL: the
+    rank never exits. Dropped before, the reducer's reference is not the
+    last; destroy_process_group lets go of the group from Python, which
+    releases the GIL while the workers are joined."""
+    import gc
+
+    import torch.distributed as dist
+    for m in models:
+        if m is None:
+            continue
+        for attr in ("logger", "reducer"):  # the logger holds the reducer too
+            if hasattr(m, attr):
+                delattr(m, attr)
+    gc.collect()
+    dist.destroy_process_group()
 
 
 def _cores():

@@ -40,8 +40,8 @@ import time
 
 import numpy as np
 
-from .._job import (BAR, NodeAgent, fmt_list, launch_ranks, parse_loaders, print_result, say, start_rank, table,
-                    under_launcher, write_result)
+from .._job import (BAR, NodeAgent, end_rank, fmt_list, launch_ranks, parse_loaders, print_result, say, start_rank,
+                    table, under_launcher, write_result)
 from . import data
 from .loaders import LOADERS
 
@@ -406,7 +406,7 @@ def rank_main(cfg, generate=False):
                "loaders": results}
         write_result(cfg, out)
     dist.barrier()
-    dist.destroy_process_group()
+    end_rank([r.model for r in runs])
     return out
 
 

@@ -62,8 +62,8 @@ import time
 
 import numpy as np
 
-from .._job import (BAR, NodeAgent, fmt_list, launch_ranks, parse_loaders, print_result, say, start_rank, table,
-                    under_launcher, write_result)
+from .._job import (BAR, NodeAgent, end_rank, fmt_list, launch_ranks, parse_loaders, print_result, say, start_rank,
+                    table, under_launcher, write_result)
 from . import data
 
 __all__ = ["LOADERS", "DEFAULTS", "add_arguments", "config", "run", "rank_main", "report", "graph_batch"]
@@ -603,7 +603,7 @@ def rank_main(cfg, generate=False):
         out["loaders"] = results
         write_result(cfg, out)
     dist.barrier()
-    dist.destroy_process_group()
+    end_rank([run_["model"] for run_ in runs])
     return out
 
 
