@@ -81,6 +81,7 @@ class Store:
                  timeout=120.0, publish_timeout=300.0, agent_wait=60.0, max_lanes=16, reader=False, width=None,
                  wait_published=None, method=None, own_namespace=False, scope=None, direct=True):
         from .comm import identity, world_of
+        timeout, publish_timeout = _seconds("timeout", timeout), _seconds("publish_timeout", publish_timeout)
         ident = identity(comm, rank, size, local_rank, local_size, node)
         self.rank, self.size, self.local_rank, self.local_size, self.node = (
             ident.rank, ident.size, ident.local_rank, ident.local_size, ident.node)
@@ -1370,3 +1371,15 @@ def _check_name(name):
     if _SCOPED.search(name):
         raise ArgumentError(f"ddstore: bad argument: variable name {name!r}: a name may not end in @s and 12 hex "
                             f"digits, the mark of a store's scope (naming.StoreScoped)")
+
+
+def _seconds(name, v):
+    """A time limit in seconds: a finite number above 0 (0 would be no
+    limit at all to the sockets' SO_RCVTIMEO)."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise ArgumentError(f"ddstore: bad argument: {name} {v!r}: want a number of seconds above 0") from None
+    if isinstance(v, bool) or not 0 < f < float("inf"):
+        raise ArgumentError(f"ddstore: bad argument: {name} {v!r}: want a number of seconds above 0")
+    return f

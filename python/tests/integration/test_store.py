@@ -75,6 +75,20 @@ def test_bad_method(job, kw, match):
         ddstore.Store(rank=0, size=1, **kw)
 
 
+@pytest.mark.parametrize("kw,match", [
+    ({"timeout": 0}, r"timeout 0: want a number of seconds above 0"),
+    ({"timeout": -1.5}, r"timeout -1.5: want a number of seconds above 0"),
+    ({"timeout": float("inf")}, r"timeout inf: want a number"),
+    ({"timeout": "soon"}, r"timeout 'soon': want a number"),
+    ({"publish_timeout": True}, r"publish_timeout True: want a number"),
+    ({"publish_timeout": float("nan")}, r"publish_timeout nan: want a number"),
+])
+def test_bad_time_limits(job, kw, match):
+    # 0 would reach the direct connections' SO_RCVTIMEO as "no limit".
+    with pytest.raises(ddstore.ArgumentError, match=match):
+        ddstore.Store(rank=0, size=1, **kw)
+
+
 def test_errors_and_the_store_keeps_working(store):
     data = rows_of("int32", 10, 2)
     store.add("e", data)
