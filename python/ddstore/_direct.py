@@ -498,22 +498,30 @@ class Pool:
         whose direct read did not happen."""
         sent, left = posted
         left = list(left)
-        for addr, c, reused, part, first in sent:
+        for k, (addr, c, reused, part, first) in enumerate(sent):
             try:
                 ok = c.recv_many(part, first)
             except Exception:  # as _run: a broken connection; the agent path reads them all again
                 self._broken(c, addr, reused)
                 ok = [False] * len(part)
+            except BaseException:  # e.g. KeyboardInterrupt: this and the later replies unread
+                c.close()
+                self.discard((sent[k + 1:], []))
+                raise
             else:
                 self._put(c)
-            for j, good in zip(part, ok):
-                if not good:
-                    left.append(j)
-                    continue
-                j.v.profile["direct_rows"] += j.rows
-                if j.place is not None:
-                    j.place()
-                j.done()
+            try:
+                for j, good in zip(part, ok):
+                    if not good:
+                        left.append(j)
+                        continue
+                    j.v.profile["direct_rows"] += j.rows
+                    if j.place is not None:
+                        j.place()
+                    j.done()
+            except BaseException:  # the later connections' replies are never read: closed now
+                self.discard((sent[k + 1:], []))
+                raise
         return left
 
     @staticmethod

@@ -405,6 +405,23 @@ if r == 0:
     except Error as e:
         assert "60" in str(e), e
     many([21, 33])
+    # Reads sent ahead to two nodes (v of b, g of c: two connections) whose
+    # first finishes with an error: the second's connection, its reply
+    # never to be read, is closed, not left for the collector.
+    started = s._start_reads([("batch", "v", np.empty((2, 3), np.int64), np.array([21, 22])),
+                              ("ragged", "g", np.array([41, 42]), None)], post=True)
+    sent = started[4][0]
+    assert len(sent) == 2 and sent[0][0] != sent[1][0], sent
+    def fail():
+        raise RuntimeError("placing failed")
+    sent[0][3][0].done = fail
+    try:
+        s._finish_reads(started)
+        raise AssertionError("a failing job finished")
+    except RuntimeError:
+        pass
+    assert sent[1][1].sock.fileno() == -1, "the later connection left open"
+    many([21, 33])
     # A ragged read of a fixed variable, and the reverse: refused.
     for reads in ([("ragged", "v", np.array([1]), None)], [("batch", "g", np.empty((1, 1), np.int32), np.array([1]))]):
         try:
