@@ -28,6 +28,7 @@ N, G, EPOCHS, SEED, LR = 192, 24, 3, 11, 0.05
 TRAIN = r"""
 import json, os, sys, torch, torch.distributed as dist, ddstore
 from ddstore.torch import DistDatasetReader, ScheduledSampler, ThreadDataLoader
+from ddstore_bench._job import end_rank  # the DDP model lets go of the gloo group first: no hang at exit
 
 ckpt, log, stop_epoch, stop_pos, epochs, global_batch, seed, lr = sys.argv[1:9]
 stop = (int(stop_epoch), int(stop_pos))
@@ -68,8 +69,10 @@ for epoch in range(start, int(epochs)):
                     json.dump({"model": {k: v.tolist() for k, v in model.state_dict().items()}, "loader": state}, f)
                 os.replace(ckpt + ".tmp", ckpt)
             dist.barrier()
+            end_rank([ddp])
             print("stopped", rank, epoch, state["sampler"]["position"], flush=True)
             sys.exit(0)
+end_rank([ddp])
 print("done", rank, flush=True)
 """
 
