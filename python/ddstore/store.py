@@ -137,6 +137,9 @@ class Store:
         self.scope = _scope(comm, scope, self.reader)
         self._scope_suffix = "" if self.scope == NAMESPACE else "@s" + self.scope
         self._timeout, self._publish_timeout = timeout, publish_timeout
+        # Counts fences and updates: a read started (_start_reads) under an
+        # older count is made again when finished (_finish_reads).
+        self._reads_gen = 0
         self._vars, self._freed, self._attempts = {}, set(), {}
         self._closed = False
         self._pid = os.getpid()
@@ -794,7 +797,7 @@ class Store:
                 got.append(self._get_batch(v, name, a, b, jobs))
             vs.append(v)
         posted = self._direct.post(jobs) if post else None
-        return reads, jobs, got, vs, posted, os.getpid()
+        return reads, jobs, got, vs, posted, os.getpid(), self._reads_gen
 
     def _drop_reads(self, started):
         """Let go of _start_reads's reads unfinished (their results unread)."""
@@ -804,9 +807,14 @@ class Store:
 
     def _finish_reads(self, started, overlap=None):
         """The second half of _read_many: the results of _start_reads's reads."""
-        reads, jobs, got, vs, posted, pid = started
+        reads, jobs, got, vs, posted, pid, gen = started
         if pid != os.getpid():
             raise ArgumentError("ddstore: bad argument: reads started in another process")
+        if gen != self._reads_gen:
+            # A fence or an update came between the start and now: rows the
+            # start copied or the owners served may be older than it.
+            self._drop_reads(started)
+            return self._read_many(reads, overlap)
         err, stale = None, False
         try:
             left = self._direct.collect(posted) if posted is not None else self._direct.run_jobs(jobs)
@@ -1028,6 +1036,7 @@ class Store:
             raise IndexOutOfRange(f"ddstore: index out of range: variable {name!r}: update of rows [{offset}, "
                                   f"{offset + n}) is outside rank {self.rank}'s shard of {have} rows")
         v.own[offset:offset + n] = np.ascontiguousarray(a).reshape(-1).view(np.uint8).reshape(n, v.rb)
+        self._reads_gen += 1  # a read started before (read ahead) is made again
 
     def info(self, name):
         """(total rows, disp, itemsize), as DDStore's info()."""
@@ -1098,7 +1107,15 @@ class Store:
         not come within publish_timeout fails the fence with TimeoutError
         (through the agents, on every rank, naming the missing ranks). An
         MPI barrier of the group with an mpi4py communicator, else a round
-        on the coordinator agent; a reader takes part in none."""
+        on the coordinator agent; a reader takes part in none. Reads started
+        before it and finished after (a dataset's read ahead of an announced
+        batch) are made again."""
+        try:
+            self._fence()
+        finally:
+            self._reads_gen += 1
+
+    def _fence(self):
         if self._closed:
             raise ClosedError(f"ddstore: closed: store of rank {self.rank} closed")
         if self.reader or self.size <= 1:

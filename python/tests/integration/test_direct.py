@@ -466,6 +466,21 @@ if r == 0:
     assert np.array_equal(got[0], idx[:, None] * 10 + np.arange(3) + 2000), got[0]
     reader.close()
 s.fence()
+# A read started before an update of the owner's rows and the fence after
+# it, finished after them: made again, the updated rows, never those the
+# owner served before the update.
+idx = np.array([21, 25, 30], np.int64)
+if r == 0:
+    started = s._start_reads([("batch", "v", np.empty((3, 3), np.int64), idx)], post=True)
+    assert started[4][0], "no request sent ahead"
+s.fence()
+if r == 1:
+    s.update("v", np.full((n, 3), -7, np.int64))
+s.fence()
+if r == 0:
+    got = s._finish_reads(started)
+    assert (got[0] == -7).all(), got[0]
+s.fence()
 s.close()
 print("ok", r)
 """
