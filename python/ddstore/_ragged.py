@@ -48,6 +48,17 @@ def sizes(v, name, indices):
     return ext[:, 1] - ext[:, 0]
 
 
+class Alloc:
+    """A destination of get made once the rows' extents are known:
+    make(units) returns an array of at least that many units (or None: a
+    new one), checked as any destination."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make):
+        self.make = make
+
+
 def get(store, v, name, indices, out, jobs=None):
     """Store.get_ragged of v: (values, lengths). With jobs (a list), the
     rows of other nodes are not read here: the read of them is appended to
@@ -67,6 +78,8 @@ def get(store, v, name, indices, out, jobs=None):
     lengths = ext[:, 1] - starts
     units = int(lengths.sum())
     dt = v.npdtype if v.npdtype is not None else np.dtype(np.uint8)
+    if type(out) is Alloc:
+        out = out.make(units)
     if out is None:
         out = np.empty((units,) + v.shape, dtype=dt)
         flat = out.reshape(-1).view(np.uint8)
@@ -99,7 +112,10 @@ def get(store, v, name, indices, out, jobs=None):
         owner = None  # every row of one owner, of another node or the file
     else:
         owner = np.searchsorted(v.prefix, idx, side="right") - 1
-        if all(views[r] is not None for r in np.unique(owner).tolist()):
+        # Every row in memory and every shard this node's (one node: no
+        # owner to look up), or every owner of the rows this node.
+        if ((hi < v.held and None not in views[:-1])
+                or all(views[r] is not None for r in np.unique(owner).tolist())):
             _pack(flat, views, (starts - v.first_unit[owner]) * ub, lengths * ub, owner)
             _count(v, n, units * ub, 0, 0, t0)
             return out, lengths

@@ -364,8 +364,7 @@ class Graphs(_Collate):
             n = count(node_key).numpy()
             device = by[node_key].data.device
             if self.batch_key is not None:
-                out[self.batch_key] = _on(torch.from_numpy(np.repeat(np.arange(n.shape[0], dtype=np.int64), n)),
-                                          device)
+                out[self.batch_key] = _on(torch.from_numpy(_runs(np.arange(n.shape[0], dtype=np.int64), n)), device)
             if self.ptr_key is not None:
                 ptr = np.zeros(n.shape[0] + 1, np.int64)
                 np.cumsum(n, out=ptr[1:])
@@ -392,8 +391,29 @@ class Graphs(_Collate):
             return np.ascontiguousarray(src)
         nodes = count(self.edges[c.key]).numpy()
         shift = (np.cumsum(nodes) - nodes).astype(a.dtype, copy=False)
-        per = np.repeat(shift, count(c.key).numpy()).reshape(-1, *([1] * (src.ndim - dim - 1)))
+        per = _runs(shift, count(c.key).numpy()).reshape(-1, *([1] * (src.ndim - dim - 1)))
         out = np.empty(src.shape, a.dtype)
         np.add(src, per, out=out)
         return out
+
+
+# The mean run above which _runs fills slices: numpy's repeat copies item
+# by item (about 2 ns an item), a slice fill costs about 0.3 us a run.
+_RUN_FILL = 128
+
+
+def _runs(values, counts):
+    """np.repeat(values, counts) of a 1-d values and int64 counts >= 0:
+    with long runs (a batch's graphs of hundreds of nodes and edges) one
+    slice fill a run, several times faster than np.repeat."""
+    total = int(counts.sum())
+    if counts.shape[0] * _RUN_FILL > total:
+        return np.repeat(values, counts)
+    out = np.empty(total, values.dtype)
+    p = 0
+    for v, k in zip(values.tolist(), counts.tolist()):
+        q = p + k
+        out[p:q] = v
+        p = q
+    return out
 

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 import torch.utils.data as _tud
 
+from .. import _ragged
 from .._errors import (ArgumentError, ArgumentTypeError, BadBuffer, BadDataset, Error, IndexOutOfRange,
                        UnknownVariable, Unsupported)
 from ..store import Store
@@ -494,10 +495,14 @@ class _StoredDataset(_tud.Dataset):
     def _ragged_dest(self, f, idx, out):
         """Where rows idx of ragged field f go: out's buffer for the field
         (grown when a batch's units outgrow it, and kept in out for the next
-        batch), or None without out."""
+        batch), chosen by the read once it has the rows' extents (no second
+        lookup of them), or None without out."""
         if out is None:
             return None
-        units = int(self.store.ragged_sizes(f.var, idx).sum())
+        return _ragged.Alloc(lambda units: self._ragged_buffer(f, out, units))
+
+    def _ragged_buffer(self, f, out, units):
+        """out's buffer for ragged field f, of `units` units or more."""
         buf = out.get(f.key)
         if buf is None or buf.shape[0] < units:
             rows = max(units, 1)
@@ -624,7 +629,7 @@ class _StoredDataset(_tud.Dataset):
             for f in a.fields:
                 if f.ragged:
                     values, lengths = arrays[f.key]
-                    dest = self._ragged_dest(f, idx, out)
+                    dest = self._ragged_buffer(f, out, values.shape[0])
                     d = dest.reshape(-1)[:values.size].reshape(values.shape)
                     d[...] = values
                     arrays[f.key] = self._ragged_values(f, (d, lengths))

@@ -60,6 +60,36 @@ def test_graphs_numpy_and_torch_paths_agree(sizes):
         assert torch.equal(plain["w"], want.T.float())
 
 
+def test_graphs_long_runs_shifted_and_batched():
+    """Graphs of hundreds of nodes and edges (the shift and the batch vector
+    filled a run at a time), among them one without edges and one without
+    nodes: the same batch as torch's cat and shift, on both paths."""
+    sizes = [(180, 900), (0, 0), (250, 0), (130, 1400), (300, 2600)]
+    gs = [graph(n, e, k) for k, (n, e) in enumerate(sizes)]
+    for g in gs:
+        g["edge_index"] = g["edge_index"].to(torch.int32)
+    collate = Graphs(edges={"edge_index": "x"})
+    plain = collate(gs)
+    other = collate([{**g, "x": g["x"].clone().requires_grad_()} for g in gs])
+    first = np.cumsum([0] + [n for n, _ in sizes[:-1]])
+    want = torch.cat([g["edge_index"] + int(f) for g, f in zip(gs, first)], 1)
+    assert torch.equal(plain["edge_index"], want) and torch.equal(other["edge_index"], want)
+    batch = torch.cat([torch.full((n,), k, dtype=torch.int64) for k, (n, _) in enumerate(sizes)])
+    assert torch.equal(plain["batch"], batch) and torch.equal(other["batch"], batch)
+    assert plain["ptr"].tolist() == [0, 180, 180, 430, 560, 860]
+
+
+@pytest.mark.parametrize("counts", [[], [0], [0, 0, 3], [1] * 50, [200, 0, 500, 130], [129] * 3 + [0] * 2,
+                                    list(range(300))])
+def test_runs_is_repeat(counts):
+    from ddstore.torch.collate import _runs
+    c = np.array(counts, np.int64)
+    for dt in (np.int32, np.int64):
+        v = (np.arange(c.shape[0]) * 7 - 3).astype(dt)
+        got = _runs(v, c)
+        assert got.dtype == dt and np.array_equal(got, np.repeat(v, c))
+
+
 def test_graphs_bad_input():
     gs = [graph(3, 4, 0), graph(1, 1, 1)]
     with pytest.raises(ddstore.ArgumentError, match=r"edge field 'edges' not in the samples' fields"):
