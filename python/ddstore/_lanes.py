@@ -63,11 +63,7 @@ class Lane:
             except (BrokenPipeError, ConnectionResetError, ConnectionRefusedError, ConnectionAbortedError):
                 self.unsent = True
                 raise
-            self._recv_into(self.hdr)
-            rop, status, blen, rid, payload = _wire.parse_header(self.hdr)
-            body = bytearray(blen)
-            if blen:
-                self._recv_into(body)
+            rop, status, rid, payload, body = self._reply()
         except socket.timeout:
             self.broken = True
             raise Timeout(f"ddstore: timed out: the agent did not answer op {op} in time") from None
@@ -103,11 +99,7 @@ class Lane:
                 self.unsent = True
                 raise
             for k in range(len(encs)):
-                self._recv_into(self.hdr)
-                rop, status, blen, rid, payload = _wire.parse_header(self.hdr)
-                body = bytearray(blen)
-                if blen:
-                    self._recv_into(body)
+                rop, status, rid, payload, body = self._reply()
                 if rid != first + k or rop != op or payload:
                     self.broken = True
                     raise ProtocolError(f"ddstore: protocol error: reply op {rop} #{rid} to request op {op} "
@@ -122,6 +114,15 @@ class Lane:
             raise NoAgent(f"ddstore: no agent: op {op}: {e}") from None
         if err is not None:
             raise err
+
+    def _reply(self):
+        """A reply's header and body: (op, status, id, payload bytes, body)."""
+        self._recv_into(self.hdr)
+        rop, status, blen, rid, payload = _wire.parse_header(self.hdr)
+        body = bytearray(blen)
+        if blen:
+            self._recv_into(body)
+        return rop, status, rid, payload, body
 
     def _recv_into(self, buf):
         view, n = memoryview(buf), 0
