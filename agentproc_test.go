@@ -46,6 +46,16 @@ type agentProc struct {
 	log                   *testutil.Buffer
 }
 
+// counter is the agent's counter name (its info's Counters).
+func (a *agentProc) counter(t *testing.T, ns, name string) int {
+	t.Helper()
+	in, err := ddstore.QueryAgent(a.socket, ns, a.node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return in.Counters[name]
+}
+
 // startAgentProc starts the agent of node and waits until it answers.
 // startAgentProcs starts one agent process per node of a fresh namespace
 // (prefix and this process's pid), meeting at a rendezvous address; it

@@ -453,12 +453,8 @@ func TestClusterRoundLostInTransport(t *testing.T) {
 	if got := ps[2].result(t, "rank 2"); got != "" {
 		t.Fatalf("rank 2: %q", got)
 	}
-	in, err := ddstore.QueryAgent(b.socket, ns, "b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if in.Counters["rounds_lost"] != 1 {
-		t.Errorf("node b told the coordinator of %d ranks out of their round, want 1", in.Counters["rounds_lost"])
+	if n := b.counter(t, ns, "rounds_lost"); n != 1 {
+		t.Errorf("node b told the coordinator of %d ranks out of their round, want 1", n)
 	}
 	for r, p := range start(false, "add", "add", "add") {
 		if got := p.result(t, fmt.Sprintf("rank %d of the new job", r)); got != "ok" {
@@ -514,12 +510,8 @@ func TestClusterNodeAgentKilledMidRound(t *testing.T) {
 		ps[r].stdin.Close()
 		ps[r].result(t, fmt.Sprintf("rank %d", r))
 	}
-	in, err := ddstore.QueryAgent(a.socket, ns, "a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if in.Counters["nodes_gone"] != 1 {
-		t.Errorf("the coordinator found %d nodes gone, want 1", in.Counters["nodes_gone"])
+	if n := a.counter(t, ns, "nodes_gone"); n != 1 {
+		t.Errorf("the coordinator found %d nodes gone, want 1", n)
 	}
 	startAgentProc(t, ns, "b", runDir, rdv, "--join-timeout", "300s")
 	ps[1], ps[2] = rank(1, "z"), rank(2, "z")
@@ -580,13 +572,9 @@ func TestClusterRoundReplyLostAfterItCompleted(t *testing.T) {
 			t.Fatalf("rank %d of the round whose table to node b was lost: %q, want %q", r, got, want)
 		}
 	}
-	in, err := ddstore.QueryAgent(b.socket, ns, "b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if in.Counters["rounds_kept"] != 1 || in.Counters["rounds_lost"] != 0 {
+	if kept, lost := b.counter(t, ns, "rounds_kept"), b.counter(t, ns, "rounds_lost"); kept != 1 || lost != 0 {
 		t.Errorf("node b kept %d ranks' shards of completed rounds and reported %d out of theirs, want 1 and 0",
-			in.Counters["rounds_kept"], in.Counters["rounds_lost"])
+			kept, lost)
 	}
 }
 

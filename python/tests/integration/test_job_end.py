@@ -40,7 +40,9 @@ if rank == 0:
     print("ok 0", flush=True)
 else:
     deadline = time.monotonic() + 120
-    while not os.path.exists(done) and time.monotonic() < deadline:
+    while not os.path.exists(done):  # rank 0's end, polled with a deadline
+        if time.monotonic() > deadline:
+            sys.exit("rank 1: rank 0 did not end within 120 s")
         time.sleep(0.01)
     del group
     end_rank([model])
