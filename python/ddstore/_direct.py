@@ -24,6 +24,7 @@ import numpy as np
 
 from . import _auth, _wire
 from ._errors import ArgumentError
+from ._vars import distinct
 
 # The largest read sent direct (bytes of rows of other nodes), as the Go
 # client's DirectMaxBytes; DDSTORE_DIRECT_MAX_BYTES overrides it (0: never).
@@ -80,15 +81,16 @@ class Job:
     """One read of a batch of reads (Pool.run_jobs): a request to the agent
     at addr (None: one for the own agent only) and where its reply's rows go
     (want bytes into dst); place() (or None) then puts them where they
-    belong, done() counts them, and fallback() reads them through the own
-    agent instead when the direct read did not happen."""
+    belong, done() counts them (waited since t0), and fallback() reads them
+    through the own agent instead when the direct read did not happen."""
 
-    __slots__ = ("addr", "op", "body", "dst", "want", "rows", "v", "place", "done", "fallback")
+    __slots__ = ("addr", "op", "body", "dst", "want", "rows", "v", "place", "done", "fallback", "t0")
 
     def __init__(self, addr, op, body, dst, want, v, rows, place=None):
         self.addr, self.op, self.body, self.dst, self.want = addr, op, body, dst, want
         self.v, self.rows, self.place = v, rows, place
         self.done = self.fallback = None
+        self.t0 = 0.0  # when the read began to wait (its profile's wait_s counts from it)
 
 
 def agent_job(fallback):
@@ -433,7 +435,7 @@ class Pool:
         several nodes, an owner without an address)."""
         if want > self.max:
             return None
-        addr = self.addr_of(v, np.unique(owners).tolist())
+        addr = self.addr_of(v, distinct(owners))
         if addr is None:
             return None
         k = globals_.shape[0]

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import _direct, _wire
 from ._errors import ArgumentError, BadBuffer, GeometryError
-from ._vars import MAX_ROWS_PER_READ, check_rows, row_indices
+from ._vars import MAX_ROWS_PER_READ, check_rows, distinct, row_indices
 from .dtypes import as_array, as_destination
 
 
@@ -115,7 +115,7 @@ def get(store, v, name, indices, out, jobs=None):
         # Every row in memory and every shard this node's (one node: no
         # owner to look up), or every owner of the rows this node.
         if ((hi < v.held and None not in views[:-1])
-                or all(views[r] is not None for r in np.unique(owner).tolist())):
+                or all(views[r] is not None for r in distinct(owner))):
             _pack(flat, views, (starts - v.first_unit[owner]) * ub, lengths * ub, owner)
             _count(v, n, units * ub, 0, 0, t0)
             return out, lengths
@@ -148,7 +148,8 @@ def get(store, v, name, indices, out, jobs=None):
                                              pos[sel] * ub, lengths[sel] * ub)
             if j is None:
                 j = _direct.agent_job(None)
-            j.done = lambda: _count(v, n, units * ub, nremote, nstored, t0)
+            j.t0 = t0
+            j.done = lambda: _count(v, n, units * ub, nremote, nstored, j.t0)
 
             def fallback():
                 through_agent()

@@ -345,3 +345,14 @@ def check_rows(idx, total, name):
         raise IndexOutOfRange(f"ddstore: index out of range: variable {name!r}: indices[{i}] = {int(idx[i])} "
                               f"not in [0, {total})")
     return idx
+
+
+def distinct(a):
+    """The distinct values of a 1-d array of ranks >= 0 (a batch's owners;
+    or a tuple of them), in order: a set of a few hundred costs a tenth of
+    np.unique's sort (6.5 us for 16 values); a bincount for more."""
+    if type(a) is tuple:
+        return sorted(set(a))
+    if a.shape[0] <= 512:
+        return sorted(set(a.tolist()))
+    return np.bincount(a).nonzero()[0].tolist()

@@ -25,7 +25,7 @@ from ._errors import (ArgumentError, BadBuffer, ClosedError, Error, FreedVariabl
                       UnknownVariable, VariableExists)
 from ._recv import RecvBuffers, close_regions
 from ._shm import Segment
-from ._vars import MAX_ROWS_PER_READ, StaleTable, Var, below, check_rows, copy_rows, count, row_indices
+from ._vars import MAX_ROWS_PER_READ, StaleTable, Var, below, check_rows, copy_rows, count, distinct, row_indices
 from .dtypes import as_array, as_destination, dtype_name, itemsize as dtype_itemsize
 
 # Tries of one read whose variable turns out dropped (_reading): it would
@@ -780,7 +780,7 @@ class Store:
         if not indices.shape[0] or int(indices.max()) >= v.held:
             return False
         owner = v.upper.searchsorted(indices, side="right")
-        return any(v.local[r] is None for r in np.unique(owner).tolist())
+        return any(v.local[r] is None for r in distinct(owner))
 
     def _start_reads(self, reads, post=False):
         """The first half of _read_many: rows of this node copied, the reads
@@ -815,6 +815,13 @@ class Store:
             # start copied or the owners served may be older than it.
             self._drop_reads(started)
             return self._read_many(reads, overlap)
+        if posted is not None:
+            # Reads started ahead of use (their requests sent then) have
+            # waited only from now: the time since their start was the
+            # caller's, not the read's.
+            now = time.perf_counter()
+            for j in jobs:
+                j.t0 = now
         err, stale = None, False
         try:
             left = self._direct.collect(posted) if posted is not None else self._direct.run_jobs(jobs)
@@ -891,7 +898,8 @@ class Store:
                 j = self._fetch_job(v, dst, idx, pos) if pos.shape[0] <= MAX_ROWS_PER_READ else None
                 if j is None:
                     j = _direct.agent_job(None)
-                j.done = lambda: count(v, n, nremote, time.perf_counter() - t0)
+                j.t0 = t0
+                j.done = lambda: count(v, n, nremote, time.perf_counter() - j.t0)
 
                 def fallback():
                     for lo in range(0, pos.shape[0], MAX_ROWS_PER_READ):

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from .._errors import ArgumentError, ArgumentTypeError, BadDataset, IndexOutOfRange, UnknownField
+from .._vars import below
 from ..dtypes import as_array, numpy_dtype
 
 # The reserved variables of a dataset (dataset.py) and the format tag of its
@@ -463,9 +464,8 @@ def _check_indices(indices, n, name):
     if idx.dtype.kind not in "iu":
         raise ArgumentTypeError(f"ddstore: bad argument: indices of type {idx.dtype}: want integers")
     idx = idx.astype(np.int64, copy=False)
-    bad = (idx < 0) | (idx >= n)
-    if bad.any():
-        k = int(np.flatnonzero(bad)[0])
+    if not below(idx, n):
+        k = int(np.flatnonzero((idx < 0) | (idx >= n))[0])
         raise IndexOutOfRange(f"ddstore: index out of range: dataset {name!r}: indices[{k}] = {int(idx[k])} "
                               f"not in [0, {n})")
     return idx

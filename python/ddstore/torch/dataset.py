@@ -602,7 +602,7 @@ class _StoredDataset(_tud.Dataset):
 
     def _take_ahead(self, idx, out):
         """[array per field] of the announced read of rows idx, finished (the
-        reads announced before it dropped), into out's buffers when given
+        others left as they are), into out's buffers when given
         (copied), or None when there is none (no array for a field that
         needs no agent: the caller reads it)."""
         st = self._ahead
@@ -615,9 +615,10 @@ class _StoredDataset(_tud.Dataset):
                     break
             else:
                 return None
-            for _ in range(k):
-                self._drop(queue.popleft())
-            a = queue.popleft()
+            # Only this one: those announced before it may still be read
+            # (a loader's threads take batches out of order); unused ones
+            # go when READ_AHEAD newer are kept.
+            del queue[k]
             st[3][0] = 0
             got = self.store._finish_reads(a.started, self._reader_pool())
         arrays = a.arrays

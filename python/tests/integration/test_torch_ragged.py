@@ -574,6 +574,7 @@ def test_two_ranks_on_two_nodes(job, chunk):
 
 
 AHEAD = r"""
+import time
 import numpy as np, torch, ddstore
 from torch.utils.data import Dataset
 from ddstore.torch import DistDataset, Graphs, ScheduledSampler, ThreadDataLoader
@@ -604,8 +605,8 @@ if r == 0:
     assert not queue()
     assert np.shares_memory(got[0]["y"].numpy(), out["y"]), "fixed field not in out"
     # A batch read that was not announced, and single samples, leave the
-    # announced ones alone; a later one read drops those before it, which
-    # count nothing.
+    # announced ones alone; so does a later one read before them (a
+    # loader's threads take batches out of order).
     ds.prefetch(b3)
     ds.prefetch(b4)
     same(ds[33], src[33], "sample 33")
@@ -615,7 +616,22 @@ if r == 0:
     before = rows()
     for g, i in zip(ds.__getitems__(b4), b4):
         same(g, src[i], f"sample {i} read ahead")
-    assert not queue() and rows() == before + len(b4), (rows(), before)
+    assert [a.idx.tolist() for a in queue()] == [b3] and rows() == before + len(b4), (rows(), before)
+    direct = s.get_profile("g/x")["direct_rows"]
+    for g, i in zip(ds.__getitems__(b3), b3):
+        same(g, src[i], f"sample {i} read ahead, after a later one")
+    assert not queue() and s.get_profile("g/x")["direct_rows"] > direct
+    # What a batch read ahead waited counts from its read, not from its
+    # announcement (time passes in between: a read of another node's row).
+    ds.prefetch(b1)
+    same(ds[33], src[33], "sample 33")
+    w0 = s.get_profile("g/x")["wait_s"]
+    t = time.perf_counter()
+    got = ds.__getitems__(b1)
+    took = time.perf_counter() - t
+    assert not queue() and s.get_profile("g/x")["wait_s"] - w0 <= took, (s.get_profile("g/x")["wait_s"] - w0, took)
+    for g, i in zip(got, b1):
+        same(g, src[i], f"sample {i} read ahead")
     # No more than READ_AHEAD announcements kept, the oldest dropped.
     for k in range(dsmod.READ_AHEAD + 2):
         ds.prefetch([20 + k, k])
@@ -638,7 +654,8 @@ if r == 0:
     direct = s.get_profile("g/x")["direct_rows"]
     sampler = ScheduledSampler(ds, batch_size=5, seed=2, rank=0, ranks=1)
     n = 0
-    for b, g in zip(list(sampler), ThreadDataLoader(ds, batch_sampler=sampler, collate_fn=Graphs(edges=EDGES))):
+    want = [sampler.plan(hits=False).batch(k).tolist() for k in range(len(sampler))]
+    for b, g in zip(want, ThreadDataLoader(ds, batch_sampler=sampler, collate_fn=Graphs(edges=EDGES))):
         same(g, naive_graphs([src[i] for i in b]), f"batch {b}")
         # Batch n taken from those sent; n + 1 and n + 2 sent.
         sent = [sampler.plan(hits=False).batch(k).tolist() for k in range(n + 1, min(n + 3, 8))]
