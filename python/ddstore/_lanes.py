@@ -55,24 +55,10 @@ class Lane:
         try:
             # A long wait (a collective) for this request only.
             self.sock.settimeout(self.timeout if timeout is None else timeout)
-            try:
-                if fds:
-                    self.sock.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-                else:
-                    self.sock.sendall(frame)
-            except (BrokenPipeError, ConnectionResetError, ConnectionRefusedError, ConnectionAbortedError):
-                self.unsent = True
-                raise
+            self._send(frame, fds)
             rop, status, rid, payload, body = self._reply()
-        except socket.timeout:
-            self.broken = True
-            raise Timeout(f"ddstore: timed out: the agent did not answer op {op} in time") from None
-        except (OSError, EOFError) as e:
-            self.broken = True
-            raise NoAgent(f"ddstore: no agent: op {op}: {e}") from None
-        except ProtocolError:
-            self.broken = True
-            raise
+        except BaseException as e:
+            self._failed(op, e)
         if rid != self.req or rop != op or payload:
             self.broken = True
             raise ProtocolError(f"ddstore: protocol error: reply op {rop} #{rid} to request op {op} #{self.req}")
@@ -93,11 +79,7 @@ class Lane:
         err = None
         try:
             self.sock.settimeout(self.timeout)
-            try:
-                self.sock.sendall(frames)
-            except (BrokenPipeError, ConnectionResetError, ConnectionRefusedError, ConnectionAbortedError):
-                self.unsent = True
-                raise
+            self._send(frames, None)
             for k in range(len(encs)):
                 rop, status, rid, payload, body = self._reply()
                 if rid != first + k or rop != op or payload:
@@ -106,14 +88,35 @@ class Lane:
                                         f"#{first + k}")
                 if status and err is None:
                     err = _wire.status_error(status, body)
-        except socket.timeout:
-            self.broken = True
-            raise Timeout(f"ddstore: timed out: the agent did not answer op {op} in time") from None
-        except (OSError, EOFError) as e:
-            self.broken = True
-            raise NoAgent(f"ddstore: no agent: op {op}: {e}") from None
+        except BaseException as e:
+            self._failed(op, e)
         if err is not None:
             raise err
+
+    def _send(self, frames, fds):
+        try:
+            if fds:
+                self.sock.sendmsg([frames], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+            else:
+                self.sock.sendall(frames)
+        except (BrokenPipeError, ConnectionResetError, ConnectionRefusedError, ConnectionAbortedError):
+            # Never reached the agent: safe to send again on a new lane.
+            self.unsent = True
+            raise
+
+    def _failed(self, op, e):
+        """Raise what a request op that failed with e means: a timeout, a
+        lost agent or a protocol error break the lane (out of step with the
+        agent); anything else is raised as it is."""
+        if isinstance(e, socket.timeout):
+            self.broken = True
+            raise Timeout(f"ddstore: timed out: the agent did not answer op {op} in time") from None
+        if isinstance(e, (OSError, EOFError)):
+            self.broken = True
+            raise NoAgent(f"ddstore: no agent: op {op}: {e}") from None
+        if isinstance(e, ProtocolError):
+            self.broken = True
+        raise e
 
     def _reply(self):
         """A reply's header and body: (op, status, id, payload bytes, body)."""
