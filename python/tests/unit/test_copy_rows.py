@@ -7,7 +7,7 @@ import mmap
 import numpy as np
 import pytest
 
-from ddstore._vars import below, copy_rows, node_span
+from ddstore._vars import below, copy_rows, distinct, node_span
 
 
 @pytest.mark.parametrize("rb", [1, 8, 64, 1000, 1024, 4096, 32 << 10, 40000])
@@ -112,3 +112,13 @@ def test_node_span_reads_each_shard_row(rb, gaps, whole):
     if items is not None:
         assert np.array_equal(items.take(at).view(np.uint8).reshape(-1, rb), got)
     del span, items, held, sp, rows, fast, base
+
+
+@pytest.mark.parametrize("n", [0, 1, 16, 512, 513, 5000])
+def test_distinct_is_np_unique(n):
+    """A batch's owners: the sorted distinct ranks, as np.unique gives them,
+    from a set for small batches and a bincount for large ones."""
+    rng = np.random.default_rng(n)
+    owners = rng.integers(0, 37, n)
+    assert distinct(owners) == np.unique(owners).tolist()
+    assert distinct(tuple(owners.tolist()[:3])) == sorted(set(owners.tolist()[:3]))
