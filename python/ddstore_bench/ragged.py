@@ -12,7 +12,11 @@ other node's:
   structure at a time;
 * DataLoader + h5py: PyTorch's DataLoader (batch 64, no workers) over a
   Dataset that reads each structure's rows from one HDF5 file of the flat
-  values and their offsets (the page cache holds the file).
+  values and their offsets (the page cache holds the file);
+* row copy (this node's rows only): the limit of a row-by-row copy in
+  Python, the batch's rows copied from the same values (this process's
+  memory) into the same buffer by one memoryview slice assignment each and
+  nothing else, no index checked, no extent looked up, no allocation.
 
 Two simulated nodes of this machine (two agents on loopback, one Store
 each; rank 0 reads). Rates are GB/s of the rows' bytes, the median over
@@ -50,6 +54,16 @@ def _sizes(n, seed=0):
     ones than large."""
     rng = np.random.default_rng(seed)
     return np.clip(np.round(np.exp(rng.uniform(np.log(8), np.log(257), n))), 8, 256).astype(np.int64)
+
+
+def _row_copies(dst, src, starts, lengths):
+    """The batch's rows packed into dst, one slice assignment a row: what a
+    pure-Python gather of rows of their own sizes cannot go below."""
+    p = 0
+    for a, k in zip(starts.tolist(), lengths.tolist()):
+        q = p + k
+        dst[p:q] = src[a:a + k]
+        p = q
 
 
 def _module(path):
@@ -132,6 +146,10 @@ def run(structures=8192, rounds=7, batches=20, binary=None, before=None):
             loader = torch.utils.data.DataLoader(H5Rows(), batch_sampler=[b.tolist() for b in bs], collate_fn=cat)
             nbytes = [int(atoms[b].sum()) * row_bytes for b in bs]
             rates = {k: [] for k in ("ragged", "fixed", "per_sample", "dataloader_h5py")}
+            if w == "local":
+                rates["row_copy"] = []
+                src_mv, dst_mv = memoryview(values.reshape(-1).view(np.uint8)), memoryview(recv.reshape(-1).view(np.uint8))
+                spans = [(byte_off[b], byte_off[b + 1] - byte_off[b]) for b in bs]
             if before is not None:
                 rates["before"] = []
             for _ in range(rounds):
@@ -155,6 +173,10 @@ def run(structures=8192, rounds=7, batches=20, binary=None, before=None):
                 for _g in loader:
                     pass
                 t4 = time.perf_counter()
+                if w == "local":
+                    for a, k in spans:
+                        _row_copies(dst_mv, src_mv, a, k)
+                    rates["row_copy"].append(sum(nbytes) / (time.perf_counter() - t4) / 1e9)
                 total = sum(nbytes)
                 rates["ragged"].append(total / (t1 - t0) / 1e9)
                 rates["fixed"].append(len(bs) * BATCH * mean_bytes / (t2 - t1) / 1e9)
@@ -193,12 +215,14 @@ def main(argv=None):
     print(f"batches of {BATCH} structures ([n, 3] float32, mean row {res['mean_row_bytes']} B), "
           f"{a.structures} on 2 nodes, medians of {a.rounds} rounds (Python {sys.version.split()[0]})\n")
     print("| rows | KB/batch | ragged GB/s | fixed GB/s | per-sample get GB/s | DataLoader+h5py GB/s "
-          "| ragged/fixed | ragged/per-sample | ragged/DataLoader |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| row copy GB/s | ragged/fixed | ragged/per-sample | ragged/DataLoader | ragged/row copy |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for w, r in res["results"].items():
+        copy = f"{r['row_copy_gbs']:.3f}" if "row_copy_gbs" in r else "-"
+        over = f"{r['ragged_over_row_copy']:.2f}" if "row_copy_gbs" in r else "-"
         print(f"| {w} | {r['bytes_per_batch'] / 1e3:.0f} | {r['ragged_gbs']:.3f} | {r['fixed_gbs']:.3f} | "
-              f"{r['per_sample_gbs']:.3f} | {r['dataloader_h5py_gbs']:.3f} | {r['ragged_over_fixed']:.2f} | "
-              f"{r['ragged_over_per_sample']:.1f} | {r['ragged_over_dataloader_h5py']:.1f} |")
+              f"{r['per_sample_gbs']:.3f} | {r['dataloader_h5py_gbs']:.3f} | {copy} | {r['ragged_over_fixed']:.2f} | "
+              f"{r['ragged_over_per_sample']:.1f} | {r['ragged_over_dataloader_h5py']:.1f} | {over} |")
     if a.before:
         print(f"\nbefore ({a.before}):\n\n| rows | before GB/s | ragged GB/s | ragged/before | before/fixed |\n|---|---|---|---|---|")
         for w, r in res["results"].items():
