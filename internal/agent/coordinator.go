@@ -135,19 +135,17 @@ func (c *coordinator) publish(ctx context.Context, sh wire.Shard, timeout time.D
 // wants the table), it also returns the node to fetch the table from, ""
 // when the table is for this request itself (relaysLocked). The shards of
 // the node's other ranks of the round (others) are recorded with sh, each
-// as a request whose reply is nobody's: the round's outcome, this
-// request's, answers them all. They need no deadline of their own: this
-// request waits for their round, and when it gives up the round fails
-// (await), which answers them.
+// as a request of its own that nobody waits for (deliverLocked skips its
+// reply): the round's outcome, this request's, answers them all. They
+// need no deadline of their own: this request waits for their round, and
+// when it gives up the round fails (await), which ends theirs.
 func (c *coordinator) publishRound(ctx context.Context, sh wire.Shard, others []wire.Shard, tree bool, timeout time.Duration) (*wire.Table, string, error) {
 	r := c.await(ctx, timeout, &waiter{tree: tree, node: sh.Node}, func(now time.Time, req uint64) []coord.Reply {
 		replies := c.mu.core.Publish(now, req, sh, now.Add(timeout))
 		for _, o := range others {
 			c.deliverLocked(replies)
 			c.mu.next++
-			oreq := c.mu.next
-			c.mu.waiting[oreq] = &waiter{ch: make(chan reply, 1)}
-			replies = c.mu.core.Publish(now, oreq, o, now.Add(timeout))
+			replies = c.mu.core.Publish(now, c.mu.next, o, now.Add(timeout))
 		}
 		return replies
 	})

@@ -326,3 +326,46 @@ func TestCoordinatorRoundOthers(t *testing.T) {
 		t.Errorf("%d requests still wait after the failed round", n)
 	}
 }
+
+// BenchmarkCoordinatorRound: the coordinator's own work for one Add
+// round of K nodes of 8 ranks, each node's ranks in one PeerRound
+// (Others), with no sockets: the core's and its driver's CPU, which the
+// scale driver's figures hold beside the messages' and the manifest's.
+func BenchmarkCoordinatorRound(b *testing.B) {
+	for _, k := range []int{8, 32, 128} {
+		b.Run(fmt.Sprintf("K=%d", k), func(b *testing.B) {
+			const rpn = 8
+			c := newCoordinator()
+			for n := range k {
+				c.join(fmt.Sprintf("n%03d", n), fmt.Sprintf("addr-%d", n))
+			}
+			size := int64(k * rpn)
+			errs := make(chan error, k)
+			for i := 0; b.Loop(); i++ {
+				name := fmt.Sprintf("v%d", i)
+				for n := range k {
+					node := fmt.Sprintf("n%03d", n)
+					first := int64(n * rpn)
+					others := make([]wire.Shard, rpn-1)
+					for l := range others {
+						others[l] = shard(name, first+1+int64(l), size, node)
+					}
+					go func() {
+						_, _, err := c.publishRound(context.Background(), shard(name, first, size, node), others, true, longWait)
+						errs <- err
+					}()
+				}
+				for range k {
+					if err := <-errs; err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				for r := range size { // tables would pile up, and the heap with them
+					c.free(name, r)
+				}
+				b.StartTimer()
+			}
+		})
+	}
+}
