@@ -92,6 +92,15 @@ func TestClusterRoundFollowerMismatch(t *testing.T) {
 	for r, err := range errs {
 		wantErr(t, fmt.Sprintf("rank %d", r), err, ddstore.ErrGeometry, "disp")
 	}
+	// All of the node's ranks at once: the bad rank's shard goes in its
+	// leader's PeerRound (Others), and the round fails for every rank.
+	for r := range c.stores {
+		add(r)
+	}
+	wg.Wait()
+	for r, err := range errs {
+		wantErr(t, fmt.Sprintf("rank %d, all at once", r), err, ddstore.ErrGeometry, "disp")
+	}
 	// All ranks again, each with the same geometry.
 	rows := []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
 	c.addPattern(t, "mismatch", rows, 2, 8)
@@ -100,9 +109,9 @@ func TestClusterRoundFollowerMismatch(t *testing.T) {
 
 // TestClusterRoundGather: the shards of a node's ranks other than the one
 // that leads its round are held until all of the node's connected ranks
-// are in and go in one batch — two messages from the node per round —
-// and when one rank is late they go without it once the hold passes, the
-// late one after them, and the round still completes.
+// are in and go in the leader's request — one message from the node per
+// round — and when one rank is late they go without it once the hold
+// passes, the late one after them, and the round still completes.
 func TestClusterRoundGather(t *testing.T) {
 	c := startCluster(t, []int{4, 4}, viaRendezvous)
 	coord, coordMsgs := c.coordinatorMessages(t)
@@ -125,7 +134,8 @@ func TestClusterRoundGather(t *testing.T) {
 			errs[r] = c.stores[r].Add(name, buf, 2, 8)
 		}()
 	}
-	// Every rank at once: the leader's PeerRound, then one PeerShards.
+	// Every rank at once: the leader's PeerRound carries the others'
+	// shards: one message.
 	before := coordMsgs()
 	for r := range c.stores {
 		add("all", r)
@@ -136,12 +146,12 @@ func TestClusterRoundGather(t *testing.T) {
 			t.Fatalf("rank %d: %v", r, err)
 		}
 	}
-	if got := coordMsgs() - before; got != 2 {
-		t.Errorf("node%d sent the coordinator %d messages in a round of its 4 ranks, want 2 (its leader's round, one batch of the others' shards)", node, got)
+	if got := coordMsgs() - before; got != 1 {
+		t.Errorf("node%d sent the coordinator %d messages in a round of its 4 ranks, want 1 (its leader's round, the others' shards in it)", node, got)
 	}
 
-	// The node's last rank late: the others' shards go once the hold
-	// passes, without it; it goes alone after.
+	// The node's last rank late: the leader's round goes with the others'
+	// shards once the hold passes, without it; it goes alone after.
 	before = coordMsgs()
 	for r := range c.stores {
 		if r != first+3 {
@@ -149,8 +159,8 @@ func TestClusterRoundGather(t *testing.T) {
 		}
 	}
 	testutil.WaitFor(t, 10*time.Second, func() error {
-		if n := coordMsgs() - before; n < 2 {
-			return fmt.Errorf("the coordinator has %d messages of node%d's round, want 2 before its last rank publishes", n, node)
+		if n := coordMsgs() - before; n < 1 {
+			return fmt.Errorf("the coordinator has %d messages of node%d's round, want 1 before its last rank publishes", n, node)
 		}
 		return nil
 	})
@@ -161,8 +171,8 @@ func TestClusterRoundGather(t *testing.T) {
 			t.Fatalf("rank %d: %v", r, err)
 		}
 	}
-	if got := coordMsgs() - before; got != 3 {
-		t.Errorf("node%d sent the coordinator %d messages in a round whose last rank was late, want 3", node, got)
+	if got := coordMsgs() - before; got != 2 {
+		t.Errorf("node%d sent the coordinator %d messages in a round whose last rank was late, want 2", node, got)
 	}
 	readAllRanks(t, c, "late", 36, 16)
 }

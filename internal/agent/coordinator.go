@@ -133,10 +133,21 @@ func (c *coordinator) publish(ctx context.Context, sh wire.Shard, timeout time.D
 
 // publishRound is publish for a PeerRound request: with tree (the request
 // wants the table), it also returns the node to fetch the table from, ""
-// when the table is for this request itself (relaysLocked).
-func (c *coordinator) publishRound(ctx context.Context, sh wire.Shard, tree bool, timeout time.Duration) (*wire.Table, string, error) {
+// when the table is for this request itself (relaysLocked). The shards of
+// the node's other ranks of the round (others) are recorded with sh, each
+// as a request of its own that nobody waits for (deliverLocked skips its
+// reply): the round's outcome, this request's, answers them all. They
+// need no deadline of their own: this request waits for their round, and
+// when it gives up the round fails (await), which ends theirs.
+func (c *coordinator) publishRound(ctx context.Context, sh wire.Shard, others []wire.Shard, tree bool, timeout time.Duration) (*wire.Table, string, error) {
 	r := c.await(ctx, timeout, &waiter{tree: tree, node: sh.Node}, func(now time.Time, req uint64) []coord.Reply {
-		return c.mu.core.Publish(now, req, sh, now.Add(timeout))
+		replies := c.mu.core.Publish(now, req, sh, now.Add(timeout))
+		for _, o := range others {
+			c.deliverLocked(replies)
+			c.mu.next++
+			replies = c.mu.core.Publish(now, c.mu.next, o, now.Add(timeout))
+		}
+		return replies
 	})
 	return r.Table, r.relay, r.Err
 }
@@ -578,7 +589,7 @@ func (a *Agent) coordinatorOp(ctx context.Context, op wire.Op, body []byte) (fun
 		if err != nil {
 			return nil, err
 		}
-		t, relay, err := c.publishRound(ctx, m.Shard, m.Want == wire.RoundTable, a.roundTimeout(m.Shard))
+		t, relay, err := c.publishRound(ctx, m.Shard, m.Others, m.Want == wire.RoundTable, a.roundTimeout(m.Shard))
 		if err != nil {
 			return nil, err
 		}

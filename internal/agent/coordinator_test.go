@@ -224,7 +224,7 @@ func TestCoordinatorRelayTree(t *testing.T) {
 			node := fmt.Sprintf("n%d", i)
 			sh := shard("v", int64(2*i+l), 2*nodes, node)
 			go func() {
-				tb, relay, err := c.publishRound(context.Background(), sh, l == 0, longWait)
+				tb, relay, err := c.publishRound(context.Background(), sh, nil, l == 0, longWait)
 				out <- result{node, l == 0, tb, relay, err}
 			}()
 		}
@@ -254,7 +254,7 @@ func TestCoordinatorRelayTree(t *testing.T) {
 	for i := range 3 {
 		go func() {
 			node := fmt.Sprintf("n%d", i)
-			tb, relay, err := c.publishRound(context.Background(), shard("w", int64(i), 3, node), true, longWait)
+			tb, relay, err := c.publishRound(context.Background(), shard("w", int64(i), 3, node), nil, true, longWait)
 			out <- result{node, true, tb, relay, err}
 		}()
 	}
@@ -262,5 +262,110 @@ func TestCoordinatorRelayTree(t *testing.T) {
 		if r := <-out; r.err != nil || r.relay != "" || r.t == nil {
 			t.Errorf("node %s of a small round: table %v, relay %q, err %v", r.node, r.t != nil, r.relay, r.err)
 		}
+	}
+}
+
+// A PeerRound that carries the shards of its node's other ranks (Others)
+// records them with its own: one request per node completes the round,
+// and a disagreeing shard among them fails it for every rank, the
+// request that carried it too.
+func TestCoordinatorRoundOthers(t *testing.T) {
+	c := newTestCoordinator()
+	out := make(chan pubResult, 2)
+	for _, node := range []string{"a", "b"} {
+		first := int64(0)
+		if node == "b" {
+			first = 3
+		}
+		go func() {
+			others := []wire.Shard{shard("v", first+1, 6, node), shard("v", first+2, 6, node)}
+			tb, _, err := c.publishRound(context.Background(), shard("v", first, 6, node), others, true, longWait)
+			out <- pubResult{tb, err}
+		}()
+	}
+	var table *wire.Table
+	for range 2 {
+		r := <-out
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if table != nil && r.t != table {
+			t.Error("the two nodes got different tables")
+		}
+		table = r.t
+	}
+	if got := table.ShardRows; len(got) != 6 || got[1] != 11 || got[5] != 15 {
+		t.Errorf("table's rows per rank %v, want 10..15", got)
+	}
+	c.mu.Lock()
+	n := len(c.mu.waiting)
+	c.mu.Unlock()
+	if n != 0 {
+		t.Errorf("%d requests still wait after the round", n)
+	}
+
+	// Node b's rank 4 disagrees on the rows' disp: every rank fails.
+	go func() {
+		_, _, err := c.publishRound(context.Background(), shard("w", 0, 4, "a"), []wire.Shard{shard("w", 1, 4, "a")}, true, longWait)
+		out <- pubResult{nil, err}
+	}()
+	waitRecorded(t, c, "w", 1, 2)
+	bad := shard("w", 3, 4, "b")
+	bad.Disp = 5
+	_, _, err := c.publishRound(context.Background(), shard("w", 2, 4, "b"), []wire.Shard{bad}, true, longWait)
+	if !errors.Is(err, base.ErrGeometry) || !strings.Contains(err.Error(), "disp") {
+		t.Errorf("node b, whose request carried the bad shard: %v, want ErrGeometry naming the disp", err)
+	}
+	if r := <-out; !errors.Is(r.err, base.ErrGeometry) {
+		t.Errorf("node a: %v, want ErrGeometry", r.err)
+	}
+	c.mu.Lock()
+	n = len(c.mu.waiting)
+	c.mu.Unlock()
+	if n != 0 {
+		t.Errorf("%d requests still wait after the failed round", n)
+	}
+}
+
+// BenchmarkCoordinatorRound: the coordinator's own work for one Add
+// round of K nodes of 8 ranks, each node's ranks in one PeerRound
+// (Others), with no sockets: the core's and its driver's CPU, which the
+// scale driver's figures hold beside the messages' and the manifest's.
+func BenchmarkCoordinatorRound(b *testing.B) {
+	for _, k := range []int{8, 32, 128} {
+		b.Run(fmt.Sprintf("K=%d", k), func(b *testing.B) {
+			const rpn = 8
+			c := newCoordinator()
+			for n := range k {
+				c.join(fmt.Sprintf("n%03d", n), fmt.Sprintf("addr-%d", n))
+			}
+			size := int64(k * rpn)
+			errs := make(chan error, k)
+			for i := 0; b.Loop(); i++ {
+				name := fmt.Sprintf("v%d", i)
+				for n := range k {
+					node := fmt.Sprintf("n%03d", n)
+					first := int64(n * rpn)
+					others := make([]wire.Shard, rpn-1)
+					for l := range others {
+						others[l] = shard(name, first+1+int64(l), size, node)
+					}
+					go func() {
+						_, _, err := c.publishRound(context.Background(), shard(name, first, size, node), others, true, longWait)
+						errs <- err
+					}()
+				}
+				for range k {
+					if err := <-errs; err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				for r := range size { // tables would pile up, and the heap with them
+					c.free(name, r)
+				}
+				b.StartTimer()
+			}
+		})
 	}
 }

@@ -37,10 +37,53 @@ type roundLead struct {
 type lead struct {
 	done chan struct{}
 	err  error // set before done is closed
-	// The shards of the node's other ranks of the round, gathered until
-	// all of them are in (or gatherHold passes) and then sent together.
-	gather gathering[wire.Shard]
+	// fold gathers the shards of the node's other ranks of the round for
+	// the leader's PeerRound, which carries them (Round.Others): one
+	// request and one reply per node and round.
+	fold fold
 }
+
+// fold holds the shards of a node's ranks other than the leader's until
+// the leader takes them into its PeerRound: once want are in, or
+// gatherHold has passed. A shard that comes after (a late rank) goes
+// alone, in PeerShards.
+type fold struct {
+	mu    sync.Mutex // a leaf (lock order: internal/LOCKS.md)
+	want  int
+	items []*batchItem[wire.Shard]
+	full  chan struct{} // closed once want are in
+	taken bool
+}
+
+// add folds p into the leader's request, unless the leader took the
+// shards already (false: p goes alone).
+func (f *fold) add(p *batchItem[wire.Shard]) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.taken {
+		return false
+	}
+	f.items = append(f.items, p)
+	if len(f.items) == f.want {
+		close(f.full)
+	}
+	return true
+}
+
+// take returns the shards folded so far; later ones go alone.
+func (f *fold) take() []*batchItem[wire.Shard] {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.taken = true
+	items := f.items
+	f.items = nil
+	return items
+}
+
+// errLeaderLeft answers the folded shards of a leader whose own request
+// ended with its client (or its deadline) rather than in the transport:
+// its ranks then take the leader's error, as they do when its round fails.
+var errLeaderLeft = errors.New("the node's leading rank of the round left before its request was answered")
 
 // gatherHold bounds how long the shards of a node's ranks wait for the
 // rest of the node's ranks of their round before they go anyway: a round
@@ -83,9 +126,9 @@ func (g *gathering[T]) take(all bool) []*batchItem[T] {
 	return items
 }
 
-// wait waits for the answer to p, gathered in g: once hold passes, or
-// ended is closed, what g holds goes at once.
-func (g *gathering[T]) wait(ctx context.Context, a *Agent, b *batcher[T], p *batchItem[T], hold time.Duration, ended <-chan struct{}) error {
+// wait waits for the answer to p, gathered in g: once hold passes, what
+// g holds goes at once.
+func (g *gathering[T]) wait(ctx context.Context, a *Agent, b *batcher[T], p *batchItem[T], hold time.Duration) error {
 	t := time.NewTimer(hold)
 	defer t.Stop()
 	for {
@@ -93,8 +136,6 @@ func (g *gathering[T]) wait(ctx context.Context, a *Agent, b *batcher[T], p *bat
 		case err := <-p.done:
 			return err
 		case <-t.C:
-		case <-ended:
-			ended = nil
 		case <-ctx.Done():
 			return fmt.Errorf("%w: waiting for the coordinator's answer: %w", base.ErrTimeout, ctx.Err())
 		}
@@ -107,22 +148,22 @@ func (g *gathering[T]) wait(ctx context.Context, a *Agent, b *batcher[T], p *bat
 	}
 }
 
-// gatherShard hands a follower's shard over with the node's other
-// followers of the round: held until want of them are in, or gatherHold
-// passes, then queued at once, so that they go in one PeerShards.
-func (a *Agent) gatherShard(ctx context.Context, ld *lead, addr string, m wire.Shard, want int) error {
+// foldShard hands a follower's shard to the leader of its round, whose
+// PeerRound carries it (fold), and waits for the round's outcome; a
+// shard that comes after the leader sent its request goes alone.
+func (a *Agent) foldShard(ctx context.Context, ld *lead, addr string, m wire.Shard) error {
 	p := &batchItem[wire.Shard]{v: m, addr: addr, done: make(chan error, 1)}
-	added, flush := ld.gather.add(p, want)
-	if !added { // a straggler: the others went already
+	if !ld.fold.add(p) {
 		return a.shardBatch.submit(ctx, a, addr, m)
 	}
-	if flush != nil {
-		a.shardBatch.queue(a, flush)
+	select {
+	case err := <-p.done:
+		return err
+	case <-ctx.Done():
+		// The leader still sends the shard: a client that left is then
+		// reported lost (coordRound), which fails the round either way.
+		return fmt.Errorf("%w: waiting for the coordinator's answer: %w", base.ErrTimeout, ctx.Err())
 	}
-	// The leader's round ending (it failed: it cannot succeed without
-	// these shards) lets them go at once, so that the coordinator answers
-	// them with the round's error without waiting for the hold.
-	return ld.gather.wait(ctx, a, &a.shardBatch, p, min(gatherHold, a.roundTimeout(m)/10), ld.done)
 }
 
 // gatherFree hands rank m's free of v over with the node's other ranks'
@@ -164,13 +205,14 @@ func (a *Agent) gatherFree(ctx context.Context, v *variable, addr string, m wire
 	if flush != nil {
 		a.freeBatch.queue(a, flush)
 	}
-	return g.wait(ctx, a, &a.freeBatch, p, min(gatherHold, a.cfg.Timeout/10), nil)
+	return g.wait(ctx, a, &a.freeBatch, p, min(gatherHold, a.cfg.Timeout/10))
 }
 
 // lead makes the caller the rank of this node that brings round k's
 // table, unless one does already; finish (the leader's) records its error
-// and releases the others.
-func (l *roundLeads) lead(k roundLead) (leader bool, ld *lead, finish func(error)) {
+// and releases the others. A new leader's request waits for the shards of
+// others more ranks of the node (fold).
+func (l *roundLeads) lead(k roundLead, others int) (leader bool, ld *lead, finish func(error)) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if ld, ok := l.m[k]; ok {
@@ -180,6 +222,10 @@ func (l *roundLeads) lead(k roundLead) (leader bool, ld *lead, finish func(error
 		l.m = make(map[roundLead]*lead)
 	}
 	ld = &lead{done: make(chan struct{})}
+	ld.fold.want, ld.fold.full = others, make(chan struct{})
+	if others <= 0 {
+		close(ld.fold.full)
+	}
 	l.m[k] = ld
 	return true, ld, func(err error) {
 		l.mu.Lock()
@@ -199,8 +245,8 @@ func (l *roundLeads) lead(k roundLead) (leader bool, ld *lead, finish func(error
 // node's other ranks hand their shards over in batches (PeerShards,
 // answered at once) and take the table from v, or the leader's error
 // (docs/design.md, Publish rounds at scale); with local (the node's ranks
-// in the round, 0: unknown) above 2 those shards are gathered first and
-// go together (gatherShard).
+// in the round, 0: unknown) above 1 the leader waits for those shards and
+// its PeerRound carries them (foldShard): one request per node.
 func (a *Agent) coordRound(ctx context.Context, v *variable, m wire.Shard, local int64) (*wire.Table, error) {
 	addr, err := a.coordinatorAddr(ctx)
 	if err != nil {
@@ -209,13 +255,11 @@ func (a *Agent) coordRound(ctx context.Context, v *variable, m wire.Shard, local
 	if addr == "" {
 		return a.coord.Load().publish(ctx, m, a.roundTimeout(m))
 	}
-	leader, ld, finish := a.leads.lead(roundLead{m.Name, m.Attempt})
+	leader, ld, finish := a.leads.lead(roundLead{m.Name, m.Attempt}, int(local)-1)
 	if !leader {
-		var err error
-		if local > 2 {
-			err = a.gatherShard(ctx, ld, addr, m, int(local)-1)
-		} else {
-			err = a.shardBatch.submit(ctx, a, addr, m)
+		err := a.foldShard(ctx, ld, addr, m)
+		if errors.Is(err, errLeaderLeft) {
+			err = nil // the leader's outcome, below
 		}
 		if err != nil {
 			if why := a.lostRound(ctx, err); why != "" {
@@ -247,7 +291,7 @@ func (a *Agent) coordRound(ctx context.Context, v *variable, m wire.Shard, local
 		}
 		return t, nil
 	}
-	t, err := a.leadRound(ctx, addr, m)
+	t, err := a.leadRound(ctx, addr, m, &ld.fold)
 	if why := a.lostRound(ctx, err); why != "" {
 		// Before finish: the node's other ranks get the leader's error
 		// once the round has failed everywhere — or the table, when the
@@ -333,11 +377,37 @@ func (a *Agent) reportLost(addr string, m wire.Shard, why string) *wire.Table {
 	}
 }
 
-// leadRound sends the leader's shard (PeerRound) and returns the round's
-// table: in the reply, or from the node it names.
-func (a *Agent) leadRound(ctx context.Context, addr string, m wire.Shard) (*wire.Table, error) {
+// leadRound sends the leader's shard (PeerRound), with the shards of the
+// node's other ranks that f gathers (once all are in, or the hold has
+// passed), and returns the round's table: in the reply, or from the node
+// it names. Each folded shard is answered with the request's outcome.
+func (a *Agent) leadRound(ctx context.Context, addr string, m wire.Shard, f *fold) (*wire.Table, error) {
+	hold := time.NewTimer(min(gatherHold, a.roundTimeout(m)/10))
+	select {
+	case <-f.full:
+	case <-hold.C:
+	case <-ctx.Done():
+	}
+	hold.Stop()
+	items := f.take()
 	r := wire.Round{Shard: m, Want: wire.RoundTable}
+	if len(items) > 0 {
+		r.Others = make([]wire.Shard, len(items))
+		for i, p := range items {
+			r.Others[i] = p.v
+		}
+	}
 	body, err := a.pool.Call(ctx, addr, wire.OpPeerRound, r.Encode)
+	for _, p := range items {
+		switch {
+		case err == nil, base.IsRemote(err):
+			p.done <- err // recorded, or the round's error
+		case ctx.Err() != nil:
+			p.done <- errLeaderLeft
+		default:
+			p.done <- err // lost in the transport: each rank reports itself lost
+		}
+	}
 	if err != nil {
 		return nil, err
 	}

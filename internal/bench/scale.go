@@ -101,6 +101,10 @@ type ScalePoint struct {
 	CoordAddBytesOut float64 `json:"coord_add_bytes_out"`
 	CoordFreeMsgs    float64 `json:"coord_free_msgs"`
 	CoordFreeBytes   float64 `json:"coord_free_bytes"`
+	// Manifests the coordinator's agent wrote per Add round and per Free
+	// round (manifest_writes; each holds every table of the job).
+	CoordAddManifests  float64 `json:"coord_add_manifest_writes"`
+	CoordFreeManifests float64 `json:"coord_free_manifest_writes"`
 	// RSS of the coordinator's agent and the median of the others', after
 	// the reads.
 	CoordRSS int64 `json:"coord_rss_bytes"`
@@ -336,7 +340,7 @@ func runScaleJob(opts ScaleOptions, k int) (p ScalePoint, err error) {
 	var addCPU [3]time.Duration
 	var freeCPU time.Duration
 	var adds, frees []float64
-	var addDelta, freeDelta [4]int
+	var addDelta, freeDelta [5]int
 	for r := range opts.Rounds {
 		name := fmt.Sprintf("round%d", r)
 		before, err := j.coordCounters(coord)
@@ -367,7 +371,7 @@ func runScaleJob(opts ScaleOptions, k int) (p ScalePoint, err error) {
 		if err != nil {
 			return p, err
 		}
-		for i := range 4 {
+		for i := range addDelta {
 			addDelta[i] += mid[i] - before[i]
 			freeDelta[i] += after[i] - mid[i]
 		}
@@ -381,6 +385,7 @@ func runScaleJob(opts ScaleOptions, k int) (p ScalePoint, err error) {
 	p.CoordAddMsgsOut, p.CoordAddBytesOut = float64(addDelta[2])/n, float64(addDelta[3])/n
 	p.CoordFreeMsgs = float64(freeDelta[0]+freeDelta[2]) / n
 	p.CoordFreeBytes = float64(freeDelta[1]+freeDelta[3]) / n
+	p.CoordAddManifests, p.CoordFreeManifests = float64(addDelta[4])/n, float64(freeDelta[4])/n
 	fmt.Fprintf(pr, "first add %.3fs add %.3fs free %.3fs ", p.FirstAddSeconds, p.AddSeconds, p.FreeSeconds)
 
 	cpu0 := j.cpu(reader)
@@ -650,13 +655,13 @@ func (j *scaleJob) infos() ([]wire.AgentInfo, error) {
 }
 
 // coordCounters are the coordinator's messages and bytes in and out.
-func (j *scaleJob) coordCounters(coord int) ([4]int, error) {
+func (j *scaleJob) coordCounters(coord int) ([5]int, error) {
 	in, err := client.QueryAgent(j.socket(coord), j.ns, j.node(coord))
 	if err != nil {
-		return [4]int{}, err
+		return [5]int{}, err
 	}
 	c := in.Counters
-	return [4]int{c["coord_messages_in"], c["coord_bytes_in"], c["coord_messages_out"], c["coord_bytes_out"]}, nil
+	return [5]int{c["coord_messages_in"], c["coord_bytes_in"], c["coord_messages_out"], c["coord_bytes_out"], c["manifest_writes"]}, nil
 }
 
 func (j *scaleJob) logTail(i int) string {
@@ -850,16 +855,24 @@ func toInt64(xs []int) []int64 {
 	return out
 }
 
+// CoordOwnAddCPUms is the coordinator's agent's CPU per Add beyond an
+// ordinary agent's (the mean of the others): what coordinating costs it,
+// its own node's work taken out.
+func (p *ScalePoint) CoordOwnAddCPUms() float64 {
+	return p.AddCoordCPUms - p.AddAgentsCPUms/float64(max(p.Nodes-1, 1))
+}
+
 // WriteTable prints the report as one table, a row per job size.
 func (r *ScaleReport) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "ddstore bench scale: agents as processes on loopback meeting by %s, %d ranks per node, %d rows of %s per node, GetBatch of %d rows of the other nodes by one rank, %s per figure, %d CPUs, %s, %s\n\n",
 		r.Meet, r.RanksPerNode, r.RowsPerNode, sizeName(r.RowBytes), r.Batch, r.Duration, r.CPUs, r.Go, r.Date)
-	t := NewTable("K", "R", "open s", "1st add s", "add s", "free s", "cpu ms/add coord+agents+ranks", "coord msgs in/out per add", "coord KB out per add", "coord MiB", "agent MiB",
+	t := NewTable("K", "R", "open s", "1st add s", "add s", "free s", "cpu ms/add coord+agents+ranks", "coord own ms/add", "coord msgs in/out per add", "coord KB out per add", "coord manifests add/free", "coord MiB", "agent MiB",
 		"coord gor", "agent gor", "coord conns", "agent conns", "reader conns", "reader closed idle", "reader out idle", "table KB", "read Mrows/s", "p99 ms", "cpu µs/batch agent+client+owners", "restart Mrows/s", "p99 ms", "failed", "failing s", "load")
 	for _, p := range r.Points {
 		t.Row(fmt.Sprint(p.Nodes), fmt.Sprint(p.Ranks), fmt.Sprintf("%.2f", p.OpenSeconds), fmt.Sprintf("%.3f", p.FirstAddSeconds), fmt.Sprintf("%.3f", p.AddSeconds), fmt.Sprintf("%.3f", p.FreeSeconds),
-			fmt.Sprintf("%.0f+%.0f+%.0f", p.AddCoordCPUms, p.AddAgentsCPUms, p.AddRanksCPUms),
+			fmt.Sprintf("%.0f+%.0f+%.0f", p.AddCoordCPUms, p.AddAgentsCPUms, p.AddRanksCPUms), fmt.Sprintf("%.1f", p.CoordOwnAddCPUms()),
 			fmt.Sprintf("%.0f/%.0f", p.CoordAddMsgsIn, p.CoordAddMsgsOut), fmt.Sprintf("%.1f", p.CoordAddBytesOut/1e3),
+			fmt.Sprintf("%.1f/%.1f", p.CoordAddManifests, p.CoordFreeManifests),
 			fmt.Sprintf("%.1f", float64(p.CoordRSS)/(1<<20)), fmt.Sprintf("%.1f", float64(p.AgentRSS)/(1<<20)),
 			fmt.Sprint(p.CoordGoroutines), fmt.Sprint(p.AgentGoroutines), fmt.Sprint(p.CoordConns), fmt.Sprint(p.AgentConns), fmt.Sprint(p.ReaderConns),
 			fmt.Sprint(p.ReaderIdleClosed), idleConns(p.ReaderConnsIdle),

@@ -224,21 +224,60 @@ const (
 type Round struct {
 	Shard Shard
 	Want  uint8
+	// Others are the shards of the sending node's other ranks of the
+	// round, recorded with Shard, so that a node's ranks of a round take
+	// one request: the round's outcome answers them all.
+	Others []Shard
 }
 
-func (m *Round) Encode(e *Encoder) { e.U8(m.Want); m.Shard.Encode(e) }
+// roundOthers, in a Round's want byte, says that Others follow its Shard.
+const roundOthers = 0x80
 
-// DecodeRound reads a Round: the byte Want, then a Shard.
+func (m *Round) Encode(e *Encoder) {
+	if len(m.Others) == 0 {
+		e.U8(m.Want)
+		m.Shard.Encode(e)
+		return
+	}
+	e.U8(m.Want | roundOthers)
+	m.Shard.Encode(e)
+	e.U32(uint32(len(m.Others)))
+	for i := range m.Others {
+		m.Others[i].Encode(e)
+	}
+}
+
+// DecodeRound reads a Round: the byte Want (its bit 0x80 set: Others
+// follow), a Shard, then with the bit a count (u32, at least 1) and that
+// many Shards (Others).
 func DecodeRound(b []byte) (m Round, err error) {
 	if len(b) < 1 {
 		return m, protoErr("round request of %d bytes", len(b))
 	}
-	m.Want = b[0]
+	m.Want = b[0] &^ roundOthers
 	if m.Want > RoundTable {
 		return m, protoErr("round request wants %d, want 0 or 1", m.Want)
 	}
-	m.Shard, err = DecodeShard(b[1:])
-	return m, err
+	d := NewDecoder(b[1:])
+	if m.Shard, err = decodeShard(d); err != nil || b[0]&roundOthers == 0 {
+		if err == nil {
+			err = d.Done()
+		}
+		return m, err
+	}
+	n := d.U32()
+	if d.err == nil && (n == 0 || int64(n) > int64(len(d.b))/minShardBytes) {
+		return m, protoErr("round request with %d other shards in %d bytes", n, len(d.b))
+	}
+	m.Others = make([]Shard, 0, n)
+	for range n {
+		sh, err := decodeShard(d)
+		if err != nil {
+			return m, err
+		}
+		m.Others = append(m.Others, sh)
+	}
+	return m, d.Done()
 }
 
 // Shards is a PeerShards request: shards of several ranks of one node,

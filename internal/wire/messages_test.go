@@ -160,6 +160,8 @@ var (
 		{},
 		{Shard: Shard{Name: "features", Node: "n0", Rank: 1, Size: 4, Rows: 1000, Disp: 3, ItemSize: 4, TimeoutMs: 30000}, Want: RoundTable},
 		{Shard: Shard{Name: "positions", Rank: 0, Size: 2, Rows: 3, Disp: 3, ItemSize: 4, Dtype: "float32", Kind: KindRagged, Items: 41, Shape: []int64{3}}, Want: RoundAck},
+		{Shard: Shard{Name: "features", Node: "n1", Rank: 4, Size: 8, Rows: 10, Disp: 3, ItemSize: 4}, Want: RoundTable,
+			Others: []Shard{{Name: "features", Node: "n1", Rank: 5, Size: 8, Rows: 10, Disp: 3, ItemSize: 4}, {Name: "features", Node: "n1", Rank: 7, Size: 8, Rows: 9, Disp: 3, ItemSize: 4, Failed: true, Why: "no memory"}}},
 	}
 	roundReplySamples = []RoundReply{
 		{},

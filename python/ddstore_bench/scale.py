@@ -2,6 +2,7 @@
 
     python -m ddstore_bench.scale --out docs/scale            # measure, fit, plot
     python -m ddstore_bench.scale --out docs/scale --replot   # fit and plot the saved JSON again
+    python -m ddstore_bench.scale --estimate A.json B.json     # the coordinator's figures and the cluster estimate of saved runs
 
 Runs `ddstore bench scale --json` (DDSTORE_BIN, else bin/ddstore, else
 ddstore on PATH; --args passes it flags), saves its JSON as OUT/scale.json,
@@ -244,13 +245,40 @@ def find_bin():
     sys.exit("ddstore_bench.scale: no ddstore binary (set DDSTORE_BIN or run make build)")
 
 
+def estimate(paths):
+    """Per saved run (ddstore bench scale --json), the coordinator's CPU per
+    Add beyond an ordinary agent's, its messages, and the cluster estimate:
+    the figures to set side by side when two builds were run alternately."""
+    out = []
+    for path in paths:
+        with open(path) as f:
+            rep = json.load(f)
+        out.append(f"{path}:")
+        for p in rep["points"]:
+            k = p["nodes"]
+            own = p["add_coord_cpu_ms"] - p["add_agents_cpu_ms"] / max(k - 1, 1)
+            out.append(f"  K={k}: coordinator CPU per Add {p['add_coord_cpu_ms']:.1f} ms ({own:.1f} beyond an ordinary agent), "
+                       f"messages in {p['coord_add_msgs_in']:.0f}, KB in/out {p['coord_add_bytes_in'] / 1e3:.1f}/{p['coord_add_bytes_out'] / 1e3:.1f}, "
+                       f"Add {p['add_s']:.3f} s, load {p['load']}")
+        est = cluster(rep["points"], rep["batch"])
+        out += ["  " + line for line in est.splitlines() if line.startswith(("| 8 |", "| 128 |", "Add K"))]
+    return "\n".join(out)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="directory for scale.json, model.md and the PNGs")
+    ap.add_argument("--estimate", nargs="+", metavar="JSON",
+                    help="print the coordinator's figures and the cluster estimate of saved runs; measure nothing")
+    ap.add_argument("--out", help="directory for scale.json, model.md and the PNGs")
     ap.add_argument("--replot", action="store_true", help="fit and plot OUT/scale.json again, measure nothing")
     ap.add_argument("--before", help="a scale.json of an earlier build, plotted beside (grey crosses)")
     ap.add_argument("--args", default="", help="flags for ddstore bench scale, e.g. '--nodes 2,4,8 --duration 1s'")
     a = ap.parse_args(argv)
+    if a.estimate:
+        print(estimate(a.estimate))
+        return
+    if not a.out:
+        ap.error("--out is required (unless --estimate)")
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "scale.json")
     if not a.replot:
