@@ -186,22 +186,26 @@ def test_rows_updated_before_a_fence(nodes):
     _both(nodes, lambda r, s: s.free("v"))
 
 
-def test_a_reader_after_the_variable_is_added_again(nodes):
+@pytest.mark.parametrize("op", ["get_batch", "get"])
+def test_a_reader_after_the_variable_is_added_again(nodes, op):
     """A reader keeps the freed variable's segment mapped, old rows and all:
     the shortest path must see it dropped and read the new variable."""
     _add(nodes, "v", _data(np.int64, 2))
     rd = ddstore.Store(rank=0, size=2, local_rank=0, local_size=1, node="a", reader=True, spawn=False)
+    idx = np.array([0, 6, 3]) if op == "get_batch" else np.arange(2, 5)
+
+    def read(out):
+        return rd.get_batch("v", out, idx) if op == "get_batch" else rd.get("v", out, 2)
     try:
-        idx = np.array([0, 6, 3])
         out = np.zeros((3, 2), np.int64)
-        rd.get_batch("v", out, idx)
+        read(out)
         np.testing.assert_array_equal(out, _data(np.int64, 2)[idx])
         old = rd._var("v")
         assert old.quick is not None
         _both(nodes, lambda r, s: s.free("v"))
         _add(nodes, "v", _data(np.int64, 2, gen=1))
         assert old.quick[-1][0], "the old segment is marked dropped"
-        rd.get_batch("v", out, idx)
+        read(out)
         np.testing.assert_array_equal(out, _data(np.int64, 2, gen=1)[idx])
         assert rd._var("v") is not old
     finally:
@@ -213,7 +217,7 @@ def test_forked_child(nodes):
     data = _data(np.uint8, 64)
     _add(nodes, "v", data)
     s = nodes[1]
-    idx = np.array([11, 7, 9, 7])
+    idx = np.array([11, 7, 9, 10])
     out = np.zeros((4, 64), np.uint8)
     s.get_batch("v", out, idx)
     rfd, wfd = os.pipe()
@@ -223,6 +227,7 @@ def test_forked_child(nodes):
             child = np.zeros((4, 64), np.uint8)
             s.get_batch("v", child, idx[::-1].copy())
             s.get_batch("v", child[:2], np.array([0, 8]))  # one row of the other node: the child's own connections
+            s.get("v", child[3:], 11)
             os.write(wfd, child.tobytes())
         finally:
             os._exit(0)
@@ -235,8 +240,51 @@ def test_forked_child(nodes):
         got += b
     os.close(rfd)
     os.waitpid(pid, 0)
-    want = data[[0, 8, 7, 11]]
+    want = data[[0, 8, 7, 11]]  # [10, 9, 7, 11], then rows 0 and 8, then 11
     assert np.frombuffer(got, np.uint8).reshape(4, 64).tolist() == want.tolist()
     s.get_batch("v", out, idx)  # the parent's store still reads
     np.testing.assert_array_equal(out, data[idx])
     _both(nodes, lambda r, s: s.free("v"))
+
+
+def test_get_of_rows_of_the_one_shard(nodes):
+    """get() of consecutive rows takes the same shortest path: rows at the
+    shard's edges, starts of numpy integer types, ranges that leave the
+    shard, and the general path's errors for the rest."""
+    data = _data(np.int32, 3)
+    _add(nodes, "v", data)
+    one = _data(np.float32, 1)
+    _add(nodes, "w", one)
+    for r, s in enumerate(nodes):
+        f, end = FIRST[r], FIRST[r] + ROWS[r]
+        for start, k in ((f, 1), (end - 1, 1), (f, ROWS[r]), (np.int64(f + 1), 2), (np.uint32(end - 2), 2),
+                         (np.int16(f), 3)):
+            out = np.zeros((k, 3), np.int32)
+            assert s.get("v", out, start) is out
+            np.testing.assert_array_equal(out, data[int(start):int(start) + k], err_msg=f"rank {r}: {start!r}")
+        out = np.zeros(2, np.float32)  # rows of one item into a 1-d destination
+        s.get("w", out, end - 2)
+        np.testing.assert_array_equal(out, one[end - 2:end, 0])
+        out = np.zeros((2, 3), np.int32)
+        s.get("v", out, ROWS[0] - 1)  # node a's last row and node b's first
+        np.testing.assert_array_equal(out, data[ROWS[0] - 1:ROWS[0] + 1])
+        p = s.get_profile("v")
+        assert p["calls"] == 7 and p["rows"] == 1 + 1 + ROWS[r] + 2 + 2 + 3 + 2, p
+        assert p["local_rows"] == p["rows"] - 1 and p["remote_rows"] == 1, p
+        for start, shown in ((-1, r"rows \[-1, 1\) not in \[0, 12\)"), (TOTAL - 1, r"rows \[11, 13\) not in \[0, 12\)")):
+            out = np.zeros((2, 3), np.int32)
+            with pytest.raises(ddstore.IndexOutOfRange, match=shown):
+                s.get("v", out, start)
+        wide = np.zeros((2, 6), np.int32)
+        ro = np.zeros((2, 3), np.int32)
+        ro.flags.writeable = False
+        for out, shown in ((np.zeros((2, 3), np.int64), "holds int32, destination is int64"),
+                           (np.zeros((2, 3), np.uint32), "holds int32, destination is uint32"),
+                           (wide[:, ::2], "C-contiguous and writable"), (ro, "a read-only destination"),
+                           (np.zeros((2, 4), np.int32), "destination of 8 items for 2 rows of 3"),
+                           (np.zeros((1, 3, 2), np.int32), "destination of 6 items for 1 rows of 3")):
+            with pytest.raises(ddstore.BadBuffer, match=shown):
+                s.get("v", out, f)
+            assert not out.any() and not wide.any(), f"rank {r}: a refused destination must stay untouched"
+    _both(nodes, lambda r, s: s.free("v"))
+    _both(nodes, lambda r, s: s.free("w"))
