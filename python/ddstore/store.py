@@ -743,9 +743,8 @@ class Store:
                             # the paths below find it so and read anew.
                     except ValueError:
                         pass  # no indices, or a destination take refuses: the general path says which
-        if self._pid != _getpid():
-            self._check_fork()
-        # Fast path: numpy indices and a numpy destination of the
+        # Fast path (node-local rows as well: the fork check waits for the
+        # first request below): numpy indices and a numpy destination of the
         # variable's type, every row in one shard of this node (the shard of
         # the first index, or the only one): one pass to check the indices
         # (an argmax of them as uint64, where a negative one is above any
@@ -787,6 +786,7 @@ class Store:
                                 return arr
                             # Dropped: those rows may be a freed variable's.
                             self._forget(name, v)
+                            self._check_fork()
                             return self._reading(name, lambda v: self._get_batch(v, name, arr, indices))
                     if v.fast_all and below(indices, v.held):
                         # Rows of several shards, all of this node (DDStore's
