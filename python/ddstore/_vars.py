@@ -27,7 +27,8 @@ class Var:
 
     __slots__ = ("name", "label", "id", "disp", "itemsize", "rb", "dtype", "npdtype", "total", "held", "backing", "prefix",
                  "upper", "bounds", "shard_rows", "nodes", "addrs", "local", "typed", "own", "segs", "single",
-                 "single_first", "stats", "quick_calls", "quick_rows", "win", "ragged", "shape", "index", "first_unit", "extents", "views",
+                 "single_first", "stats", "quick_calls", "quick_rows", "win", "ragged", "shape", "index", "first_unit",
+                 "extents", "views",
                  "marks", "mark", "void", "items", "fast", "fast_rank", "fast_all", "span", "addrs_at",
                  "quick")
 

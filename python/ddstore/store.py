@@ -34,6 +34,7 @@ _STALE_TRIES = 3
 _I64 = np.dtype(np.int64)
 _U64 = np.dtype(np.uint64)
 _getpid = os.getpid
+_ndarray = np.ndarray
 
 
 class Store:
@@ -555,7 +556,7 @@ class Store:
         # destination's shape and that it is writable (a ValueError before
         # any row moves: the paths below then say what is wrong), and no
         # fork check (a forked child shares the mapping).
-        if q is not None and type(arr) is np.ndarray:
+        if q is not None and type(arr) is _ndarray:
             npdt, s2, src, s1, src1, first, rows, mark = q
             st = arr.strides
             if st != s2:
@@ -718,7 +719,7 @@ class Store:
         # one is above any bound: below()), and no fork check: the rows are
         # read from mappings a forked child shares, and anything else goes
         # through the paths below, which make it.
-        if q is not None and type(arr) is np.ndarray and type(indices) is np.ndarray:
+        if q is not None and type(arr) is _ndarray and type(indices) is _ndarray:
             npdt, s2, src, s1, src1, first, rows, mark = q
             st = arr.strides
             if st != s2:

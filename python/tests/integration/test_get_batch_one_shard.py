@@ -129,7 +129,8 @@ def test_bad_indices_and_destinations(nodes):
     for r, s in enumerate(nodes):
         f = FIRST[r]
         bad = ((np.array([f, TOTAL]), f"indices[1] = {TOTAL}"), (np.array([f, -1]), "indices[1] = -1"),
-               (np.array([-5, f]), "indices[0] = -5"), (np.array([f, f + 5 * 10**12]), f"indices[1] = {f + 5 * 10**12}"),
+               (np.array([-5, f]), "indices[0] = -5"),
+               (np.array([f, f + 5 * 10**12]), f"indices[1] = {f + 5 * 10**12}"),
                (np.array([f, 2**63 + 1], np.uint64), f"indices[1] = {2**63 + 1}"),
                (np.array([f, -2], np.int32), "indices[1] = -2"))
         for idx, shown in bad:
@@ -271,7 +272,8 @@ def test_get_of_rows_of_the_one_shard(nodes):
         p = s.get_profile("v")
         assert p["calls"] == 7 and p["rows"] == 1 + 1 + ROWS[r] + 2 + 2 + 3 + 2, p
         assert p["local_rows"] == p["rows"] - 1 and p["remote_rows"] == 1, p
-        for start, shown in ((-1, r"rows \[-1, 1\) not in \[0, 12\)"), (TOTAL - 1, r"rows \[11, 13\) not in \[0, 12\)")):
+        for start, shown in ((-1, r"rows \[-1, 1\) not in \[0, 12\)"),
+                             (TOTAL - 1, r"rows \[11, 13\) not in \[0, 12\)")):
             out = np.zeros((2, 3), np.int32)
             with pytest.raises(ddstore.IndexOutOfRange, match=shown):
                 s.get("v", out, start)
