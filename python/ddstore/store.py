@@ -34,6 +34,7 @@ _STALE_TRIES = 3
 _I64 = np.dtype(np.int64)
 _U64 = np.dtype(np.uint64)
 _getpid = os.getpid
+_ndarray = np.ndarray
 
 
 class Store:
@@ -544,9 +545,40 @@ class Store:
     def get(self, name, arr, start=0):
         """arr.shape[0] consecutive rows from global row `start` into arr
         (the range may span several ranks' shards)."""
+        try:
+            v = self._vars[name]
+            q = v.quick
+        except KeyError:
+            v = q = None
+        # The shortest path (Var.quick, as get_batch's): a C-contiguous
+        # numpy destination of the variable's type, rows all in the one
+        # shard of this node: one slice assignment, which checks the
+        # destination's shape and that it is writable (a ValueError before
+        # any row moves: the paths below then say what is wrong), and no
+        # fork check (a forked child shares the mapping).
+        if q is not None and type(arr) is _ndarray:
+            npdt, s2, src, s1, src1, first, rows, mark = q
+            st = arr.strides
+            if st != s2:
+                src = src1 if st == s1 else None
+            dt = arr.dtype
+            if src is not None and (dt is npdt or dt == npdt):
+                lo = start if type(start) is int else int(start) if isinstance(start, np.integer) else -1
+                if lo >= 0:
+                    lo -= first
+                    n = len(arr)
+                    if 0 <= lo and lo + n <= rows and n:
+                        try:
+                            arr[...] = src[lo:lo + n]
+                        except ValueError:
+                            pass  # a destination the assignment refuses: the general path says why
+                        else:
+                            if not mark[0]:
+                                v.quick_calls += 1
+                                v.quick_rows += n
+                                return arr
         if self._pid != _getpid():
             self._check_fork()
-        v = self._vars.get(name)
         # Fast path: a numpy destination of the variable's type, rows all in
         # one shard of this node (about a microsecond), or in one shard of
         # another node: one MPI get with method="mpi", else one round trip
@@ -671,10 +703,49 @@ class Store:
     def get_batch(self, name, arr, indices):
         """Rows indices[i] into arr[i]: any order, repeats, any owners. Every
         index is checked before any row is read."""
-        if self._pid != _getpid():
-            self._check_fork()
-        v = self._vars.get(name)
-        # Fast path: numpy indices and a numpy destination of the
+        try:
+            v = self._vars[name]
+            q = v.quick
+        except KeyError:
+            v = q = None
+        # The shortest path (Var.quick): numpy indices and a C-contiguous
+        # numpy destination of the variable's type and shape, every row in
+        # the one shard of this node. At 64-byte rows numpy gathers a batch
+        # of 256 in about a microsecond, and each step here is counted
+        # against it: the destination is taken as it is (take checks its
+        # shape and that it is writable, with a ValueError before any row
+        # moves, the general path then saying what is wrong), the indices
+        # checked in one pass (an argmax of them as uint64, where a negative
+        # one is above any bound: below()), and no fork check: the rows are
+        # read from mappings a forked child shares, and anything else goes
+        # through the paths below, which make it.
+        if q is not None and type(arr) is _ndarray and type(indices) is _ndarray:
+            npdt, s2, src, s1, src1, first, rows, mark = q
+            st = arr.strides
+            if st != s2:
+                src = src1 if st == s1 else None
+            dt = arr.dtype
+            if src is not None and (dt is npdt or dt == npdt):
+                dt = indices.dtype
+                if dt is not _I64 and (dt.kind == "i" or dt.kind == "u" and dt.itemsize < 8):
+                    indices = indices.astype(_I64)
+                    dt = _I64
+                if dt is _I64:
+                    loc = indices - first if first else indices
+                    u = loc.view(_U64)
+                    try:
+                        if u.item(u.argmax()) < rows:
+                            src.take(loc, axis=0, out=arr, mode="clip")
+                            if not mark[0]:
+                                v.quick_calls += 1
+                                v.quick_rows += len(loc)
+                                return arr
+                            # Dropped (those rows may be a freed variable's):
+                            # the paths below find it so and read anew.
+                    except ValueError:
+                        pass  # no indices, or a destination take refuses: the general path says which
+        # Fast path (node-local rows as well: the fork check waits for the
+        # first request below): numpy indices and a numpy destination of the
         # variable's type, every row in one shard of this node (the shard of
         # the first index, or the only one): one pass to check the indices
         # (an argmax of them as uint64, where a negative one is above any
@@ -716,6 +787,7 @@ class Store:
                                 return arr
                             # Dropped: those rows may be a freed variable's.
                             self._forget(name, v)
+                            self._check_fork()
                             return self._reading(name, lambda v: self._get_batch(v, name, arr, indices))
                     if v.fast_all and below(indices, v.held):
                         # Rows of several shards, all of this node (DDStore's
