@@ -125,8 +125,8 @@ type replyReader struct {
 	vecReader
 	c     *conn
 	hdr   [wire.HeaderSize]byte
-	carry []byte // unread bytes, read before the socket's
-	store []byte // carry's backing array, kept
+	carry []byte   // unread bytes, read before the socket's
+	store []byte   // carry's backing array, kept
 	vec   [][]byte // iovs' backing array, kept
 	iovs  [][]byte // readAhead's buffers still to fill
 

@@ -709,13 +709,13 @@ func (c *conn) readLoop() {
 			_, err = io.ReadFull(r, r.hdr[:])
 		}
 		if err != nil {
-			c.finish(cl, fmt.Errorf("%w: reading a reply from %s: %w", base.ErrPeer, c.addr, err))
+			c.abort(cl, fmt.Errorf("%w: reading a reply from %s: %w", base.ErrPeer, c.addr, err))
 			break
 		}
 		var h wire.Header
 		if h, err = wire.ParseHeader(r.hdr[:]); err != nil {
 			err = fmt.Errorf("reply from %s: %w", c.addr, err)
-			c.finish(cl, err)
+			c.abort(cl, err)
 			break
 		}
 		if cl != nil && h.ID == cl.id && h.Status == 0 && h.BodyLen == 0 && h.Payload == cl.want {
@@ -724,7 +724,7 @@ func (c *conn) readLoop() {
 				iovs = append(iovs[:0], cl.dst...)
 				if rerr := r.rows(Advance(iovs, got)); rerr != nil {
 					err = rerr
-					c.finish(cl, fmt.Errorf("%w: reading rows from %s: %w", base.ErrPeer, c.addr, rerr))
+					c.abort(cl, fmt.Errorf("%w: reading rows from %s: %w", base.ErrPeer, c.addr, rerr))
 					break
 				}
 				clear(iovs)
@@ -750,7 +750,7 @@ func (c *conn) readLoop() {
 		buf = body[:0]
 		if err != nil {
 			err = fmt.Errorf("reply from %s: %w", c.addr, err)
-			c.finish(cl, err)
+			c.abort(cl, err)
 			break
 		}
 		if h.ID == expect {
@@ -773,7 +773,7 @@ func (c *conn) readLoop() {
 		if serr := wire.StatusError(h, body); serr != nil {
 			if h.Payload != 0 {
 				err = base.Errorf(base.ErrProtocol, "error reply from %s carries %d payload bytes", c.addr, h.Payload)
-				c.finish(cl, err)
+				c.abort(cl, err)
 				break
 			}
 			c.finish(cl, serr)
@@ -781,14 +781,14 @@ func (c *conn) readLoop() {
 		}
 		if h.Payload != cl.want {
 			err = base.Errorf(base.ErrProtocol, "peer %s sent %d row bytes, want %d", c.addr, h.Payload, cl.want)
-			c.finish(cl, err)
+			c.abort(cl, err)
 			break
 		}
 		if h.Payload > 0 {
 			iovs = append(iovs[:0], cl.dst...)
 			if rerr := r.rows(iovs); rerr != nil {
 				err = rerr
-				c.finish(cl, fmt.Errorf("%w: reading rows from %s: %w", base.ErrPeer, c.addr, rerr))
+				c.abort(cl, fmt.Errorf("%w: reading rows from %s: %w", base.ErrPeer, c.addr, rerr))
 				break
 			}
 			clear(iovs)
@@ -811,6 +811,18 @@ func (c *conn) readLoop() {
 			close(cl.done)
 		}
 	}
+}
+
+// abort ends the connection for a reason it cannot go on from, then the
+// read loop's call cl (if any) with err: in that order, so that a caller
+// woken by err does not send its next request on this connection.
+func (c *conn) abort(cl *call, err error) {
+	cause := err
+	if errors.Is(cause, io.EOF) {
+		cause = io.ErrUnexpectedEOF
+	}
+	c.fail(fmt.Errorf("%w: connection to %s: %w", base.ErrPeer, c.addr, cause))
+	c.finish(cl, err)
 }
 
 // finish ends the read loop's call cl (if any) with err.
