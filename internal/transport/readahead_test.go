@@ -133,10 +133,12 @@ func TestReadAheadShortReads(t *testing.T) {
 // goes to the first call, the rows to the second, on the same connection.
 func TestReadAheadErrorThenReply(t *testing.T) {
 	const rowSize = 64
-	var first wire.Header
+	var first wire.Header // the peer's goroutine's
+	heldIn := make(chan struct{}, 1)
 	fp := startFakePeer(t, func(c net.Conn, h wire.Header, m wire.Fetch) bool {
 		if m.Name == "held" {
 			first = h // answered with the next request's reply
+			heldIn <- struct{}{}
 			return true
 		}
 		n := len(m.Globals) * rowSize
@@ -157,14 +159,9 @@ func TestReadAheadErrorThenReply(t *testing.T) {
 	for range 3 {
 		held := newRowBuffers(8, rowSize, 0)
 		ch := goFetch(p, fp.Addr(), "held", make([]int64, 8), held.rows)
-		// The second request goes once the first is in flight on the
-		// connection (the peer answers both when the second arrives).
-		c := smallConn(t, p, fp.Addr())
-		eventually(t, 5*time.Second, "the first request to be in flight", func() bool {
-			c.mu.Lock()
-			defer c.mu.Unlock()
-			return len(c.mu.pending) > 0 || c.receiving.Load()
-		})
+		// The second request goes once the peer has the first (it answers
+		// both when the second arrives).
+		waitSignal(t, heldIn, 5*time.Second, "the peer to get the first request")
 		dst := newRowBuffers(5, rowSize, 0)
 		if err := p.Fetch(ctx, fp.Addr(), "v", 0, make([]int64, 5), dst.rows); err != nil {
 			t.Fatalf("Fetch after an error reply: %v", err)

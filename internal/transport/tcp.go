@@ -730,7 +730,7 @@ func (c *conn) readLoop() {
 				clear(iovs)
 			}
 			expect++
-			close(cl.done)
+			c.done(cl)
 			continue
 		}
 		// Any other frame is taken apart as on any connection, matched by
@@ -794,7 +794,7 @@ func (c *conn) readLoop() {
 			clear(iovs)
 		}
 		cl.body = append([]byte(nil), body...)
-		close(cl.done)
+		c.done(cl)
 	}
 	if errors.Is(err, io.EOF) {
 		err = io.ErrUnexpectedEOF
@@ -829,6 +829,14 @@ func (c *conn) abort(cl *call, err error) {
 func (c *conn) finish(cl *call, err error) {
 	if cl != nil {
 		cl.err = err
-		close(cl.done)
+		c.done(cl)
 	}
+}
+
+// done wakes the caller of cl, whose reply has been read: the connection
+// is no longer receiving by then, so that the caller's next move (a dial
+// that trims the pool's peers, say) sees it idle.
+func (c *conn) done(cl *call) {
+	c.receiving.Store(false)
+	close(cl.done)
 }
