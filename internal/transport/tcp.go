@@ -629,13 +629,15 @@ func (c *conn) writeStep(fd uintptr) bool {
 }
 
 // claim takes the call numbered id out of pending for the read loop to
-// read its reply into, if it is waiting; nil if not (not sent yet, or
-// given up on).
+// read its reply into, if it is waiting and its reply small (at most
+// SmallFetchBytes: where a system call is worth saving; a larger one is
+// read as it comes, header first); nil if not (not sent yet, given up on,
+// or large).
 func (c *conn) claim(id uint64) *call {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	cl := c.mu.pending[id]
-	if cl == nil || !cl.state.CompareAndSwap(callPending, callReceiving) {
+	if cl == nil || cl.want > SmallFetchBytes || !cl.state.CompareAndSwap(callPending, callReceiving) {
 		return nil
 	}
 	delete(c.mu.pending, id)
