@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ddstore-go/ddstore/internal/auth"
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/wire"
@@ -290,7 +292,7 @@ func (p *Pool) getConn(ctx context.Context, addr string, l lane, dialed *bool) (
 	if err != nil {
 		return nil, err
 	}
-	c, err := newConn(nc.(*net.TCPConn), addr)
+	c, err := newConn(nc.(*net.TCPConn), addr, l != laneControl)
 	if err != nil {
 		nc.Close()
 		return nil, err
@@ -429,8 +431,8 @@ func (p *Pool) call(ctx context.Context, addr string, op wire.Op, fill func(*wir
 	}
 	var timer <-chan time.Time
 	if timeout > 0 {
-		t := time.NewTimer(timeout)
-		defer t.Stop()
+		t := getTimer(timeout)
+		defer putTimer(t)
 		timer = t.C
 	}
 	select {
@@ -454,6 +456,26 @@ func (p *Pool) call(ctx context.Context, addr string, op wire.Op, fill func(*wir
 	c.fail(err)
 	<-cl.done
 	return nil, err
+}
+
+// timers keeps the calls' timers, stopped: a fetch per owner of a batch
+// would otherwise make one (three allocations) each.
+var timers sync.Pool
+
+func getTimer(d time.Duration) *time.Timer {
+	if t, ok := timers.Get().(*time.Timer); ok {
+		t.Reset(d)
+		return t
+	}
+	return time.NewTimer(d)
+}
+
+// putTimer stops t and keeps it; once stopped, its channel holds nothing
+// (timers' channels are unbuffered since Go 1.23), so the next call that
+// takes it cannot see this one's expiry.
+func putTimer(t *time.Timer) {
+	t.Stop()
+	timers.Put(t)
 }
 
 // sendCall sends cl on a connection to addr of lane l and returns the
@@ -512,8 +534,20 @@ type conn struct {
 	addr string
 	nc   *net.TCPConn
 	raw  syscall.RawConn
-	wmu  sync.Mutex // guards wbuf, held while a request is written; a leaf (internal/LOCKS.md)
-	wbuf []byte
+	// ordered: a fetch connection, whose replies come in request order
+	// (the serving side answers fetches one at a time, on its read loop:
+	// docs/protocol.md), so that the read loop knows which call the next
+	// reply answers before reading it (replyReader.readAhead).
+	ordered bool
+	rd      *replyReader
+	// wmu guards wbuf, wn, werr; held while a request is numbered and
+	// written, so that requests go out in the order of their ids (lock
+	// order: internal/LOCKS.md).
+	wmu   sync.Mutex
+	wbuf  []byte
+	wn    int
+	werr  error
+	wstep func(uintptr) bool // writeStep, bound once
 	// mu is a leaf (lock order: internal/LOCKS.md).
 	mu struct {
 		sync.Mutex
@@ -528,19 +562,23 @@ type conn struct {
 	receiving atomic.Bool
 }
 
-func newConn(nc *net.TCPConn, addr string) (*conn, error) {
+func newConn(nc *net.TCPConn, addr string, ordered bool) (*conn, error) {
 	raw, err := nc.SyscallConn()
 	if err != nil {
 		return nil, err
 	}
 	nc.SetNoDelay(true)
 	nc.SetReadBuffer(4 << 20)
-	c := &conn{addr: addr, nc: nc, raw: raw}
+	c := &conn{addr: addr, nc: nc, raw: raw, ordered: ordered}
 	c.mu.pending = make(map[uint64]*call)
+	c.rd = newReplyReader(c)
+	c.wstep = c.writeStep
 	return c, nil
 }
 
 func (c *conn) send(cl *call, op wire.Op, fill func(*wire.Encoder), by time.Time) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
 	c.mu.Lock()
 	if c.mu.err != nil {
 		err := c.mu.err
@@ -552,17 +590,70 @@ func (c *conn) send(cl *call, op wire.Op, fill func(*wire.Encoder), by time.Time
 	c.mu.pending[cl.id] = cl
 	c.mu.Unlock()
 
-	c.wmu.Lock()
 	c.wbuf = wire.AppendFrame(c.wbuf[:0], op, 0, cl.id, 0, fill)
-	c.nc.SetWriteDeadline(by)
-	_, err := c.nc.Write(c.wbuf)
-	c.wmu.Unlock()
+	// A request is a few hundred bytes, which an open socket takes at
+	// once: try that first, with no deadline to set (a timer change per
+	// request); only one the socket cannot take whole waits, bounded by by.
+	err := c.raw.Write(c.wstep)
+	if err == nil {
+		err = c.werr
+	}
+	if err == nil && c.wn < len(c.wbuf) {
+		c.nc.SetWriteDeadline(by)
+		_, err = c.nc.Write(c.wbuf[c.wn:])
+		c.nc.SetWriteDeadline(time.Time{})
+	}
 	if err != nil {
 		err = fmt.Errorf("%w: send %s to %s: %w", base.ErrPeer, op, c.addr, err)
 		c.fail(err)
 		return err
 	}
 	return nil
+}
+
+// writeStep is send's one try at writing wbuf whole, without waiting.
+func (c *conn) writeStep(fd uintptr) bool {
+	for {
+		c.wn, c.werr = unix.Write(int(fd), c.wbuf)
+		if c.werr != unix.EINTR {
+			break
+		}
+	}
+	if c.werr != nil {
+		c.wn = 0
+		if c.werr == unix.EAGAIN {
+			c.werr = nil
+		}
+	}
+	return true
+}
+
+// claim takes the call numbered id out of pending for the read loop to
+// read its reply into, if it is waiting and its reply small (at most
+// SmallFetchBytes: where a system call is worth saving; a larger one is
+// read as it comes, header first); nil if not (not sent yet, given up on,
+// or large).
+func (c *conn) claim(id uint64) *call {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cl := c.mu.pending[id]
+	if cl == nil || cl.want > SmallFetchBytes || !cl.state.CompareAndSwap(callPending, callReceiving) {
+		return nil
+	}
+	delete(c.mu.pending, id)
+	c.receiving.Store(true)
+	return cl
+}
+
+// unclaim puts back a call claimed before anything of its reply was read.
+// A caller that gave up in between has seen it receiving, and cuts the
+// connection (call): the read loop then ends and fails it with the rest.
+func (c *conn) unclaim(cl *call) {
+	c.mu.Lock()
+	c.mu.pending[cl.id] = cl
+	cl.state.Store(callPending)
+	c.receiving.Store(false)
+	c.mu.Unlock()
 }
 
 // closeIdle closes the connection if no call is in flight on it, and
@@ -605,59 +696,107 @@ func (c *conn) fail(err error) {
 }
 
 func (c *conn) readLoop() {
+	r := c.rd
 	var buf []byte
 	var iovs [][]byte
 	var err error
+	expect := uint64(1) // on an ordered connection, the id of the next reply
 	for {
 		c.receiving.Store(false)
-		var h wire.Header
-		var body []byte
-		h, body, err = wire.ReadFrame(c.nc, buf)
-		buf = body[:0]
+		var cl *call // the call being read into: out of pending, receiving
+		var got int  // bytes of cl's rows read with the header
+		if c.ordered && len(r.carry) == 0 {
+			cl, got, err = r.readAhead(expect)
+		} else {
+			_, err = io.ReadFull(r, r.hdr[:])
+		}
 		if err != nil {
+			c.abort(cl, fmt.Errorf("%w: reading a reply from %s: %w", base.ErrPeer, c.addr, err))
 			break
 		}
-		c.mu.Lock()
-		cl := c.mu.pending[h.ID]
-		delete(c.mu.pending, h.ID)
-		c.receiving.Store(true)
-		c.mu.Unlock()
-		if cl == nil || !cl.state.CompareAndSwap(callPending, callReceiving) {
-			// A reply to a call that timed out: drop its rows.
-			if _, err = io.CopyN(io.Discard, c.nc, int64(h.Payload)); err != nil {
-				break
+		var h wire.Header
+		if h, err = wire.ParseHeader(r.hdr[:]); err != nil {
+			err = fmt.Errorf("reply from %s: %w", c.addr, err)
+			c.abort(cl, err)
+			break
+		}
+		if cl != nil && h.ID == cl.id && h.Status == 0 && h.BodyLen == 0 && h.Payload == cl.want {
+			// The reply readied for, as nearly every one is.
+			if uint64(got) < cl.want {
+				iovs = append(iovs[:0], cl.dst...)
+				if rerr := r.rows(Advance(iovs, got)); rerr != nil {
+					err = rerr
+					c.abort(cl, fmt.Errorf("%w: reading rows from %s: %w", base.ErrPeer, c.addr, rerr))
+					break
+				}
+				clear(iovs)
 			}
+			expect++
+			c.done(cl)
 			continue
+		}
+		// Any other frame is taken apart as on any connection, matched by
+		// id, the bytes read ahead of it first.
+		if got > 0 {
+			r.unread(cl.dst, got)
+		}
+		if cl != nil && h.ID != cl.id {
+			// Not its reply (one the peer was not asked for): the call
+			// waits for its own, and may give up meanwhile. What was read
+			// into its rows is overwritten by them.
+			c.unclaim(cl)
+			cl = nil
+		}
+		var body []byte
+		h, body, err = wire.ReadBody(r, h, buf, wire.MaxBody)
+		buf = body[:0]
+		if err != nil {
+			err = fmt.Errorf("reply from %s: %w", c.addr, err)
+			c.abort(cl, err)
+			break
+		}
+		if h.ID == expect {
+			expect++
+		}
+		if cl == nil {
+			c.mu.Lock()
+			cl = c.mu.pending[h.ID]
+			delete(c.mu.pending, h.ID)
+			c.receiving.Store(true)
+			c.mu.Unlock()
+			if cl == nil || !cl.state.CompareAndSwap(callPending, callReceiving) {
+				// A reply to a call that timed out: drop its rows.
+				if _, err = io.CopyN(io.Discard, r, int64(h.Payload)); err != nil {
+					break
+				}
+				continue
+			}
 		}
 		if serr := wire.StatusError(h, body); serr != nil {
 			if h.Payload != 0 {
-				cl.err = base.Errorf(base.ErrProtocol, "error reply from %s carries %d payload bytes", c.addr, h.Payload)
-				err = cl.err
-				close(cl.done)
+				err = base.Errorf(base.ErrProtocol, "error reply from %s carries %d payload bytes", c.addr, h.Payload)
+				c.abort(cl, err)
 				break
 			}
-			cl.err = serr
-			close(cl.done)
+			c.finish(cl, serr)
 			continue
 		}
 		if h.Payload != cl.want {
-			cl.err = base.Errorf(base.ErrProtocol, "peer %s sent %d row bytes, want %d", c.addr, h.Payload, cl.want)
-			err = cl.err
-			close(cl.done)
+			err = base.Errorf(base.ErrProtocol, "peer %s sent %d row bytes, want %d", c.addr, h.Payload, cl.want)
+			c.abort(cl, err)
 			break
 		}
 		if h.Payload > 0 {
 			iovs = append(iovs[:0], cl.dst...)
-			if rerr := readvFull(c.raw, iovs); rerr != nil {
-				cl.err = fmt.Errorf("%w: reading rows from %s: %w", base.ErrPeer, c.addr, rerr)
+			if rerr := r.rows(iovs); rerr != nil {
 				err = rerr
-				close(cl.done)
+				c.abort(cl, fmt.Errorf("%w: reading rows from %s: %w", base.ErrPeer, c.addr, rerr))
 				break
 			}
 			clear(iovs)
 		}
 		cl.body = append([]byte(nil), body...)
-		close(cl.done)
+		c.done(cl)
 	}
 	if errors.Is(err, io.EOF) {
 		err = io.ErrUnexpectedEOF
@@ -674,4 +813,32 @@ func (c *conn) readLoop() {
 			close(cl.done)
 		}
 	}
+}
+
+// abort ends the connection for a reason it cannot go on from, then the
+// read loop's call cl (if any) with err: in that order, so that a caller
+// woken by err does not send its next request on this connection.
+func (c *conn) abort(cl *call, err error) {
+	cause := err
+	if errors.Is(cause, io.EOF) {
+		cause = io.ErrUnexpectedEOF
+	}
+	c.fail(fmt.Errorf("%w: connection to %s: %w", base.ErrPeer, c.addr, cause))
+	c.finish(cl, err)
+}
+
+// finish ends the read loop's call cl (if any) with err.
+func (c *conn) finish(cl *call, err error) {
+	if cl != nil {
+		cl.err = err
+		c.done(cl)
+	}
+}
+
+// done wakes the caller of cl, whose reply has been read: the connection
+// is no longer receiving by then, so that the caller's next move (a dial
+// that trims the pool's peers, say) sees it idle.
+func (c *conn) done(cl *call) {
+	c.receiving.Store(false)
+	close(cl.done)
 }
