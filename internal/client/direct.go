@@ -134,11 +134,11 @@ type directConn struct {
 	// rcvTimeo is the receive timeout set on fd.
 	rcvTimeo time.Duration
 	timeout  time.Duration // the Store's Timeout, the usual rcvTimeo
-	out  []byte
-	iovs [][]byte
-	all  [][]byte // the header, then iovs
-	hdr  []byte
-	used time.Time
+	out      []byte
+	iovs     [][]byte
+	all      [][]byte // the header, then iovs
+	hdr      []byte
+	used     time.Time
 	// reused: taken from the pool, not dialed for this read.
 	reused bool
 }
