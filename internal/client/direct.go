@@ -25,7 +25,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -119,17 +118,27 @@ const maxIov = 1024
 // read's pieces and a few reads in flight beside it.
 const maxIdleDirect = 2 * maxPieces
 
-// directConn is one connection to another node's agent.
+// directConn is one connection to another node's agent: a blocking
+// socket of its own, outside the runtime's network poller. A read writes
+// its request and blocks in readv until the reply is there, so that the
+// reply wakes this thread alone. On a connection in the poller (a
+// net.Conn), every reply's arrival also wakes the thread waiting in
+// epoll, whether or not a goroutine waits for it, and a deadline set per
+// call arms a runtime timer: each a wake-up of a thread, and on an idle
+// virtual machine the wake-up of an idle vCPU (docs/benchmarks.md, One
+// hop: where a direct Get's time went).
 type directConn struct {
 	addr string
-	nc   *net.TCPConn
-	raw  syscall.RawConn
+	fd   int // blocking, close-on-exec; SO_RCVTIMEO rcvTimeo and SO_SNDTIMEO the Store's Timeout
 	id   uint64
-	out  []byte
-	iovs [][]byte
-	all  [][]byte // the header, then iovs
-	hdr  []byte
-	used time.Time
+	// rcvTimeo is the receive timeout set on fd.
+	rcvTimeo time.Duration
+	timeout  time.Duration // the Store's Timeout, the usual rcvTimeo
+	out      []byte
+	iovs     [][]byte
+	all      [][]byte // the header, then iovs
+	hdr      []byte
+	used     time.Time
 	// reused: taken from the pool, not dialed for this read.
 	reused bool
 }
@@ -349,8 +358,7 @@ func (c *directConn) read(v *variable, dst []byte, pos []int64, at func(int) int
 // exchange sends c.out and reads the reply: want row bytes into c.iovs.
 func (c *directConn) exchange(op wire.Op, want int64, timeout time.Duration) error {
 	by := time.Now().Add(timeout)
-	c.nc.SetWriteDeadline(by)
-	if _, err := c.nc.Write(c.out); err != nil {
+	if err := c.write(c.out); err != nil {
 		return err
 	}
 	// The header and the rows in one readv when they come together: the
@@ -402,55 +410,92 @@ func (c *directConn) exchange(op wire.Op, want int64, timeout time.Duration) err
 	return err
 }
 
+// write sends b on c (a blocking write, bounded by SO_SNDTIMEO).
+func (c *directConn) write(b []byte) error {
+	for len(b) > 0 {
+		n, err := unix.Write(c.fd, b)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return base.Errorf(base.ErrTimeout, "%s did not take a request in time", c.addr)
+		case err != nil:
+			return fmt.Errorf("write to %s: %w", c.addr, err)
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+// rcvSlack is how far past its deadline a read may wait for its reply
+// before failing, so that the receive timeout is set again only on a read
+// that has waited long already, not on every one.
+const rcvSlack = 100 * time.Millisecond
+
 // fill reads into *iovs (advancing it past what was filled) until at
-// least min bytes came, by then: readv, and while nothing is there a
-// poll(2) that blocks this thread, so that the kernel wakes it as the
-// reply arrives rather than the runtime's network poller a goroutine
-// (one wake-up less on the round trip).
+// least min bytes came, by then (within rcvSlack): a blocking readv, which
+// the kernel ends as bytes arrive.
 func (c *directConn) fill(left *[][]byte, min int, by time.Time) (int, error) {
 	iovs := *left
 	defer func() { *left = iovs }()
 	total := 0
-	var ioErr error
-	err := c.raw.Read(func(fd uintptr) bool {
-		for total < min {
-			batch := iovs
-			if len(batch) > maxIov {
-				batch = batch[:maxIov]
-			}
-			n, err := unix.Readv(int(fd), batch)
-			switch {
-			case err == unix.EINTR:
-				continue
-			case err == unix.EAGAIN:
-				ms := int(time.Until(by) / time.Millisecond)
-				if ms <= 0 {
-					ioErr = base.Errorf(base.ErrTimeout, "%s did not answer in time", c.addr)
-					return true
-				}
-				pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-				if _, err := unix.Poll(pfd, ms); err != nil && err != unix.EINTR {
-					ioErr = err
-					return true
-				}
-				continue
-			case err != nil:
-				ioErr = err
-				return true
-			case n == 0:
-				ioErr = io.ErrUnexpectedEOF
-				return true
-			}
-			total += n
-			iovs = transport.Advance(iovs, n)
+	for total < min {
+		if err := c.waitBy(by); err != nil {
+			return total, err
 		}
-		return true
-	})
-	if err == nil {
-		err = ioErr
+		batch := iovs
+		if len(batch) > maxIov {
+			batch = batch[:maxIov]
+		}
+		n, err := unix.Readv(c.fd, batch)
+		switch {
+		case err == unix.EINTR, err == unix.EAGAIN:
+			// A signal, or SO_RCVTIMEO ran out: waitBy says whether the
+			// read has time left.
+			continue
+		case err != nil:
+			return total, fmt.Errorf("read from %s: %w", c.addr, err)
+		case n == 0:
+			return total, io.ErrUnexpectedEOF
+		}
+		total += n
+		iovs = transport.Advance(iovs, n)
 	}
-	return total, err
+	return total, nil
 }
+
+// waitBy fails once by has passed, and otherwise makes sure that the next
+// blocking read returns by then (within rcvSlack): the receive timeout
+// stays the Store's Timeout unless less than that is left.
+func (c *directConn) waitBy(by time.Time) error {
+	left := time.Until(by)
+	if left <= 0 {
+		return base.Errorf(base.ErrTimeout, "%s did not answer in time", c.addr)
+	}
+	want := c.timeout
+	if left+rcvSlack < want {
+		want = left
+	}
+	if want+rcvSlack < c.rcvTimeo || want > c.rcvTimeo {
+		if err := setTimeo(c.fd, unix.SO_RCVTIMEO, want); err != nil {
+			return err
+		}
+		c.rcvTimeo = want
+	}
+	return nil
+}
+
+// setTimeo sets the socket timeout opt (SO_RCVTIMEO, SO_SNDTIMEO) of fd.
+func setTimeo(fd, opt int, d time.Duration) error {
+	tv := unix.NsecToTimeval(max(d, time.Millisecond).Nanoseconds())
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, opt, &tv); err != nil {
+		return fmt.Errorf("socket timeout: %w", err)
+	}
+	return nil
+}
+
+// close closes c's socket.
+func (c *directConn) close() { unix.Close(c.fd) }
 
 // take returns an idle connection to addr, or dials one; nil: none (no
 // key, an address that failed lately, a refused dial). The caller gives
@@ -477,7 +522,7 @@ func (p *directPool) unbusy(c *directConn) {
 
 // drop closes c, a connection taken, instead of putting it back.
 func (p *directPool) drop(c *directConn) {
-	c.nc.Close()
+	c.close()
 	p.mu.Lock()
 	p.unbusy(c)
 	p.mu.Unlock()
@@ -518,7 +563,7 @@ func (p *directPool) takeConn(s *Store, addr string) *directConn {
 		p.key, key = &k, &k
 		p.mu.Unlock()
 	}
-	c, err := dialDirect(addr, *key, min(s.cfg.Timeout, 5*time.Second))
+	c, err := dialDirect(addr, *key, min(s.cfg.Timeout, 5*time.Second), s.cfg.Timeout)
 	if err != nil {
 		p.markBad(addr)
 		return nil
@@ -539,26 +584,53 @@ func (s *Store) directKey() (auth.Key, error) {
 	return auth.FromBytes(m.Key), nil
 }
 
-func dialDirect(addr string, key auth.Key, timeout time.Duration) (*directConn, error) {
-	d := net.Dialer{Timeout: timeout}
+// dialDirect connects to addr and proves key, within dial; the
+// connection's reads and writes are then bounded by timeout.
+func dialDirect(addr string, key auth.Key, dial, timeout time.Duration) (*directConn, error) {
+	d := net.Dialer{Timeout: dial}
 	nc, err := d.Dial("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	tc := nc.(*net.TCPConn)
+	defer tc.Close()
 	tc.SetNoDelay(true)
-	tc.SetDeadline(time.Now().Add(timeout))
+	tc.SetDeadline(time.Now().Add(dial))
 	if err := auth.Initiate(tc, key, auth.Direct); err != nil {
-		tc.Close()
 		return nil, err
 	}
-	tc.SetDeadline(time.Time{})
+	// The socket leaves the network poller: a copy of its descriptor is
+	// kept, made blocking, and the net.Conn closed (which takes the socket
+	// out of epoll; the copy keeps it open).
 	raw, err := tc.SyscallConn()
 	if err != nil {
-		tc.Close()
 		return nil, err
 	}
-	return &directConn{addr: addr, nc: tc, raw: raw, id: auth.FirstID - 1, hdr: make([]byte, wire.HeaderSize)}, nil
+	fd := -1
+	var derr error
+	if err := raw.Control(func(s uintptr) { fd, derr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return nil, err
+	}
+	if derr != nil {
+		return nil, fmt.Errorf("direct connection to %s: dup: %w", addr, derr)
+	}
+	c := &directConn{addr: addr, fd: fd, id: auth.FirstID - 1, hdr: make([]byte, wire.HeaderSize), timeout: timeout, rcvTimeo: timeout}
+	if err := tc.Close(); err != nil {
+		c.close()
+		return nil, err
+	}
+	err = unix.SetNonblock(fd, false)
+	if err == nil {
+		err = setTimeo(fd, unix.SO_RCVTIMEO, timeout)
+	}
+	if err == nil {
+		err = setTimeo(fd, unix.SO_SNDTIMEO, timeout)
+	}
+	if err != nil {
+		c.close()
+		return nil, fmt.Errorf("direct connection to %s: %w", addr, err)
+	}
+	return c, nil
 }
 
 // put keeps c for the next read of its node, and arms the idle timer.
@@ -568,7 +640,7 @@ func (p *directPool) put(c *directConn) {
 	defer p.mu.Unlock()
 	p.unbusy(c)
 	if p.closed || len(p.idle[c.addr]) >= maxIdleDirect {
-		c.nc.Close()
+		c.close()
 		return
 	}
 	if p.idle == nil {
@@ -599,7 +671,7 @@ func (p *directPool) sweep() {
 					next = left
 				}
 			} else {
-				c.nc.Close()
+				c.close()
 			}
 		}
 		clear(cs[len(kept):])
@@ -619,7 +691,7 @@ func (p *directPool) dropIdle(addr string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, c := range p.idle[addr] {
-		c.nc.Close()
+		c.close()
 	}
 	delete(p.idle, addr)
 }
@@ -708,7 +780,7 @@ func (p *directPool) close() {
 	}
 	for _, cs := range p.idle {
 		for _, c := range cs {
-			c.nc.Close()
+			c.close()
 		}
 	}
 	p.idle = nil
