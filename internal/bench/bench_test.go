@@ -181,6 +181,43 @@ func TestTCPLimitSmoke(t *testing.T) {
 	}
 }
 
+// TestPingerTurns: round trips one at a time, no more than the other end
+// was started for; closed early, the answering goroutine ends too.
+func TestPingerTurns(t *testing.T) {
+	before := runtime.NumGoroutine()
+	p, err := NewPinger("tcp", 64, 3, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if d, err := p.Once(); err != nil || d <= 0 {
+			t.Fatalf("round trip %d: %v, %v: want > 0, nil", i, d, err)
+		}
+	}
+	if _, err := p.Once(); err == nil {
+		t.Fatal("a fourth round trip of 3: want an error")
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	q, err := NewPinger("unix", 64, 5, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Once(); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Close(); err != nil {
+		t.Fatalf("closed after 1 of 5: %v, want nil", err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > before; {
+		if time.Now().After(deadline) {
+			t.Fatalf("goroutines: %d before, %d after", before, runtime.NumGoroutine())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // TestPingPongSmoke: a round trip per sample on TCP and on a Unix socket,
 // each positive, with the answering goroutine gone afterwards.
 func TestPingPongSmoke(t *testing.T) {

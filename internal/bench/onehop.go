@@ -75,56 +75,133 @@ const pingRequest = 64
 // an agent is. It returns each round trip in µs. The listener, both
 // connections and the server are gone when it returns.
 func PingPong(network string, reply, iters int, bin string) ([]float64, error) {
-	addr := "127.0.0.1:0"
+	p, err := NewPinger(network, reply, iters, bin)
+	if err != nil {
+		return nil, err
+	}
+	ds := make([]time.Duration, iters)
+	for i := range ds {
+		if ds[i], err = p.Once(); err != nil {
+			p.Close()
+			return nil, err
+		}
+	}
+	if err := p.Close(); err != nil {
+		return nil, err
+	}
+	return DurationsToMicros(ds), nil
+}
+
+// Pinger is the timing end of iters raw round trips (as PingPong's), made
+// one at a time by Once, so that a benchmark can take them in turns with
+// the reads it compares with them: each turn then sees the machine as the
+// others do (idle processors that must be woken, or busy ones).
+type Pinger struct {
+	c       net.Conn
+	req, in []byte
+	left    int
+	network string
+	done    func() error // waits for the answering end
+	cleanup func()
+}
+
+// NewPinger starts the answering end of iters round trips of network, as
+// PingPong does, and connects to it. Close it after (at most) iters Once.
+func NewPinger(network string, reply, iters int, bin string) (*Pinger, error) {
+	addr, cleanup := "127.0.0.1:0", func() {}
 	if network == "unix" {
 		dir, err := os.MkdirTemp("", "ddstore-ping-")
 		if err != nil {
 			return nil, err
 		}
-		defer os.RemoveAll(dir)
-		addr = filepath.Join(dir, "s")
+		addr, cleanup = filepath.Join(dir, "s"), func() { os.RemoveAll(dir) }
 	}
 	ln, err := net.Listen(network, addr)
 	if err != nil {
+		cleanup()
 		return nil, fmt.Errorf("bench: %s listen: %w", network, err)
 	}
+	var c net.Conn
+	var done func() error
 	if bin != "" {
-		return pingProcess(ln, network, reply, iters, bin)
+		c, done, err = pingProcess(ln, network, reply, iters, bin)
+	} else {
+		c, done, err = pingGoroutine(ln, network, reply, iters)
 	}
+	if err != nil {
+		cleanup()
+		return nil, err
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	c.SetDeadline(time.Now().Add(time.Minute))
+	return &Pinger{c: c, req: make([]byte, pingRequest), in: make([]byte, 32+reply), left: iters,
+		network: network, done: done, cleanup: cleanup}, nil
+}
+
+// Once times one round trip.
+func (p *Pinger) Once() (time.Duration, error) {
+	if p.left == 0 {
+		return 0, fmt.Errorf("bench: %s ping: every round trip the other end answers is made", p.network)
+	}
+	p.left--
+	t0 := time.Now()
+	_, err := p.c.Write(p.req)
+	if err == nil {
+		_, err = io.ReadFull(p.c, p.in)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("bench: %s ping: %w", p.network, err)
+	}
+	return time.Since(t0), nil
+}
+
+// Close ends the connection and waits for the answering end, which
+// fails if fewer round trips were made than it was started for.
+func (p *Pinger) Close() error {
+	p.c.Close() // ends the server's loop
+	err := p.done()
+	p.cleanup()
+	if err != nil && p.left == 0 {
+		return fmt.Errorf("bench: %s ping server: %w", p.network, err)
+	}
+	return nil
+}
+
+// pingGoroutine serves the answering end in a goroutine of this process.
+func pingGoroutine(ln net.Listener, network string, reply, iters int) (net.Conn, func() error, error) {
+	defer ln.Close()
 	client, err := net.Dial(network, ln.Addr().String())
 	if err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("bench: %s dial: %w", network, err)
+		return nil, nil, fmt.Errorf("bench: %s dial: %w", network, err)
 	}
-	defer client.Close()
 	server, err := ln.Accept()
-	ln.Close()
 	if err != nil {
-		return nil, fmt.Errorf("bench: %s accept: %w", network, err)
+		client.Close()
+		return nil, nil, fmt.Errorf("bench: %s accept: %w", network, err)
 	}
-	for _, c := range []net.Conn{client, server} {
-		if tc, ok := c.(*net.TCPConn); ok {
-			tc.SetNoDelay(true)
-		}
-		c.SetDeadline(time.Now().Add(time.Minute))
+	if tc, ok := server.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
 	}
+	server.SetDeadline(time.Now().Add(time.Minute))
 	done := make(chan error, 1)
 	go func() {
 		defer server.Close()
 		done <- answer(server, reply, iters)
 	}()
-	return ping(client, reply, iters, func() error { return <-done }, network)
+	return client, func() error { return <-done }, nil
 }
 
-// pingProcess is PingPong with the answering end a process of its own.
-func pingProcess(ln net.Listener, network string, reply, iters int, bin string) ([]float64, error) {
+// pingProcess serves the answering end in a process of its own.
+func pingProcess(ln net.Listener, network string, reply, iters int, bin string) (net.Conn, func() error, error) {
 	defer ln.Close()
 	cmd := exec.Command(bin, "bench")
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %s %d %d", pingEnv, network, ln.Addr().String(), reply, iters))
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("bench: ping process: %w", err)
+		return nil, nil, fmt.Errorf("bench: ping process: %w", err)
 	}
 	wait := func() error {
 		if err := cmd.Wait(); err != nil {
@@ -141,36 +218,7 @@ func pingProcess(ln net.Listener, network string, reply, iters int, bin string) 
 	if err != nil {
 		cmd.Process.Kill()
 		wait()
-		return nil, fmt.Errorf("bench: ping process did not connect: %w", err)
+		return nil, nil, fmt.Errorf("bench: ping process did not connect: %w", err)
 	}
-	return ping(c, reply, iters, wait, network)
-}
-
-// ping is the timing end of PingPong on client; done waits for the other
-// end (which ends once client closes).
-func ping(client net.Conn, reply, iters int, done func() error, network string) ([]float64, error) {
-	defer client.Close()
-	if tc, ok := client.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
-	}
-	client.SetDeadline(time.Now().Add(time.Minute))
-	req, in := make([]byte, pingRequest), make([]byte, 32+reply)
-	ds := make([]time.Duration, iters)
-	for i := range ds {
-		t0 := time.Now()
-		_, err := client.Write(req)
-		if err == nil {
-			_, err = io.ReadFull(client, in)
-		}
-		if err != nil {
-			client.Close() // ends the server's loop
-			done()
-			return nil, fmt.Errorf("bench: %s ping: %w", network, err)
-		}
-		ds[i] = time.Since(t0)
-	}
-	if err := done(); err != nil {
-		return nil, fmt.Errorf("bench: %s ping server: %w", network, err)
-	}
-	return DurationsToMicros(ds), nil
+	return c, wait, nil
 }

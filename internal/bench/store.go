@@ -411,34 +411,39 @@ func (j *job) measure(opts Options, rb int, src []byte, progress io.Writer, remo
 	}
 	fmt.Fprint(progress, "latency ")
 	one := make([]byte, rb)
-	latOn := func(s *ddstore.Store, lo int64, iters int) ([]float64, error) {
+	// getOne times one Get of a random row of [lo, lo+n) by s, checked.
+	getOne := func(s *ddstore.Store, rng *rand.Rand, lo int64) (time.Duration, error) {
+		g := lo + rng.Int64N(n)
+		t0 := time.Now()
+		if err := s.Get(name, one, g); err != nil {
+			return 0, err
+		}
+		d := time.Since(t0)
+		if got := int64(binary.LittleEndian.Uint64(one)); got != g {
+			return 0, fmt.Errorf("row %d read as row %d", g, got)
+		}
+		return d, nil
+	}
+	lat := func(lo int64, iters int) ([]float64, error) {
 		rng := rand.New(rand.NewPCG(4, uint64(lo)))
 		ds := make([]time.Duration, iters)
 		for i := range ds {
-			g := lo + rng.Int64N(n)
-			t0 := time.Now()
-			if err := s.Get(name, one, g); err != nil {
+			d, err := getOne(s, rng, lo)
+			if err != nil {
 				return nil, err
 			}
-			ds[i] = time.Since(t0)
-			if got := int64(binary.LittleEndian.Uint64(one)); got != g {
-				return nil, fmt.Errorf("row %d read as row %d", g, got)
-			}
+			ds[i] = d
 		}
 		return DurationsToMicros(ds), nil
 	}
-	lat := func(lo int64, iters int) ([]float64, error) { return latOn(s, lo, iters) }
-	rl, err := lat(n, max(opts.Latency/10, 100))
-	if err != nil {
-		return res, err
-	}
-	if j.via != nil {
-		fmt.Fprint(progress, "via-agent ping-pong ")
-		iters := max(opts.Latency/10, 100)
-		vl, err := latOn(j.via, n, iters)
-		if err != nil {
+	var rl []float64
+	if j.via == nil {
+		if rl, err = lat(n, max(opts.Latency/10, 100)); err != nil {
 			return res, err
 		}
+	} else {
+		fmt.Fprint(progress, "via-agent ping-pong ")
+		iters := max(opts.Latency/10, 100)
 		// The raw round trips cross processes as the Get does, unless the
 		// agents run in this process.
 		bin := ""
@@ -447,15 +452,15 @@ func (j *job) measure(opts Options, rb int, src []byte, progress io.Writer, remo
 				return res, err
 			}
 		}
-		tcp, err := PingPong("tcp", rb, iters, bin)
+		rl, err = getsInTurns(iters, bin, rb, func(rng *rand.Rand, via bool) (time.Duration, error) {
+			if via {
+				return getOne(j.via, rng, n)
+			}
+			return getOne(s, rng, n)
+		}, &res)
 		if err != nil {
 			return res, err
 		}
-		unix, err := PingPong("unix", rb, iters, bin)
-		if err != nil {
-			return res, err
-		}
-		res.GetRemoteViaAgentP50us = Percentile(vl, 50)
 		vrecv, err := j.via.AllocRecv(opts.Batch * rb)
 		if err != nil {
 			return res, err
@@ -466,10 +471,6 @@ func (j *job) measure(opts Options, rb int, src []byte, progress io.Writer, remo
 			return res, err
 		}
 		res.RemoteViaAgentGBps = vr.GBps
-		res.TCPRoundTripP50us, res.UnixRoundTripP50us = Percentile(tcp, 50), Percentile(unix, 50)
-		if res.TCPRoundTripP50us > 0 {
-			res.GetRemoteVsTCPRoundTrip = Percentile(rl, 50) / res.TCPRoundTripP50us
-		}
 	}
 	res.RemoteGBps, res.RemoteRowsPerSec = remote.GBps, remote.RowsPerSec
 	res.RemoteCopyGBps = remoteCopy.GBps
@@ -547,10 +548,58 @@ func (r *Report) WriteTable(w io.Writer) error {
 			return err
 		}
 		fmt.Fprintln(w, "get remote: a Get of one row of the other node (direct to its agent when small); via agent: the same through this node's agent (NoDirect);")
-		fmt.Fprintln(w, "round trips: a 64-byte request answered with 32 + row bytes on one raw connection.")
+		fmt.Fprintln(w, "round trips: a 64-byte request answered with 32 + row bytes on one raw connection; a Get of each kind and a round trip of each taken in turns.")
 	}
 	if len(r.Transports) > len(r.Rows) || tr != "tcp" {
 		return r.writeTransports(w)
 	}
 	return nil
+}
+
+// getsInTurns times iters turns of a direct Get (get(rng, false)), a Get
+// through the own agent (get(rng, true)), a raw TCP round trip and a raw
+// Unix-socket one of the same bytes, one of each a turn, so that every
+// figure sees the machine alike (on an idle virtual machine a process
+// woken from sleep can cost tens of µs more than a busy one: measured one
+// after another, the figures can land in different modes). It sets res's
+// via-agent and round-trip figures and returns the direct Gets' µs.
+func getsInTurns(iters int, bin string, rb int, get func(rng *rand.Rand, via bool) (time.Duration, error), res *Result) ([]float64, error) {
+	tcp, err := NewPinger("tcp", rb, iters, bin)
+	if err != nil {
+		return nil, err
+	}
+	defer tcp.Close()
+	unix, err := NewPinger("unix", rb, iters, bin)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close()
+	direct, via := rand.New(rand.NewPCG(4, 1)), rand.New(rand.NewPCG(4, 2))
+	ds := make([][]time.Duration, 4)
+	for k := range ds {
+		ds[k] = make([]time.Duration, iters)
+	}
+	for i := range iters {
+		var err error
+		if ds[0][i], err = get(direct, false); err != nil {
+			return nil, err
+		}
+		if ds[1][i], err = get(via, true); err != nil {
+			return nil, err
+		}
+		if ds[2][i], err = tcp.Once(); err != nil {
+			return nil, err
+		}
+		if ds[3][i], err = unix.Once(); err != nil {
+			return nil, err
+		}
+	}
+	rl := DurationsToMicros(ds[0])
+	res.GetRemoteViaAgentP50us = Percentile(DurationsToMicros(ds[1]), 50)
+	res.TCPRoundTripP50us = Percentile(DurationsToMicros(ds[2]), 50)
+	res.UnixRoundTripP50us = Percentile(DurationsToMicros(ds[3]), 50)
+	if res.TCPRoundTripP50us > 0 {
+		res.GetRemoteVsTCPRoundTrip = Percentile(rl, 50) / res.TCPRoundTripP50us
+	}
+	return rl, nil
 }
