@@ -177,6 +177,38 @@ func TestClusterRoundGather(t *testing.T) {
 	readAllRanks(t, c, "late", 36, 16)
 }
 
+// TestClusterRoundManifestWrites: an Add writes each node's manifest
+// once — the coordinator's too, whose state (the round's table) and own
+// shards one write holds — however many of its requests and ranks ask for
+// the save as the round completes.
+func TestClusterRoundManifestWrites(t *testing.T) {
+	c := startCluster(t, []int{4, 4}, viaRendezvous)
+	rows := []int64{1, 2, 3, 4, 5, 6, 7, 8}
+	c.addPattern(t, "warm", rows, 2, 8) // the other node joins the coordinator
+	writes := func() []int {
+		n := make([]int, len(c.agents))
+		for i, a := range c.agents {
+			in, err := ddstore.QueryAgent(a.Socket(), c.ns, fmt.Sprintf("node%d", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			n[i] = in.Counters["manifest_writes"]
+		}
+		return n
+	}
+	for _, name := range []string{"x", "y", "z"} {
+		before := writes()
+		c.addPattern(t, name, rows, 2, 8)
+		after := writes()
+		for i := range after {
+			if got := after[i] - before[i]; got != 1 {
+				t.Errorf("Add of %q: node%d wrote its manifest %d times, want 1", name, i, got)
+			}
+		}
+	}
+	readAllRanks(t, c, "z", 36, 16)
+}
+
 // coordinatorMessages finds the agent that coordinates c (whichever took
 // the rendezvous: under mpirun, any of them) and returns its index and a
 // reader of the messages it has received (coord_messages_in).

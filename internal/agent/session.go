@@ -236,13 +236,13 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 		a.noteRanked(s)
 		done := a.publishing(m.Name, m.Rank)
 		ctx, stop := a.watchLeave(s)
-		b, err := a.publish(ctx, m, a.localRanks(m))
+		b, change, err := a.publish(ctx, m, a.localRanks(m))
 		stop()
 		done()
 		if err != nil {
 			return nil, err
 		}
-		a.saveManifest()
+		a.saveManifestOf(change)
 		return func(e *wire.Encoder) { e.Raw(b) }, nil
 	case wire.OpBarrier:
 		m, err := wire.DecodeBarrier(body)
@@ -566,7 +566,9 @@ func (a *Agent) localRanks(m wire.Shard) int64 {
 // exist on every rank, then returns its table as a client of this node
 // gets it, encoded (clientTable); local is how many ranks of this node
 // take part in the round (0: unknown), so that their shards go together.
-func (a *Agent) publish(ctx context.Context, m wire.Shard, local int64) ([]byte, error) {
+// It returns too the number of the manifest change that set the table
+// (the caller saves up to it before it replies).
+func (a *Agent) publish(ctx context.Context, m wire.Shard, local int64) ([]byte, uint64, error) {
 	if err := checkShard(m); err != nil || m.Failed {
 		// This rank cannot take part: fail the round for every rank now
 		// rather than let the others wait for it until their timeout, and
@@ -598,7 +600,7 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard, local int64) ([]byte,
 		if err == nil {
 			err = base.Errorf(base.ErrGeometry, "variable %q: rank %d could not create its shard", m.Name, m.Rank)
 		}
-		return nil, err
+		return nil, 0, err
 	}
 	a.mu.Lock()
 	v := a.mu.vars[m.Name]
@@ -650,7 +652,7 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard, local int64) ([]byte,
 		}
 		m.Failed, m.Why = true, bad.Error()
 		a.publish(ctx, m, 0) // fails the round for every rank
-		return nil, bad
+		return nil, 0, bad
 	}
 	m.Node = a.cfg.Node
 	timeout := a.roundTimeout(m)
@@ -665,13 +667,13 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard, local int64) ([]byte,
 		// table): take this rank's shard back so that a corrected retry
 		// can create it again.
 		a.takeBack(v, int(m.Rank), seg)
-		return nil, err
+		return nil, 0, err
 	}
 	v.mu.Lock()
 	err = v.setTable(a, t)
 	v.mu.Unlock()
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	// Outside v.mu: the index of a ragged variable waits on other nodes.
 	if err := a.ensureIndex(ctx, v); err != nil {
@@ -684,11 +686,11 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard, local int64) ([]byte,
 				err = errors.Join(err, ferr)
 			}
 		}
-		return nil, err
+		return nil, 0, err
 	}
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	return v.clientTable(), nil
+	return v.clientTable(), v.change, nil
 }
 
 // takeBack removes a rank's shard of a variable that was never published,
