@@ -867,8 +867,9 @@ func dropLevels(n, f int) int {
 // at most f (dropFanout) chunks of consecutive nodes: the first of each
 // gets the drop with the rest of its chunk, which it passes on likewise
 // (PeerDrop with nodes), and answers once they have. A chunk's first
-// node that fails (down, or no answer in time) is logged, and the rest
-// of its chunk get the drop from here, each by itself. Each call waits a
+// node that fails (down, or no answer in time, or an agent that does not
+// know PeerDropTree) is logged, and every node of its chunk, the first
+// too, gets a plain drop from here, each by itself and all at once. Each call waits a
 // timeout per level of the subtree below it, so that a node further down
 // that hangs makes its relay's call, not its relay's caller's, time out.
 func (a *Agent) dropAlong(name string, id int64, nodes, addrs []string) {
@@ -888,7 +889,7 @@ func (a *Agent) dropAlong(name string, id int64, nodes, addrs []string) {
 			}
 			a.log.Warn("could not drop a freed variable on a node", "variable", name, "node", nodes[s], "passing it on to", e-s-1, "err", err)
 			var each sync.WaitGroup
-			for k := s + 1; k < e; k++ {
+			for k := s; k < e; k++ { // the first again: it may have answered, not known the op
 				each.Go(func() {
 					if err := a.sendDrop(wire.DropTree{Drop: wire.Drop{Name: name, ID: id}}, addrs[k], isCoord); err != nil {
 						a.log.Warn("could not drop a freed variable on a node", "variable", name, "node", nodes[k], "err", err)
