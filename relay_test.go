@@ -44,6 +44,102 @@ func TestClusterTableRelay(t *testing.T) {
 	}
 }
 
+// TestClusterFreeDropTree: with a relay fanout of 2 the coordinator of a
+// five-node job sends a Free's drops to two nodes, each of which passes
+// it on to the next; every node drops its shards before the last Free
+// returns. When a node that passes it on is down, the coordinator sends
+// the drop to the node below it itself.
+func TestClusterFreeDropTree(t *testing.T) {
+	if clusterTransport == "mpi" {
+		t.Skip("the mpirun agents take their flags, not this Config")
+	}
+	c := startCluster(t, []int{1, 1, 1, 1, 1}, viaRendezvous, func(cfg *agent.Config) { cfg.RelayFanout = 2 })
+	coord := -1
+	info := func(i int) ddstore.AgentInfo {
+		in, err := ddstore.QueryAgent(c.agents[i].Socket(), c.ns, fmt.Sprintf("node%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return in
+	}
+	rows := []int64{3, 1, 4, 1, 5}
+	c.addPattern(t, "v", rows, 2, 8)
+	for i := range c.agents {
+		if info(i).Coordinator {
+			coord = i
+		}
+	}
+	if coord < 0 {
+		t.Fatal("no agent coordinates")
+	}
+	holds := func(i int, name string) bool {
+		for _, v := range info(i).Variables {
+			if v.Name == name {
+				return true
+			}
+		}
+		return false
+	}
+	counters := func() (coordOut, relayed int) {
+		for i := range c.agents {
+			in := info(i)
+			relayed += in.Counters["drops_relayed"]
+			if i == coord {
+				coordOut = in.Counters["coord_messages_out"]
+			}
+		}
+		return coordOut, relayed
+	}
+	out0, rel0 := counters()
+	c.mustEach(t, func(_ int, s *ddstore.Store) error { return s.Free("v") })
+	out1, rel1 := counters()
+	// The four other nodes in two chunks of two (the table's order, a
+	// rank per node): the coordinator sends two drops, their first nodes
+	// one each.
+	if got := out1 - out0; got != 6 {
+		t.Errorf("the coordinator sent %d messages for a Free, want 6 (its answers to the four nodes' frees, its drops to the first node of each half)", got)
+	}
+	if got := rel1 - rel0; got != 2 {
+		t.Errorf("the nodes passed on %d drops, want 2", got)
+	}
+	for i := range c.agents {
+		if holds(i, "v") {
+			t.Errorf("node%d still holds v after every rank's Free returned", i)
+		}
+	}
+
+	// A node that passes the drop on, down: the first one of a half
+	// without the coordinator (node order is rank order here).
+	c.addPattern(t, "w", rows, 2, 8)
+	others := make([]int, 0, 4)
+	for i := range c.agents {
+		if i != coord {
+			others = append(others, i)
+		}
+	}
+	down, last := others[0], others[3]
+	errs := c.each(func(r int, s *ddstore.Store) error {
+		if r == last {
+			return nil
+		}
+		return s.Free("w")
+	})
+	for r, err := range errs {
+		if r != last && err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	c.agents[down].Close()
+	if err := c.stores[last].Free("w"); err != nil {
+		t.Fatalf("the last rank's Free with node%d down: %v", down, err)
+	}
+	for i := range c.agents {
+		if i != down && holds(i, "w") {
+			t.Errorf("node%d still holds w after the last Free, node%d (which would pass it on to it) down", i, down)
+		}
+	}
+}
+
 // TestClusterRoundFollowerMismatch: a node's ranks other than the one
 // that waits for the round hand their shards over in batches; when one
 // of them declares another geometry, the round fails for every rank of
@@ -175,6 +271,38 @@ func TestClusterRoundGather(t *testing.T) {
 		t.Errorf("node%d sent the coordinator %d messages in a round whose last rank was late, want 2", node, got)
 	}
 	readAllRanks(t, c, "late", 36, 16)
+}
+
+// TestClusterRoundManifestWrites: an Add writes each node's manifest
+// once — the coordinator's too, whose state (the round's table) and own
+// shards one write holds — however many of its requests and ranks ask for
+// the save as the round completes.
+func TestClusterRoundManifestWrites(t *testing.T) {
+	c := startCluster(t, []int{4, 4}, viaRendezvous)
+	rows := []int64{1, 2, 3, 4, 5, 6, 7, 8}
+	c.addPattern(t, "warm", rows, 2, 8) // the other node joins the coordinator
+	writes := func() []int {
+		n := make([]int, len(c.agents))
+		for i, a := range c.agents {
+			in, err := ddstore.QueryAgent(a.Socket(), c.ns, fmt.Sprintf("node%d", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			n[i] = in.Counters["manifest_writes"]
+		}
+		return n
+	}
+	for _, name := range []string{"x", "y", "z"} {
+		before := writes()
+		c.addPattern(t, name, rows, 2, 8)
+		after := writes()
+		for i := range after {
+			if got := after[i] - before[i]; got != 1 {
+				t.Errorf("Add of %q: node%d wrote its manifest %d times, want 1", name, i, got)
+			}
+		}
+	}
+	readAllRanks(t, c, "z", 36, 16)
 }
 
 // coordinatorMessages finds the agent that coordinates c (whichever took

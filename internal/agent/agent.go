@@ -199,6 +199,9 @@ type stats struct {
 	addrRefreshes atomic.Int64
 	// tablesRelayed counts tables this agent gave other nodes (PeerTable).
 	tablesRelayed atomic.Int64
+	// dropsRelayed counts drops this agent passed on to other nodes
+	// (PeerDrop with nodes) for the coordinator.
+	dropsRelayed atomic.Int64
 	// roundsLost counts ranks of this node the agent told the
 	// coordinator were out of their round (reportLost).
 	roundsLost atomic.Int64
@@ -555,7 +558,8 @@ func (a *Agent) info() Info {
 		"coord_messages_in": int(s.coord.in.Load()), "coord_bytes_in": int(s.coord.inBytes.Load()),
 		"coord_messages_out": int(s.coord.out.Load()), "coord_bytes_out": int(s.coord.outBytes.Load()),
 		"manifest_writes": int(a.saves.written.Load()), "tables_relayed": int(s.tablesRelayed.Load()),
-		"rounds_lost": int(s.roundsLost.Load()), "rounds_kept": int(s.roundsKept.Load()), "nodes_gone": int(s.nodesGone.Load()), "goroutines": runtime.NumGoroutine(), "peer_conns_out": a.pool.Conns(), "peer_conns_in": a.peer.Conns(),
+		"drops_relayed": int(s.dropsRelayed.Load()),
+		"rounds_lost":   int(s.roundsLost.Load()), "rounds_kept": int(s.roundsKept.Load()), "nodes_gone": int(s.nodesGone.Load()), "goroutines": runtime.NumGoroutine(), "peer_conns_out": a.pool.Conns(), "peer_conns_in": a.peer.Conns(),
 		"peer_conns_idle_closed": int(a.pool.IdleClosed()),
 	}
 	s.errorKinds.counters(in.Counters)

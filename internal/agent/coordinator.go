@@ -40,6 +40,10 @@ type coordinator struct {
 		watchSeq uint64
 	}
 	fanout int // relayFanout, unless configured
+	// saves numbers a round's completion as a change of the manifest
+	// (manifestSaves.change) before its replies go; nil in the core's
+	// tests, which keep no manifest.
+	saves *manifestSaves
 }
 
 // waiter is a request waiting for its reply.
@@ -76,6 +80,12 @@ func newCoordinator() *coordinator {
 // deliverLocked hands replies to their requests; the caller holds c.mu.
 func (c *coordinator) deliverLocked(replies []coord.Reply) {
 	relays := c.relaysLocked(replies)
+	if c.saves != nil && slices.ContainsFunc(replies, func(r coord.Reply) bool { return r.Err == nil && r.Table != nil }) {
+		// A round completed: its table is in the core's state, which the
+		// requests answered now save before they reply (a number read
+		// once the reply came is at least this one).
+		c.saves.change()
+	}
 	for _, r := range replies {
 		if w, ok := c.mu.waiting[r.Req]; ok {
 			delete(c.mu.waiting, r.Req)
@@ -341,10 +351,33 @@ func (c *coordinator) restore(s *coord.State) {
 	c.mu.core.Restore(s)
 }
 
+// roundChange is the number of the manifest change a round completed on
+// this coordinator must be saved up to before its replies go: its table in
+// the coordinator's state (numbered by deliverLocked before the reply came,
+// so at most the last number now) and, when this node holds shards of it,
+// on this node's variable, which it sets first. The node's own ranks would
+// set it as their requests get the table; set by the first of the round's
+// requests to be answered, one write holds both. A table that does not fit
+// the node (setTable fails) is left for its ranks, which get the error.
+func (a *Agent) roundChange(t *wire.Table) uint64 {
+	if i := slices.Index(t.Nodes, a.cfg.Node); i >= 0 && slices.Contains(t.RankNode, int64(i)) {
+		a.mu.Lock()
+		v := a.mu.vars[t.Name]
+		a.mu.Unlock()
+		if v != nil {
+			v.mu.Lock()
+			v.setTable(a, t)
+			v.mu.Unlock()
+		}
+	}
+	return a.saves.changes.Load()
+}
+
 // newCoordinator makes this agent's coordinator, with the state a previous
 // coordinator of the job left on this node, if any.
 func (a *Agent) newCoordinator() *coordinator {
 	c := newCoordinator()
+	c.saves = &a.saves
 	if a.cfg.RelayFanout > 0 {
 		c.fanout = a.cfg.RelayFanout
 	}
@@ -582,7 +615,7 @@ func (a *Agent) coordinatorOp(ctx context.Context, op wire.Op, body []byte) (fun
 		if err != nil {
 			return nil, err
 		}
-		a.saveManifest()
+		a.saveManifestOf(a.roundChange(t))
 		return t.Encode, nil
 	case wire.OpPeerRound:
 		m, err := wire.DecodeRound(body)
@@ -593,7 +626,7 @@ func (a *Agent) coordinatorOp(ctx context.Context, op wire.Op, body []byte) (fun
 		if err != nil {
 			return nil, err
 		}
-		a.saveManifest()
+		a.saveManifestOf(a.roundChange(t))
 		rep := wire.RoundReply{Kind: wire.RoundReplyAck}
 		switch {
 		case m.Want == wire.RoundAck:

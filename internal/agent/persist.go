@@ -46,46 +46,56 @@ type manifestVar struct {
 
 func (a *Agent) manifestPath() string { return a.cfg.Socket + ".manifest.json" }
 
-// manifestSaves batches saves of the manifest: a round's ranks all ask for
-// one as the round ends (the coordinator once per rank of the job), and
-// one save that starts after they asked serves them all, so a round
-// writes the manifest twice at most, not once per rank. mu is a leaf
-// (never held while another lock is taken; lock order:
-// internal/LOCKS.md).
+// manifestSaves batches saves of the manifest. Each change of what it
+// holds that a save must cover has a number (change), taken after the
+// change is made; a save reads the last number before it reads the state,
+// so its snapshot holds every change numbered up to it. A round's ranks all
+// ask for a save of the round's change as it ends (the coordinator once per
+// node of the job, and its own node's ranks), and the first save serves
+// them all: one write per round, not one per rank nor a second one for the
+// requests that came while the first was written. mu is a leaf (never held
+// while another lock is taken; lock order: internal/LOCKS.md).
 type manifestSaves struct {
 	mu      sync.Mutex
-	cond    sync.Cond // on mu: a save ended
-	asked   uint64    // saves asked for so far
-	done    uint64    // the saves asked for up to done are on disk
-	running bool      // a save is being written
+	cond    sync.Cond     // on mu: a save ended
+	changes atomic.Uint64 // the last change's number
+	done    uint64        // the manifest on disk holds the changes up to done
+	running bool          // a save is being written
 	// written counts the manifests written (tests, ddstore info).
 	written atomic.Int64
 }
 
+// change numbers a change of what the manifest holds, made before the
+// call (saveManifestOf).
+func (s *manifestSaves) change() uint64 { return s.changes.Add(1) }
+
 // saveManifest returns once the manifest on disk holds what the agent held
-// when it was called. Callers hold no lock of the agent's. Whoever finds
-// no save running writes one, which covers every caller that asked before
-// it started; the others wait for it, or for the next one.
-func (a *Agent) saveManifest() {
+// when it was called: the caller's change is numbered now.
+func (a *Agent) saveManifest() { a.saveManifestOf(a.saves.change()) }
+
+// saveManifestOf returns once the manifest on disk holds change n (and
+// every change numbered before it). Callers hold no lock of the agent's.
+// Whoever finds no save running and n not on disk writes one, which covers
+// every change numbered before it started; the others wait for it, and
+// return if it covered theirs.
+func (a *Agent) saveManifestOf(n uint64) {
 	s := &a.saves
 	s.mu.Lock()
 	if s.cond.L == nil {
 		s.cond.L = &s.mu
 	}
-	s.asked++
-	mine := s.asked
-	for s.done < mine {
+	for s.done < n {
 		if s.running {
 			s.cond.Wait()
 			continue
 		}
 		s.running = true
-		upTo := s.asked
+		upTo := s.changes.Load() // before the state is read
 		s.mu.Unlock()
 		a.writeManifest()
 		s.mu.Lock()
 		s.running = false
-		s.done = upTo
+		s.done = max(s.done, upTo)
 		s.cond.Broadcast()
 	}
 	s.mu.Unlock()

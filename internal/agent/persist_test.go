@@ -17,9 +17,7 @@ import (
 func TestManifestSavesBatched(t *testing.T) {
 	a := startAgent(t, Config{})
 	base := a.saves.written.Load()
-	a.saves.mu.Lock()
-	asked := a.saves.asked
-	a.saves.mu.Unlock()
+	asked := a.saves.changes.Load()
 	// Hold the manifest's lock so that the first save blocks in its write
 	// while the others ask.
 	a.manifestMu.Lock()
@@ -33,9 +31,7 @@ func TestManifestSavesBatched(t *testing.T) {
 		}()
 	}
 	testutil.WaitFor(t, 10*time.Second, func() error {
-		a.saves.mu.Lock()
-		defer a.saves.mu.Unlock()
-		if got := a.saves.asked - asked; got < n {
+		if got := a.saves.changes.Load() - asked; got < n {
 			return fmt.Errorf("%d saves asked for, want %d", got, n)
 		}
 		return nil
@@ -52,5 +48,53 @@ func TestManifestSavesBatched(t *testing.T) {
 	a.saveManifest()
 	if got := a.saves.written.Load() - base; got != 3 {
 		t.Errorf("manifest written %d times after one more save, want 3", got)
+	}
+}
+
+// TestManifestSavesOfOneChange: saves of a change that the save being
+// written already holds (a round's requests, asking once it completed)
+// wait for that save and write nothing more; a save of a later change
+// writes again.
+func TestManifestSavesOfOneChange(t *testing.T) {
+	a := startAgent(t, Config{})
+	base := a.saves.written.Load()
+	change := a.saves.change()
+	a.manifestMu.Lock() // the first save blocks in its write
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		a.saveManifestOf(change)
+	}()
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if got := a.saves.written.Load() - base; got != 1 {
+			return fmt.Errorf("%d saves started, want 1", got)
+		}
+		return nil
+	})
+	const n = 64
+	var waiting sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		waiting.Add(1)
+		go func() {
+			defer wg.Done()
+			waiting.Done()
+			a.saveManifestOf(change)
+		}()
+	}
+	waiting.Wait()
+	a.manifestMu.Unlock()
+	wg.Wait()
+	if got := a.saves.written.Load() - base; got != 1 {
+		t.Errorf("%d saves of a change the running save holds wrote the manifest %d times, want 1", n+1, got)
+	}
+	a.saveManifestOf(change)
+	if got := a.saves.written.Load() - base; got != 1 {
+		t.Errorf("a save of a change on disk wrote the manifest: %d writes, want 1", got)
+	}
+	a.saveManifestOf(a.saves.change())
+	if got := a.saves.written.Load() - base; got != 2 {
+		t.Errorf("a save of a new change: %d writes, want 2", got)
 	}
 }

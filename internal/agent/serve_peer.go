@@ -6,6 +6,7 @@ package agent
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/ddstore-go/ddstore/internal/base"
@@ -140,6 +141,18 @@ func (h *peerHandler) Control(ctx context.Context, op wire.Op, body []byte) (fun
 			return nil, err
 		}
 		a.drop(m.Name, m.ID)
+		return nil, nil
+	case wire.OpPeerDropTree:
+		m, err := wire.DecodeDropTree(body)
+		if err != nil {
+			return nil, err
+		}
+		// Answered once the nodes below have dropped theirs too (or
+		// failed), so that the coordinator's last Free returns after.
+		var wg sync.WaitGroup
+		wg.Go(func() { a.dropAlong(m.Name, m.ID, m.Nodes, m.Addrs) })
+		a.drop(m.Name, m.ID)
+		wg.Wait()
 		return nil, nil
 	case wire.OpPeerTable:
 		m, err := wire.DecodeDrop(body)

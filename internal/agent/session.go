@@ -236,13 +236,13 @@ func (a *Agent) handleClientOp(s *session, op wire.Op, body []byte) (func(*wire.
 		a.noteRanked(s)
 		done := a.publishing(m.Name, m.Rank)
 		ctx, stop := a.watchLeave(s)
-		b, err := a.publish(ctx, m, a.localRanks(m))
+		b, change, err := a.publish(ctx, m, a.localRanks(m))
 		stop()
 		done()
 		if err != nil {
 			return nil, err
 		}
-		a.saveManifest()
+		a.saveManifestOf(change)
 		return func(e *wire.Encoder) { e.Raw(b) }, nil
 	case wire.OpBarrier:
 		m, err := wire.DecodeBarrier(body)
@@ -566,7 +566,9 @@ func (a *Agent) localRanks(m wire.Shard) int64 {
 // exist on every rank, then returns its table as a client of this node
 // gets it, encoded (clientTable); local is how many ranks of this node
 // take part in the round (0: unknown), so that their shards go together.
-func (a *Agent) publish(ctx context.Context, m wire.Shard, local int64) ([]byte, error) {
+// It returns too the number of the manifest change that set the table
+// (the caller saves up to it before it replies).
+func (a *Agent) publish(ctx context.Context, m wire.Shard, local int64) ([]byte, uint64, error) {
 	if err := checkShard(m); err != nil || m.Failed {
 		// This rank cannot take part: fail the round for every rank now
 		// rather than let the others wait for it until their timeout, and
@@ -598,7 +600,7 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard, local int64) ([]byte,
 		if err == nil {
 			err = base.Errorf(base.ErrGeometry, "variable %q: rank %d could not create its shard", m.Name, m.Rank)
 		}
-		return nil, err
+		return nil, 0, err
 	}
 	a.mu.Lock()
 	v := a.mu.vars[m.Name]
@@ -650,7 +652,7 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard, local int64) ([]byte,
 		}
 		m.Failed, m.Why = true, bad.Error()
 		a.publish(ctx, m, 0) // fails the round for every rank
-		return nil, bad
+		return nil, 0, bad
 	}
 	m.Node = a.cfg.Node
 	timeout := a.roundTimeout(m)
@@ -665,13 +667,13 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard, local int64) ([]byte,
 		// table): take this rank's shard back so that a corrected retry
 		// can create it again.
 		a.takeBack(v, int(m.Rank), seg)
-		return nil, err
+		return nil, 0, err
 	}
 	v.mu.Lock()
 	err = v.setTable(a, t)
 	v.mu.Unlock()
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	// Outside v.mu: the index of a ragged variable waits on other nodes.
 	if err := a.ensureIndex(ctx, v); err != nil {
@@ -684,11 +686,11 @@ func (a *Agent) publish(ctx context.Context, m wire.Shard, local int64) ([]byte,
 				err = errors.Join(err, ferr)
 			}
 		}
-		return nil, err
+		return nil, 0, err
 	}
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	return v.clientTable(), nil
+	return v.clientTable(), v.change, nil
 }
 
 // takeBack removes a rank's shard of a variable that was never published,
@@ -793,13 +795,18 @@ func (a *Agent) free(ctx context.Context, name string, rank int) error {
 	v.creators.mu.Unlock()
 	v.mu.RLock()
 	published := v.table != nil
+	nodes := 0
+	if published {
+		nodes = len(v.table.Nodes)
+	}
 	v.mu.RUnlock()
 	if !published || rank < 0 {
 		return nil
 	}
 	// The last rank's Free waits for the coordinator to drop the shards
-	// everywhere, each drop bounded by the timeout.
-	ctx, cancel := context.WithTimeout(ctx, 2*a.cfg.Timeout)
+	// everywhere, each hop of the drops' tree bounded by the timeout, and
+	// the nodes below one that fails dropped from above (dropAlong).
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(2+dropLevels(nodes, a.dropFanout()))*a.cfg.Timeout)
 	defer cancel()
 	addr, err := a.coordinatorAddr(ctx)
 	if err != nil {
@@ -817,38 +824,109 @@ func (a *Agent) free(ctx context.Context, name string, rank int) error {
 	return a.gatherFree(ctx, v, addr, m)
 }
 
-// dropEverywhere tells every node of a freed variable to drop its shards,
-// all at once, and returns when they have (or failed: a node that is down is
-// only logged, its segments go when its agent stops). It runs on the
+// dropEverywhere tells every node of a freed variable to drop its shards
+// and returns when they have (or failed: a node that is down is only
+// logged, its segments go when its agent stops). It runs on the
 // coordinator while answering the last rank's Free, so once every rank's
-// Free has returned the name can be created again everywhere.
+// Free has returned the name can be created again everywhere. The drops
+// go down a tree (dropAlong): the coordinator sends at most the relay
+// fanout of them whatever the job's size.
 func (a *Agent) dropEverywhere(t *wire.Table) {
-	var wg sync.WaitGroup
+	nodes := make([]string, 0, len(t.Nodes))
+	addrs := make([]string, 0, len(t.Nodes))
 	for i, node := range t.Nodes {
 		if node == a.cfg.Node {
 			a.drop(t.Name, t.ID)
 			continue
 		}
-		wg.Add(1)
-		go func(addr string) {
-			defer wg.Done()
-			ctx, cancel := context.WithTimeout(a.ctx, a.cfg.Timeout)
-			defer cancel()
-			m := wire.Drop{Name: t.Name, ID: t.ID}
-			var e wire.Encoder
-			m.Encode(&e)
-			cc := &a.stats.coord
-			cc.out.Add(1)
-			cc.outBytes.Add(int64(wire.HeaderSize + len(e.Bytes())))
-			_, err := a.pool.Call(ctx, addr, wire.OpPeerDrop, m.Encode)
-			cc.in.Add(1)
-			cc.inBytes.Add(wire.HeaderSize)
-			if err != nil {
-				a.log.Warn("could not drop a freed variable on a node", "variable", t.Name, "node", node, "err", err)
+		nodes, addrs = append(nodes, node), append(addrs, t.Addrs[i])
+	}
+	a.dropAlong(t.Name, t.ID, nodes, addrs)
+}
+
+// dropFanout is how many nodes an agent passes a drop on to at most.
+func (a *Agent) dropFanout() int {
+	if a.cfg.RelayFanout > 0 {
+		return a.cfg.RelayFanout
+	}
+	return relayFanout
+}
+
+// dropLevels is how many hops below a node a drop it passes on to n others
+// takes at most, each node passing it on to f (dropAlong).
+func dropLevels(n, f int) int {
+	levels := 0
+	for n > 0 {
+		levels++
+		n = (n+f-1)/f - 1 // a chunk's nodes after its first
+	}
+	return levels
+}
+
+// dropAlong tells nodes (at addrs) to drop a freed variable's shards, in
+// at most f (dropFanout) chunks of consecutive nodes: the first of each
+// gets the drop with the rest of its chunk, which it passes on likewise
+// (PeerDrop with nodes), and answers once they have. A chunk's first
+// node that fails (down, or no answer in time, or an agent that does not
+// know PeerDropTree) is logged, and every node of its chunk, the first
+// too, gets a plain drop from here, each by itself and all at once. Each call waits a
+// timeout per level of the subtree below it, so that a node further down
+// that hangs makes its relay's call, not its relay's caller's, time out.
+func (a *Agent) dropAlong(name string, id int64, nodes, addrs []string) {
+	if len(nodes) == 0 {
+		return
+	}
+	f := max(1, a.dropFanout())
+	size := (len(nodes) + f - 1) / f
+	isCoord := a.coord.Load() != nil
+	var wg sync.WaitGroup
+	for s := 0; s < len(nodes); s += size {
+		e := min(s+size, len(nodes))
+		wg.Go(func() {
+			err := a.sendDrop(wire.DropTree{Drop: wire.Drop{Name: name, ID: id}, Nodes: nodes[s+1 : e], Addrs: addrs[s+1 : e]}, addrs[s], isCoord)
+			if err == nil {
+				return
 			}
-		}(t.Addrs[i])
+			a.log.Warn("could not drop a freed variable on a node", "variable", name, "node", nodes[s], "passing it on to", e-s-1, "err", err)
+			var each sync.WaitGroup
+			for k := s; k < e; k++ { // the first again: it may have answered, not known the op
+				each.Go(func() {
+					if err := a.sendDrop(wire.DropTree{Drop: wire.Drop{Name: name, ID: id}}, addrs[k], isCoord); err != nil {
+						a.log.Warn("could not drop a freed variable on a node", "variable", name, "node", nodes[k], "err", err)
+					}
+				})
+			}
+			each.Wait()
+		})
 	}
 	wg.Wait()
+}
+
+// sendDrop sends m to the node at addr (PeerDrop, or PeerDropTree when it
+// has nodes to pass it on to), counted among the coordinator's messages
+// when this agent is the coordinator.
+func (a *Agent) sendDrop(m wire.DropTree, addr string, isCoord bool) error {
+	op, enc := wire.OpPeerDrop, m.Drop.Encode
+	if len(m.Nodes) > 0 {
+		op, enc = wire.OpPeerDropTree, m.Encode
+	}
+	ctx, cancel := context.WithTimeout(a.ctx, time.Duration(1+dropLevels(len(m.Nodes), a.dropFanout()))*a.cfg.Timeout)
+	defer cancel()
+	if !isCoord {
+		a.stats.dropsRelayed.Add(1)
+	} else {
+		var e wire.Encoder
+		enc(&e)
+		cc := &a.stats.coord
+		cc.out.Add(1)
+		cc.outBytes.Add(int64(wire.HeaderSize + len(e.Bytes())))
+		defer func() {
+			cc.in.Add(1)
+			cc.inBytes.Add(wire.HeaderSize)
+		}()
+	}
+	_, err := a.pool.Call(ctx, addr, op, enc)
+	return err
 }
 
 // drop removes a freed variable's shards from this node, if they are of

@@ -38,6 +38,9 @@ type variable struct {
 	// published mirrors table != nil without v.mu, which a peer transfer
 	// may hold for a while: a second Add of the name fails at once.
 	published atomic.Bool
+	// change is the number of the manifest change that set table
+	// (manifestSaves.change): a rank's Add returns once a save covers it.
+	change uint64
 	// creators are the client processes of the local shards not yet
 	// published (orphans.go).
 	creators creators
@@ -119,6 +122,7 @@ func (v *variable) setTable(a *Agent, t *wire.Table) error {
 			Go: a.go_, Context: a.ctx, Timeout: a.cfg.Timeout, Counters: &a.stats.tier})
 	}
 	v.published.Store(true)
+	v.change = a.saves.change()
 	v.wake()
 	return nil
 }

@@ -97,6 +97,10 @@ const (
 	// OpPeerFrees hands the coordinator the frees of several ranks of
 	// one node at once (each as PeerFree).
 	OpPeerFrees Op = 50
+	// OpPeerDropTree is PeerDrop for an agent that passes the drop on to
+	// other nodes: the coordinator sends a Free's drops to a few nodes,
+	// not to every one.
+	OpPeerDropTree Op = 53
 )
 
 var opNames = map[Op]string{
@@ -107,6 +111,7 @@ var opNames = map[Op]string{
 	OpPeerDrop: "peer-drop", OpPeerWindow: "peer-window", OpPeerOffsets: "peer-offsets",
 	OpBarrier: "barrier", OpPeerBarrier: "peer-barrier", OpReadRange: "read-range", OpFetchRange: "fetch-range", OpPeerGone: "peer-gone",
 	OpPeerRound: "peer-round", OpPeerTable: "peer-table", OpPeerShards: "peer-shards", OpPeerFrees: "peer-frees",
+	OpPeerDropTree: "peer-drop-tree",
 }
 
 func (o Op) String() string {

@@ -146,6 +146,7 @@ func FuzzDecodeRegion(f *testing.F)     { fuzzCodec(f, regionSamples, DecodeRegi
 func FuzzDecodeText(f *testing.F)       { fuzzCodec(f, textSamples, DecodeText) }
 func FuzzDecodeJoin(f *testing.F)       { fuzzCodec(f, joinSamples, DecodeJoin) }
 func FuzzDecodeDrop(f *testing.F)       { fuzzCodec(f, dropSamples, DecodeDrop) }
+func FuzzDecodeDropTree(f *testing.F)   { fuzzCodec(f, dropTreeSamples, DecodeDropTree) }
 func FuzzDecodeRound(f *testing.F)      { fuzzCodec(f, roundSamples, DecodeRound) }
 func FuzzDecodeRoundReply(f *testing.F) { fuzzCodec(f, roundReplySamples, DecodeRoundReply) }
 func FuzzDecodeShards(f *testing.F)     { fuzzCodec(f, shardsSamples, DecodeShards) }

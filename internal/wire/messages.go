@@ -821,6 +821,30 @@ func DecodeDrop(b []byte) (m Drop, err error) {
 	return m, d.Done()
 }
 
+// DropTree is a Drop (PeerDropTree) that the agent also passes on to
+// Nodes, by their addresses Addrs (the drops' tree, docs/protocol.md).
+type DropTree struct {
+	Drop
+	Nodes []string
+	Addrs []string
+}
+
+func (m *DropTree) Encode(e *Encoder) {
+	m.Drop.Encode(e)
+	e.Strings(m.Nodes)
+	e.Strings(m.Addrs)
+}
+
+func DecodeDropTree(b []byte) (m DropTree, err error) {
+	d := NewDecoder(b)
+	m.Name, m.ID = d.String(), d.I64()
+	m.Nodes, m.Addrs = d.Strings(), d.Strings()
+	if d.Err() == nil && len(m.Nodes) != len(m.Addrs) {
+		return m, protoErr("drop of %q: %d nodes to pass it on to and %d addresses, want as many of each", m.Name, len(m.Nodes), len(m.Addrs))
+	}
+	return m, d.Done()
+}
+
 // PeerWindow asks an agent of a one-sided transport (mpi, fabric) where
 // its shards of a variable lie (PeerWindow request): the variable's name
 // and the id of the table the asker reads it by.

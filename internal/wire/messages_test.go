@@ -189,6 +189,11 @@ var (
 		{Name: "x", ID: 7},
 		{Name: "features/0", ID: -1},
 	}
+	dropTreeSamples = []DropTree{
+		{},
+		{Drop: Drop{Name: "x", ID: 7}, Nodes: []string{"n1"}, Addrs: []string{"127.0.0.1:9"}},
+		{Drop: Drop{Name: "x", ID: 8}, Nodes: []string{"n1", "n2", "n3"}, Addrs: []string{"a:1", "b:2", "c:3"}},
+	}
 	peerWindowSamples = []PeerWindow{
 		{},
 		{Name: "x", ID: 7},
@@ -317,6 +322,7 @@ func TestMessageRoundTrip(t *testing.T) {
 	t.Run("Join", func(t *testing.T) { testCodec(t, joinSamples, DecodeJoin) })
 	t.Run("Gone", func(t *testing.T) { testCodec(t, goneSamples, DecodeGone) })
 	t.Run("Drop", func(t *testing.T) { testCodec(t, dropSamples, DecodeDrop) })
+	t.Run("DropTree", func(t *testing.T) { testCodec(t, dropTreeSamples, DecodeDropTree) })
 	t.Run("Round", func(t *testing.T) { testCodec(t, roundSamples, DecodeRound) })
 	t.Run("Shards", func(t *testing.T) { testCodec(t, shardsSamples, DecodeShards) })
 	t.Run("Results", func(t *testing.T) { testCodec(t, resultsSamples, DecodeResults) })

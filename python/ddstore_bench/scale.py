@@ -247,9 +247,14 @@ def find_bin():
 
 def estimate(paths):
     """Per saved run (ddstore bench scale --json), the coordinator's CPU per
-    Add beyond an ordinary agent's, its messages, and the cluster estimate:
-    the figures to set side by side when two builds were run alternately."""
+    Add (and Free) beyond an ordinary agent's, its messages and manifest
+    writes, and the cluster estimate; with several runs, the medians over
+    them: the figures to set side by side when two builds were run
+    alternately."""
+    import statistics
     out = []
+    per_k = {}
+    ratios = []
     for path in paths:
         with open(path) as f:
             rep = json.load(f)
@@ -257,11 +262,31 @@ def estimate(paths):
         for p in rep["points"]:
             k = p["nodes"]
             own = p["add_coord_cpu_ms"] - p["add_agents_cpu_ms"] / max(k - 1, 1)
+            fig = {"add coord CPU ms": p["add_coord_cpu_ms"], "beyond an agent ms": own,
+                   "msgs in per Add": p["coord_add_msgs_in"], "msgs out per Add": p["coord_add_msgs_out"],
+                   "manifests per Add": p.get("coord_add_manifest_writes", float("nan")),
+                   "free coord CPU ms": p.get("free_coord_cpu_ms", float("nan")),
+                   "msgs per Free": p.get("coord_free_msgs", float("nan")),
+                   "manifests per Free": p.get("coord_free_manifest_writes", float("nan")),
+                   "Add s": p["add_s"], "Free s": p["free_s"]}
+            per_k.setdefault(k, []).append(fig)
             out.append(f"  K={k}: coordinator CPU per Add {p['add_coord_cpu_ms']:.1f} ms ({own:.1f} beyond an ordinary agent), "
                        f"messages in {p['coord_add_msgs_in']:.0f}, KB in/out {p['coord_add_bytes_in'] / 1e3:.1f}/{p['coord_add_bytes_out'] / 1e3:.1f}, "
-                       f"Add {p['add_s']:.3f} s, load {p['load']}")
+                       f"manifests {fig['manifests per Add']:.1f}; per Free {fig['free coord CPU ms']:.1f} ms, "
+                       f"messages {fig['msgs per Free']:.0f}, manifests {fig['manifests per Free']:.1f}; "
+                       f"Add {p['add_s']:.3f} s, Free {p['free_s']:.3f} s, load {p['load']}")
         est = cluster(rep["points"], rep["batch"])
         out += ["  " + line for line in est.splitlines() if line.startswith(("| 8 |", "| 128 |", "Add K"))]
+        for line in est.splitlines():
+            if line.startswith("Add K=8→128: "):
+                ratios.append(float(line.split(": ")[1].split("×")[0]))
+    if len(paths) > 1:
+        out.append(f"medians of {len(paths)} runs:")
+        for k in sorted(per_k):
+            figs = per_k[k]
+            out.append(f"  K={k}: " + ", ".join(f"{name} {statistics.median(f[name] for f in figs):.3g}" for name in figs[0]))
+        if ratios:
+            out.append(f"  the cluster's Add K=8→128: median {statistics.median(ratios):.2f}× ({min(ratios):.2f}–{max(ratios):.2f}×)")
     return "\n".join(out)
 
 

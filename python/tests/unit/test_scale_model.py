@@ -68,3 +68,23 @@ def test_analyse_writes_the_table_and_the_plots(tmp_path, capsys):
     assert {r["cost"] for r in rows} >= {"add_s", "coord_add_bytes_out", "read_rows_per_s"}
     for key in ("add_s", "coord_add_bytes_out", "reader_conns", "read_rows_per_s"):
         assert os.path.getsize(tmp_path / f"{key}.png") > 1000
+
+
+def test_estimate_gives_the_medians_of_the_runs(tmp_path):
+    paths = []
+    for i, writes in enumerate((1.0, 2.0, 4.0)):
+        rep = report()
+        for p in rep["points"]:
+            p.update({"coord_add_msgs_in": p["nodes"] - 1.0, "coord_add_manifest_writes": writes,
+                      "coord_free_msgs": 2.0 * p["nodes"], "coord_free_manifest_writes": 5.0, "load": "1 1 1"})
+            p["add_coord_cpu_ms"] *= i + 1
+        path = tmp_path / f"run-{i}.json"
+        path.write_text(json.dumps(rep))
+        paths.append(str(path))
+    out = scale.estimate(paths)
+    assert "medians of 3 runs:" in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("  K=128: add coord CPU ms"))
+    # The middle run's: 0.02 K² ms twice over, and its two manifest writes.
+    assert f"add coord CPU ms {2 * 0.02 * 128 * 128:.3g}," in line
+    assert "manifests per Add 2," in line
+    assert "the cluster's Add K=8→128: median" in out
