@@ -6,6 +6,7 @@ one request, into a registered region or through staging."""
 
 import time
 from bisect import bisect_right
+from itertools import accumulate
 
 import numpy as np
 
@@ -73,7 +74,7 @@ class Plan:
     variable it does not fit (fits()) plans for itself."""
 
     __slots__ = ("idx", "bounds", "addrs", "mapped", "owner", "here", "ho", "remote", "rowner", "rglob", "rows", "k",
-                 "nstored", "addr", "groups")
+                 "nstored", "addr", "groups", "here_l", "ho_l", "remote_l")
 
     @classmethod
     def of(cls, store, v, idx):
@@ -99,6 +100,8 @@ class Plan:
         p.rows = p.rglob.astype("<i8", copy=False).tobytes()
         p.addr = None if p.nstored else store._direct.addr_of(v, distinct(p.rowner))
         p.groups = None
+        # As lists too, for the rows' copies a row at a time (_planned).
+        p.here_l, p.ho_l, p.remote_l = p.here.tolist(), p.ho.tolist(), remote.tolist()
         return p
 
     def fits(self, v):
@@ -258,50 +261,68 @@ def _destination(v, name, n, units, out):
 
 def _planned(store, v, plan, out, jobs):
     """get with jobs of the rows plan says where they lie (some of them
-    of other nodes): this node's copied, a job appended for the others."""
+    of other nodes): this node's copied, a job appended for the others.
+    A batch's few rows are worked out as Python ints, a step a row, where
+    each numpy operation over them would cost more than the whole loop."""
     t0 = time.perf_counter()
     idx = plan.idx
     n = idx.shape[0]
     ub = v.rb
     ext = v.extents[idx]
-    starts = ext[:, 0]
-    lengths = ext[:, 1] - starts
-    pos = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths, out=pos[1:])
-    units = int(pos[n])
+    lengths = ext[:, 1] - ext[:, 0]
+    sl, ll = ext[:, 0].tolist(), lengths.tolist()
+    pos = list(accumulate(ll, initial=0))
+    units = pos[n]
     out, flat = _destination(v, v.label, n, units, out)
-    here = plan.here
-    if here.shape[0]:
-        o = plan.ho
-        _place(flat, v.views, o, (starts[here] - v.first_unit[o]) * ub, pos[here] * ub, lengths[here] * ub)
-    sel = plan.remote
-    size = lengths[sel]
-    shared = True
-    if not size.all():  # empty rows of other nodes are not asked for
-        keep = size.nonzero()[0]
-        sel, size, shared = sel[keep], size[keep], False
-        if not sel.shape[0]:
+    dm = memoryview(flat)
+    if plan.here_l:
+        views, fu = v.views, v.first_unit.tolist()
+        for k, o in zip(plan.here_l, plan.ho_l):
+            nb, a, d = ll[k] * ub, (sl[k] - fu[o]) * ub, pos[k] * ub
+            dm[d:d + nb] = views[o][a:a + nb]
+    rl = plan.remote_l
+    shared = all(ll[k] for k in rl)
+    if not shared:  # empty rows of other nodes are not asked for
+        rl = [k for k in rl if ll[k]]
+        if not rl:
             _count(v, n, units * ub, 0, 0, t0)
             return out, lengths
-    nremote = sel.shape[0]
-    nstored = plan.nstored if shared else (int((idx[sel] >= v.held).sum()) if v.total > v.held else 0)
-    at = pos[sel] * ub
-    size = size * ub
+    nremote = len(rl)
+    at, size = [pos[k] * ub for k in rl], [ll[k] * ub for k in rl]
+    total = sum(size)
+    if shared:
+        nstored, addr, rows = plan.nstored, plan.addr, plan.rows
+    else:
+        g = idx[rl]
+        nstored = int(np.count_nonzero(g >= v.held)) if v.total > v.held else 0
+        addr = None if nstored else store._direct.addr_of(v, distinct(plan.owner[rl]))
+        rows = g.astype("<i8", copy=False).tobytes()
     j = None
-    if not nstored and nremote <= MAX_ROWS_PER_READ:
-        if shared:
-            j = store._direct.ragged_job(v, flat, None, None, at, size, plan)
+    if addr is not None and nremote <= MAX_ROWS_PER_READ:
+        a0 = at[0]
+        tmp = None
+        if at[-1] - a0 + size[-1] == total:  # neighbouring places: straight into flat
+            dst = flat[a0:a0 + total]
         else:
-            j = store._direct.ragged_job(v, flat, idx[sel], plan.owner[sel], at, size)
+            dst = tmp = np.empty(total, dtype=np.uint8)
+        j = store._direct.planned_job(v, dst, nremote, rows, addr, total)
+        if j is not None and tmp is not None:
+            def place():
+                sm, o = memoryview(tmp), 0
+                for a, b in zip(at, size):
+                    dm[a:a + b] = sm[o:o + b]
+                    o += b
+            j.place = place
     if j is None:
         j = _direct.agent_job(None)
     j.t0 = t0
     j.done = lambda: _count(v, n, units * ub, nremote, nstored, j.t0)
 
     def fallback():
+        g, a, b = idx[rl], np.array(at, dtype=np.int64), np.array(size, dtype=np.int64)
         for lo in range(0, nremote, MAX_ROWS_PER_READ):
             part = slice(lo, lo + MAX_ROWS_PER_READ)
-            _fetch(store, v, flat, idx[sel[part]], at[part], size[part])
+            _fetch(store, v, flat, g[part], a[part], b[part])
         j.done()
     j.fallback = fallback
     jobs.append(j)
