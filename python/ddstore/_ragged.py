@@ -147,25 +147,7 @@ def get(store, v, name, indices, out, jobs=None, plan=None):
     starts = ext[:, 0]
     lengths = ext[:, 1] - starts
     units = int(lengths.sum())
-    dt = v.npdtype if v.npdtype is not None else np.dtype(np.uint8)
-    if type(out) is Alloc:
-        out = out.make(units)
-    if out is None:
-        out = np.empty((units,) + v.shape, dtype=dt)
-        flat = out.reshape(-1).view(np.uint8)
-    else:
-        o, odt = as_destination(out)
-        if v.dtype and odt != v.dtype:
-            raise BadBuffer(f"ddstore: bad buffer: variable {name!r} holds {v.dtype}, destination is {odt}")
-        if not o.flags.c_contiguous or not o.flags.writeable:
-            raise BadBuffer(f"ddstore: bad buffer: variable {name!r}: destination must be C-contiguous and "
-                            f"writable")
-        if o.nbytes < units * ub:
-            raise BadBuffer(f"ddstore: bad buffer: variable {name!r}: destination of {o.nbytes} bytes for "
-                            f"{idx.shape[0]} ragged rows of {units * ub} bytes: want at least {units * ub} "
-                            f"({units} units of shape {list(v.shape)})")
-        flat = o.reshape(-1).view(np.uint8)
-        out = o.reshape(-1)[:units * v.disp].reshape((units,) + v.shape)
+    out, flat = _destination(v, name, n, units, out)
     t0 = time.perf_counter()
     if not n:
         _count(v, 0, 0, 0, 0, t0)
@@ -246,9 +228,14 @@ def _destination(v, name, n, units, out):
     if out is None:
         out = np.empty((units,) + v.shape, dtype=v.npdtype if v.npdtype is not None else np.dtype(np.uint8))
         return out, out.reshape(-1).view(np.uint8)
-    o, odt = as_destination(out)
-    if v.dtype and odt != v.dtype:
-        raise BadBuffer(f"ddstore: bad buffer: variable {name!r} holds {v.dtype}, destination is {odt}")
+    if type(out) is np.ndarray and out.dtype == v.npdtype and v.dtype and v.dtype != "bfloat16":
+        o = out  # a numpy array of the variable's own dtype: as_destination would say so, at more cost
+        if not o.flags.writeable:
+            as_destination(o)  # names the read-only destination as for any other
+    else:
+        o, odt = as_destination(out)
+        if v.dtype and odt != v.dtype:
+            raise BadBuffer(f"ddstore: bad buffer: variable {name!r} holds {v.dtype}, destination is {odt}")
     if not o.flags.c_contiguous or not o.flags.writeable:
         raise BadBuffer(f"ddstore: bad buffer: variable {name!r}: destination must be C-contiguous and writable")
     ub = v.rb
@@ -256,7 +243,8 @@ def _destination(v, name, n, units, out):
         raise BadBuffer(f"ddstore: bad buffer: variable {name!r}: destination of {o.nbytes} bytes for {n} ragged "
                         f"rows of {units * ub} bytes: want at least {units * ub} ({units} units of shape "
                         f"{list(v.shape)})")
-    return o.reshape(-1)[:units * v.disp].reshape((units,) + v.shape), o.reshape(-1).view(np.uint8)
+    o = o.reshape(-1)
+    return o[:units * v.disp].reshape((units,) + v.shape), o.view(np.uint8)
 
 
 def _planned(store, v, plan, out, jobs):
