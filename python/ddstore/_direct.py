@@ -438,21 +438,35 @@ class Pool:
         addr = self.addr_of(v, distinct(owners))
         if addr is None:
             return None
-        k = globals_.shape[0]
-        body = self._name(v) + _FETCH.pack(v.id, k) + np.ascontiguousarray(globals_, dtype="<i8").tobytes()
-        return Job(addr, OP_FETCH, body, dst, want, v, k)
+        return self.planned_job(v, dst, globals_.shape[0], np.ascontiguousarray(globals_, dtype="<i8").tobytes(),
+                                addr, want)
 
-    def ragged_job(self, v, flat, globals_, owners, at, size):
+    def planned_job(self, v, dst, k, rows, addr, want):
+        """A Job of k rows of v at addr, their global indices already
+        encoded (rows: k little-endian int64s, as a batch plan shares them
+        among the variables it reads), into dst (want bytes), or None above
+        the bound."""
+        if want > self.max:
+            return None
+        return Job(addr, OP_FETCH, self._name(v) + _FETCH.pack(v.id, k) + rows, dst, want, v, k)
+
+    def ragged_job(self, v, flat, globals_, owners, at, size, plan=None):
         """A Job of ragged rows globals_ into flat[at[k]:at[k] + size[k]]
-        (as fetch_ragged), or None."""
+        (as fetch_ragged), or None. plan: the rows' batch plan
+        (_ragged.Plan, its remote rows being these), whose owner address
+        and encoded indices it takes instead of working them out."""
         total = int(size.sum())
         a0 = int(at[0])
         if int(at[-1]) - a0 + int(size[-1]) == total:  # neighbouring places
-            return self.fetch_job(v, flat[a0:a0 + total], globals_, owners, total)
-        tmp = np.empty(total, dtype=np.uint8)
-        j = self.fetch_job(v, tmp, globals_, owners, total)
-        if j is None:
-            return None
+            dst, tmp = flat[a0:a0 + total], None
+        else:
+            dst = tmp = np.empty(total, dtype=np.uint8)
+        if plan is not None:
+            j = self.planned_job(v, dst, plan.k, plan.rows, plan.addr, total) if plan.addr is not None else None
+        else:
+            j = self.fetch_job(v, dst, globals_, owners, total)
+        if j is None or tmp is None:
+            return j
 
         def place():
             dm, sm, o = memoryview(flat), memoryview(tmp), 0

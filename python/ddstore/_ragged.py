@@ -6,6 +6,7 @@ one request, into a registered region or through staging."""
 
 import time
 from bisect import bisect_right
+from itertools import accumulate
 
 import numpy as np
 
@@ -59,12 +60,81 @@ class Alloc:
         self.make = make
 
 
-def get(store, v, name, indices, out, jobs=None):
+class Plan:
+    """Where the rows of one batch lie, worked out once for the reads of
+    several variables of one sharding (the same rows per rank, the same
+    shards mapped on this node, the same owners' addresses: a dataset's
+    fields) with the same indices, and shared by them (Store._start_reads):
+    each row's owner, the positions of this node's rows (here, of owners
+    ho) and of the others' (remote, of owners rowner: rglob their global
+    indices, rows those encoded for a Fetch, k of them, nstored of them
+    only in the backing file), and the one address of the remote owners
+    (None: several nodes, one without an address, or rows of the file).
+    Made only for a batch with rows of other nodes (of()); a read of a
+    variable it does not fit (fits()) plans for itself."""
+
+    __slots__ = ("idx", "bounds", "addrs", "mapped", "owner", "here", "ho", "remote", "rowner", "rglob", "rows", "k",
+                 "nstored", "addr", "groups", "here_l", "ho_l", "remote_l")
+
+    @classmethod
+    def of(cls, store, v, idx):
+        """The plan of rows idx (checked int64) of v, or None when every
+        row is of this node (each read's own path is then as short) or v
+        is read by MPI."""
+        if not idx.shape[0] or v.win is not None:
+            return None
+        mapped = [x is not None for x in v.local]
+        owner = v.upper.searchsorted(idx, side="right")
+        away = np.array(mapped)[owner] == False  # noqa: E712 - element-wise
+        remote = away.nonzero()[0]
+        if not remote.shape[0]:
+            return None
+        p = cls()
+        p.idx, p.bounds, p.addrs, p.mapped, p.owner = idx, v.bounds, v.addrs, mapped, owner
+        p.here = (~away).nonzero()[0]
+        p.ho = owner[p.here]
+        p.remote, p.rowner = remote, owner[remote]
+        p.rglob = idx[remote]
+        p.k = remote.shape[0]
+        p.nstored = int(np.count_nonzero(p.rglob >= v.held)) if v.total > v.held else 0
+        p.rows = p.rglob.astype("<i8", copy=False).tobytes()
+        p.addr = None if p.nstored else store._direct.addr_of(v, distinct(p.rowner))
+        p.groups = None
+        # As lists too, for the rows' copies a row at a time (_planned).
+        p.here_l, p.ho_l, p.remote_l = p.here.tolist(), p.ho.tolist(), remote.tolist()
+        return p
+
+    def fits(self, v):
+        """Whether v is of the plan's sharding."""
+        return (v.win is None and (v.bounds is self.bounds or v.bounds == self.bounds) and v.addrs == self.addrs
+                and [x is not None for x in v.local] == self.mapped)
+
+    def local_groups(self):
+        """[(owner, positions)] of this node's rows, by owner (rows of
+        fixed size are copied an owner at a time)."""
+        g = self.groups
+        if g is None:
+            here, ho = self.here, self.ho
+            if not here.shape[0]:
+                g = []
+            elif int(ho[0]) == int(ho[-1]) and (ho == ho[0]).all():
+                g = [(int(ho[0]), here)]
+            else:
+                g = [(r, here[ho == r]) for r in distinct(ho)]
+            self.groups = g
+        return g
+
+
+def get(store, v, name, indices, out, jobs=None, plan=None):
     """Store.get_ragged of v: (values, lengths). With jobs (a list), the
     rows of other nodes are not read here: the read of them is appended to
     jobs (_direct.Job), for the caller to run with other reads' (Store._read_many),
-    and values holds them once it has."""
+    and values holds them once it has. plan: the batch's Plan (indices
+    then its checked rows, v of its sharding), which says where the rows
+    lie."""
     only(v, name)
+    if plan is not None:
+        return _planned(store, v, plan, out, jobs)
     idx = row_indices(indices)
     n = idx.shape[0]
     lo, hi = (int(idx.min()), int(idx.max())) if n else (0, 0)
@@ -77,25 +147,7 @@ def get(store, v, name, indices, out, jobs=None):
     starts = ext[:, 0]
     lengths = ext[:, 1] - starts
     units = int(lengths.sum())
-    dt = v.npdtype if v.npdtype is not None else np.dtype(np.uint8)
-    if type(out) is Alloc:
-        out = out.make(units)
-    if out is None:
-        out = np.empty((units,) + v.shape, dtype=dt)
-        flat = out.reshape(-1).view(np.uint8)
-    else:
-        o, odt = as_destination(out)
-        if v.dtype and odt != v.dtype:
-            raise BadBuffer(f"ddstore: bad buffer: variable {name!r} holds {v.dtype}, destination is {odt}")
-        if not o.flags.c_contiguous or not o.flags.writeable:
-            raise BadBuffer(f"ddstore: bad buffer: variable {name!r}: destination must be C-contiguous and "
-                            f"writable")
-        if o.nbytes < units * ub:
-            raise BadBuffer(f"ddstore: bad buffer: variable {name!r}: destination of {o.nbytes} bytes for "
-                            f"{idx.shape[0]} ragged rows of {units * ub} bytes: want at least {units * ub} "
-                            f"({units} units of shape {list(v.shape)})")
-        flat = o.reshape(-1).view(np.uint8)
-        out = o.reshape(-1)[:units * v.disp].reshape((units,) + v.shape)
+    out, flat = _destination(v, name, n, units, out)
     t0 = time.perf_counter()
     if not n:
         _count(v, 0, 0, 0, 0, t0)
@@ -166,6 +218,102 @@ def get(store, v, name, indices, out, jobs=None):
                 return out, lengths
         through_agent()
     _count(v, n, units * ub, nremote, nstored, t0)
+    return out, lengths
+
+
+def _destination(v, name, n, units, out):
+    """get's destination of units units: (out as returned, its bytes)."""
+    if type(out) is Alloc:
+        out = out.make(units)
+    if out is None:
+        out = np.empty((units,) + v.shape, dtype=v.npdtype if v.npdtype is not None else np.dtype(np.uint8))
+        return out, out.reshape(-1).view(np.uint8)
+    if type(out) is np.ndarray and out.dtype == v.npdtype and v.dtype and v.dtype != "bfloat16":
+        o = out  # a numpy array of the variable's own dtype: as_destination would say so, at more cost
+        if not o.flags.writeable:
+            as_destination(o)  # names the read-only destination as for any other
+    else:
+        o, odt = as_destination(out)
+        if v.dtype and odt != v.dtype:
+            raise BadBuffer(f"ddstore: bad buffer: variable {name!r} holds {v.dtype}, destination is {odt}")
+    if not o.flags.c_contiguous or not o.flags.writeable:
+        raise BadBuffer(f"ddstore: bad buffer: variable {name!r}: destination must be C-contiguous and writable")
+    ub = v.rb
+    if o.nbytes < units * ub:
+        raise BadBuffer(f"ddstore: bad buffer: variable {name!r}: destination of {o.nbytes} bytes for {n} ragged "
+                        f"rows of {units * ub} bytes: want at least {units * ub} ({units} units of shape "
+                        f"{list(v.shape)})")
+    o = o.reshape(-1)
+    return o[:units * v.disp].reshape((units,) + v.shape), o.view(np.uint8)
+
+
+def _planned(store, v, plan, out, jobs):
+    """get with jobs of the rows plan says where they lie (some of them
+    of other nodes): this node's copied, a job appended for the others.
+    A batch's few rows are worked out as Python ints, a step a row, where
+    each numpy operation over them would cost more than the whole loop."""
+    t0 = time.perf_counter()
+    idx = plan.idx
+    n = idx.shape[0]
+    ub = v.rb
+    ext = v.extents[idx]
+    lengths = ext[:, 1] - ext[:, 0]
+    sl, ll = ext[:, 0].tolist(), lengths.tolist()
+    pos = list(accumulate(ll, initial=0))
+    units = pos[n]
+    out, flat = _destination(v, v.label, n, units, out)
+    dm = memoryview(flat)
+    if plan.here_l:
+        views, fu = v.views, v.first_unit.tolist()
+        for k, o in zip(plan.here_l, plan.ho_l):
+            nb, a, d = ll[k] * ub, (sl[k] - fu[o]) * ub, pos[k] * ub
+            dm[d:d + nb] = views[o][a:a + nb]
+    rl = plan.remote_l
+    shared = all(ll[k] for k in rl)
+    if not shared:  # empty rows of other nodes are not asked for
+        rl = [k for k in rl if ll[k]]
+        if not rl:
+            _count(v, n, units * ub, 0, 0, t0)
+            return out, lengths
+    nremote = len(rl)
+    at, size = [pos[k] * ub for k in rl], [ll[k] * ub for k in rl]
+    total = sum(size)
+    if shared:
+        nstored, addr, rows = plan.nstored, plan.addr, plan.rows
+    else:
+        g = idx[rl]
+        nstored = int(np.count_nonzero(g >= v.held)) if v.total > v.held else 0
+        addr = None if nstored else store._direct.addr_of(v, distinct(plan.owner[rl]))
+        rows = g.astype("<i8", copy=False).tobytes()
+    j = None
+    if addr is not None and nremote <= MAX_ROWS_PER_READ:
+        a0 = at[0]
+        tmp = None
+        if at[-1] - a0 + size[-1] == total:  # neighbouring places: straight into flat
+            dst = flat[a0:a0 + total]
+        else:
+            dst = tmp = np.empty(total, dtype=np.uint8)
+        j = store._direct.planned_job(v, dst, nremote, rows, addr, total)
+        if j is not None and tmp is not None:
+            def place():
+                sm, o = memoryview(tmp), 0
+                for a, b in zip(at, size):
+                    dm[a:a + b] = sm[o:o + b]
+                    o += b
+            j.place = place
+    if j is None:
+        j = _direct.agent_job(None)
+    j.t0 = t0
+    j.done = lambda: _count(v, n, units * ub, nremote, nstored, j.t0)
+
+    def fallback():
+        g, a, b = idx[rl], np.array(at, dtype=np.int64), np.array(size, dtype=np.int64)
+        for lo in range(0, nremote, MAX_ROWS_PER_READ):
+            part = slice(lo, lo + MAX_ROWS_PER_READ)
+            _fetch(store, v, flat, g[part], a[part], b[part])
+        j.done()
+    j.fallback = fallback
+    jobs.append(j)
     return out, lengths
 
 

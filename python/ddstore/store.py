@@ -823,13 +823,54 @@ class Store:
         self._check_fork()
         return self._reading(name, lambda v: self._get_batch(v, name, arr, indices))
 
-    def _get_batch(self, v, name, arr, indices, jobs=None):
+    def _get_batch(self, v, name, arr, indices, jobs=None, plan=None):
         _not_ragged(v, "get_batch")
+        if plan is not None:
+            self._planned_gather(v, self._dst(v, arr, plan.idx.shape[0]), plan, jobs)
+            return arr
         idx = row_indices(indices)
         dst = self._dst(v, arr, idx.shape[0])
         check_rows(idx, v.total, name)
         self._gather(v, dst, idx, jobs)
         return arr
+
+    def _planned_gather(self, v, dst, plan, jobs):
+        """_gather with jobs of the rows plan (_ragged.Plan, of v's
+        sharding) says where they lie, some of them of other nodes."""
+        t0 = time.perf_counter()
+        idx = plan.idx
+        n = idx.shape[0]
+        for r, pos in plan.local_groups():
+            first = v.bounds[r]
+            copy_rows(dst, v.local[r], idx[pos] - first if first else idx[pos], pos)
+        pos = plan.remote
+        nremote = pos.shape[0]
+        if plan.nstored:
+            v.profile["storage_rows"] += plan.nstored
+        j = None
+        if nremote <= MAX_ROWS_PER_READ and plan.addr is not None:
+            rb = v.rb
+            p0 = int(pos[0])
+            if int(pos[-1]) - p0 == nremote - 1:  # positions in a row: straight into dst
+                j = self._direct.planned_job(v, dst[p0:p0 + nremote], nremote, plan.rows, plan.addr, nremote * rb)
+            else:
+                tmp = np.empty((nremote, rb), dtype=np.uint8)
+                j = self._direct.planned_job(v, tmp, nremote, plan.rows, plan.addr, nremote * rb)
+                if j is not None:
+                    def place():
+                        dst[pos] = tmp
+                    j.place = place
+        if j is None:
+            j = _direct.agent_job(None)
+        j.t0 = t0
+        j.done = lambda: count(v, n, nremote, time.perf_counter() - j.t0)
+
+        def fallback():
+            for lo in range(0, nremote, MAX_ROWS_PER_READ):
+                self._fetch_agent(v, dst, idx, pos[lo:lo + MAX_ROWS_PER_READ])
+            j.done()
+        j.fallback = fallback
+        jobs.append(j)
 
     def _read_many(self, reads, overlap=None):
         """Several reads made at once, their results in order: each read
@@ -861,12 +902,29 @@ class Store:
         by _drop_reads)."""
         self._check_fork()
         jobs, got, vs = [], [], []
+        # Reads of one index array (a dataset's fields) share where its
+        # rows lie (_ragged.Plan), worked out by the first of them: each
+        # further variable of the same sharding looks up only its own
+        # extents.
+        src = plan = None
         for kind, name, a, b in reads:
             v = self._var(name)
+            indices = a if kind == "ragged" else b
+            p = None
+            if indices is src:
+                p = plan if plan is not None and plan.fits(v) else None
+            elif type(indices) is np.ndarray:
+                src, plan = indices, None
+                if indices.ndim == 1 and indices.dtype == np.int64 and indices.shape[0]:
+                    if kind == "batch" and v.ragged:
+                        _not_ragged(v, "get_batch")
+                    if kind == "ragged":
+                        _ragged.only(v, name)
+                    p = plan = _ragged.Plan.of(self, v, check_rows(indices, v.total, name))
             if kind == "ragged":
-                got.append(_ragged.get(self, v, name, a, b, jobs))
+                got.append(_ragged.get(self, v, name, a, b, jobs, p))
             else:
-                got.append(self._get_batch(v, name, a, b, jobs))
+                got.append(self._get_batch(v, name, a, b, jobs, p))
             vs.append(v)
         posted = self._direct.post(jobs) if post else None
         return reads, jobs, got, vs, posted, os.getpid(), self._reads_gen

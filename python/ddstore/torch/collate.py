@@ -287,6 +287,89 @@ class Graphs(_Collate):
                                     f"node field it indexes, e.g. {{{edges!r}: 'x'}}")
         self.edges = dict(edges or {})
         self.nodes, self.batch_key, self.ptr_key = nodes, batch, ptr
+        self._fast = None  # (schema, _fast_keys(schema)) of the last batch
+
+    def _ddstore_batch(self, schema, arrays, device):
+        """The batch from a dataset's per-field arrays: for a schema of
+        numpy-held fields in CPU memory whose edge and node fields are
+        ragged (a graph dataset's), straight from the arrays in numpy,
+        what _collate makes of them with none of its per-field tensor
+        round trips and checks (made once per schema); else _collate.
+        (str and bytes fields as lists, as there.)"""
+        fast = self._fast
+        if fast is None or fast[0] is not schema:
+            fast = self._fast = (schema, self._fast_keys(schema))
+        keys = fast[1]
+        if keys is None or device is not None:
+            return super()._ddstore_batch(schema, arrays, device)
+        lens = {}
+        for f, a in zip(schema.fields, arrays):
+            if f.layout == "ragged":
+                if type(a[0]) is not np.ndarray:
+                    return super()._ddstore_batch(schema, arrays, device)
+                lens[f.key] = np.asarray(a[1], np.int64)
+        edges = self.edges
+        out = {}
+        for f, a in zip(schema.fields, arrays):
+            k = f.key
+            if f.layout in ("str", "bytes"):
+                values, lengths = a
+                off = np.zeros(len(lengths) + 1, np.int64)
+                np.cumsum(lengths, out=off[1:])
+                off = off.tolist()
+                out[k] = [f.unit_value(values[off[j]:off[j + 1]], None) for j in range(len(lengths))]
+                continue
+            if f.layout == "ragged":
+                dim = f.axis or 0
+                a = a[0]
+                src = np.moveaxis(a, 0, dim) if dim else a
+            elif a.ndim == 1:  # 0-d per graph: one value each
+                dim, src = 0, a
+            else:  # graphs' rows one after the other (an edge field is ragged here)
+                dim, src = 0, a.reshape(-1, *a.shape[2:])
+            if k not in edges:
+                out[k] = torch.from_numpy(np.ascontiguousarray(src))
+                continue
+            nodes = lens[edges[k]]
+            shift = (np.cumsum(nodes) - nodes).astype(a.dtype, copy=False)
+            per = _runs(shift, lens[k]).reshape(-1, *([1] * (src.ndim - dim - 1)))
+            o = np.empty(src.shape, a.dtype)
+            np.add(src, per, out=o)
+            out[k] = torch.from_numpy(o)
+        n = lens[keys]
+        if self.batch_key is not None:
+            out[self.batch_key] = torch.from_numpy(_runs(np.arange(n.shape[0], dtype=np.int64), n))
+        if self.ptr_key is not None:
+            ptr = np.zeros(n.shape[0] + 1, np.int64)
+            np.cumsum(n, out=ptr[1:])
+            out[self.ptr_key] = torch.from_numpy(ptr)
+        return out
+
+    def _fast_keys(self, schema):
+        """The node field of _ddstore_batch's numpy path over schema, or
+        None where _collate must batch it (other samples than dicts,
+        bfloat16 fields, a fixed edge or node field, names
+        that _collate refuses: it then says what is wrong)."""
+        if schema.kind != "dict":
+            return None
+        by = {f.key: f for f in schema.fields}
+        for f in schema.fields:
+            if f.layout not in ("fixed", "ragged", "str", "bytes") or f.dtype == "bfloat16":
+                return None
+        for e, nk in self.edges.items():
+            if by.get(e) is None or by.get(nk) is None or by[e].layout != "ragged" or by[nk].layout != "ragged":
+                return None
+        for k in (self.batch_key, self.ptr_key):
+            if k is not None and k in by:
+                return None
+        node_key = self.nodes
+        if node_key is None:
+            node_key = next(iter(self.edges.values()), None)
+        if node_key is None:
+            node_key = next((f.key for f in schema.fields if f.layout == "ragged"), None)
+        if node_key is None or node_key not in by or by[node_key].layout != "ragged":
+            return None
+        return node_key
 
     def _collate(self, kind, keys, cols):
         if kind != "dict":

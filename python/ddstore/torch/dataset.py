@@ -59,6 +59,7 @@ _GIVE_UP = 2 * READ_AHEAD
 # What the start of a read counts in a variable's profile (rows of this
 # node; those of others when they are counted, at the finish).
 _COUNTED = ("calls", "rows", "bytes", "local_rows", "remote_rows", "storage_rows", "remote_calls", "wait_s")
+_counts = operator.itemgetter(*_COUNTED)  # a profile's _COUNTED values, as one tuple
 
 
 def _census_name(store, name):
@@ -568,14 +569,15 @@ class _StoredDataset(_tud.Dataset):
         _, lock, queue, misses = st
         with lock:
             profiles = [self.store._var(f.var).profile for f in fields]
-            before = [[p[k] for k in _COUNTED] for p in profiles]
+            before = [_counts(p) for p in profiles]
             try:
                 started = self.store._start_reads(reads, post=True)
             except Error:  # the read itself, when it comes, says what is wrong
                 return
             # What the rows of this node cost is counted when the batch is
-            # read, not now: a read dropped unused counts nothing.
-            counted = [[p[k] - b for k, b in zip(_COUNTED, bs)] for p, bs in zip(profiles, before)]
+            # read, not now: a read dropped unused counts nothing (the
+            # counts before and after the start, told apart only then).
+            counted = (before, [_counts(p) for p in profiles])
             ahead = _Ahead(idx, fields, arrays, started, profiles, counted)
             if not started[4][0]:  # no request sent ahead (none direct): nothing gained by it
                 self._drop(ahead)
@@ -587,9 +589,11 @@ class _StoredDataset(_tud.Dataset):
 
     def _drop(self, ahead):
         self.store._drop_reads(ahead.started)
-        for p, c in zip(ahead.profiles, ahead.counted):
-            for k, d in zip(_COUNTED, c):
-                p[k] -= d
+        before, after = ahead.counted
+        for p, b, a in zip(ahead.profiles, before, after):
+            for k, x, y in zip(_COUNTED, b, a):
+                if y != x:
+                    p[k] -= y - x
 
     def _ahead_state(self):
         st = self._ahead
@@ -610,8 +614,9 @@ class _StoredDataset(_tud.Dataset):
             return None
         _, lock, queue, _ = st
         with lock:
+            key = idx.tobytes()  # both checked int64: equal bytes, equal indices
             for k, a in enumerate(queue):
-                if a.idx.shape == idx.shape and np.array_equal(a.idx, idx):
+                if a.idx.shape == idx.shape and a.idx.tobytes() == key:
                     break
             else:
                 return None

@@ -489,3 +489,118 @@ print("ok", r)
 def test_reads_made_together(job):
     outs = run_ranks(MANY, ["a", "b", "c"], job)
     assert [o.strip().splitlines()[-1] for o in outs] == ["ok 0", "ok 1", "ok 2"], outs
+
+
+SHARED = r"""
+import numpy as np, ddstore
+from ddstore import _ragged
+
+s = ddstore.Store()
+r = s.rank
+n = 10  # rows per rank; ranks 0 and 1 on node a, rank 2 on node b
+def lengths(g):
+    return g % 3  # empty rows too
+def ragged(name, plus=0):
+    s.add_ragged(name, np.concatenate([np.full(lengths(g), g + plus, np.int32) for g in range(r * n, (r + 1) * n)]),
+                 [lengths(g) for g in range(r * n, (r + 1) * n)])
+s.add("v", np.arange(r * n, (r + 1) * n, dtype=np.int64)[:, None] * 10 + np.arange(3))
+ragged("g")
+s.add_ragged("e", np.concatenate([np.full((lengths(g + 1), 2), -g, np.float32) for g in range(r * n, (r + 1) * n)]),
+             [lengths(g + 1) for g in range(r * n, (r + 1) * n)])
+# Another sharding of as many rows (5, 10, 15 a rank): not of the batch's plan.
+lo = [0, 5, 15, 30]
+s.add("w", np.arange(lo[r], lo[r + 1], dtype=np.int64)[:, None] * 7)
+s.fence()
+
+plans = []
+of = _ragged.Plan.of
+def counted(store, v, idx):
+    p = of(store, v, idx)
+    plans.append(p)
+    return p
+_ragged.Plan.of = counted
+
+def reads(idx, out=None):
+    return [("batch", "v", np.empty((len(idx), 3), np.int64), idx), ("ragged", "g", idx, out),
+            ("ragged", "e", idx, None), ("batch", "w", np.empty((len(idx), 1), np.int64), idx)]
+
+def check(idx, got, plus=0):
+    v, (g, gl), (e, el), w = got
+    assert np.array_equal(v, idx[:, None] * 10 + np.arange(3)), (idx, v)
+    assert gl.tolist() == [lengths(i) for i in idx], gl
+    assert g.tolist() == [i + plus for i in idx for _ in range(lengths(i))], (idx, g)
+    assert el.tolist() == [lengths(i + 1) for i in idx]
+    assert np.array_equal(e, np.concatenate([np.full((lengths(i + 1), 2), -i, np.float32) for i in idx]))
+    assert np.array_equal(w[:, 0], idx * 7), w
+
+def direct():
+    return [s.get_profile(k)["direct_rows"] for k in ("v", "g", "e", "w")]
+
+def read(idx, out=None):
+    idx = np.asarray(idx, np.int64)
+    del plans[:]
+    d = direct()
+    got = s._read_many(reads(idx, out))
+    check(idx, got)
+    far = [i for i in idx.tolist() if i >= 2 * n]
+    # The rows of node b of every variable straight from its agent (empty
+    # rows not asked for), w's by its own path.
+    want = [len(far), sum(1 for i in far if lengths(i)), sum(1 for i in far if lengths(i + 1)),
+            sum(1 for i in idx.tolist() if i >= lo[2])]
+    assert [b - a for a, b in zip(d, direct())] == want, (idx, d, direct(), want)
+    return got
+
+if r == 0:
+    # Every row of this node (two shards): no plan, each read its own path
+    # (w's too: its rows here).
+    read([0, 13, 5, 11, 2])
+    assert plans == [None], plans
+    # Every row of node b: one plan, shared by v, g and e; w (another
+    # sharding) reads by its own path.
+    read([21, 25, 29, 22])
+    assert len(plans) == 1 and plans[0] is not None and plans[0].k == 4, plans
+    # Mixed, g's rows of node b all empty (none asked for), e's not.
+    read([21, 3, 24, 13, 27, 0])
+    assert len(plans) == 1 and plans[0].k == 3, plans
+    # Mixed, some of g's rows of node b empty: those left out of its
+    # request, the others' shared.
+    read([21, 22, 2, 23, 11])
+    # Into a destination of the caller's, larger than the batch.
+    out = np.full(64, -1, np.int32)
+    g, gl = read([23, 2, 26, 12], out=out)[1]
+    assert np.shares_memory(g, out) and (out[int(gl.sum()):] == -1).all()
+    # Remote rows in a row of the batch (received in place) and apart.
+    read([2, 28, 29, 25, 1])
+    # Two index arrays (equal, not the same object): a plan each.
+    a, b = np.array([21, 4], np.int64), np.array([21, 4], np.int64)
+    del plans[:]
+    got = s._read_many([("ragged", "g", a, None), ("ragged", "e", b, None)])
+    assert len(plans) == 2 and got[0][1].tolist() == [0, 1] and got[1][1].tolist() == [1, 2]
+    # A bad index among shared reads fails the call, naming it.
+    try:
+        s._read_many(reads(np.array([21, 30], np.int64)))
+        raise AssertionError("index 30 of 30 rows read")
+    except ddstore.Error as e:
+        assert "30" in str(e), e
+    read([21, 3])
+    # Started (the requests sent) with a plan, g freed and added again with
+    # other rows before the finish: g read again, its new rows.
+    idx = np.array([21, 3, 22, 14, 23], np.int64)
+    started = s._start_reads(reads(idx), post=True)
+    assert started[4][0], "no request sent ahead"
+s.fence()
+s.free("g")
+s.fence()
+ragged("g", 1000)
+s.fence()
+if r == 0:
+    check(idx, s._finish_reads(started), plus=1000)
+s.fence()
+s.close()
+print("ok", r)
+"""
+
+
+def test_reads_share_a_batch_plan(job):
+    outs = run_ranks(SHARED, ["a", "a", "b"], job)
+    assert [o.strip().splitlines()[-1] for o in outs] == ["ok 0", "ok 1", "ok 2"], outs

@@ -19,6 +19,7 @@ from conftest import run_ranks  # noqa: E402
 from test_torch import assert_same as same  # noqa: E402
 from ddstore.torch import (BudgetSampler, DistDataset, DistDatasetReader, Graphs, Packed, Padded,  # noqa: E402
                            ScheduledSampler, ThreadDataLoader, WindowedDataset)
+from ddstore.torch.collate import _Collate  # noqa: E402
 
 EDGES = {"edge_index": "x"}
 
@@ -358,6 +359,31 @@ def test_graph_batches(store):
     assert len(order) == len(loader)
 
 
+def test_graph_batches_from_arrays(store):
+    """Graphs over a dataset's arrays as read (the loader's path) batches
+    them in numpy straight from the arrays: what _collate makes of them,
+    and PyTorch Geometric's batch, for batches with node-less and
+    edge-less graphs, repeats, and str and bytes fields."""
+    src = Molecules()
+    ds = DistDataset(src, "g", store=store)
+    g = Graphs(edges=EDGES)
+    for b in ([0, 1, 2], [3, 7, 3, 9, 12], list(range(len(src))), [3]):
+        schema, arrays = ds._ddstore_read(np.array(b, np.int64))
+        got = g._ddstore_batch(schema, arrays, None)
+        assert g._fast[0] is schema and g._fast[1] == "x", g._fast  # the numpy path, its node field
+        same(got, _Collate._ddstore_batch(g, schema, arrays, None), f"batch {b}")
+        same(got, naive_graphs([src[i] for i in b]), f"batch {b}")
+    # A field named as the batch vector: _collate's error, on the numpy path's schemas too.
+    with pytest.raises(ddstore.Error, match="batch vector"):
+        Graphs(edges=EDGES, batch="y")._ddstore_batch(schema, arrays, None)
+    # A fixed node field: _collate counts it.
+    schema, arrays = ds._ddstore_read(np.array([1, 2], np.int64))
+    h = Graphs(edges={"edge_index": "y"})
+    with pytest.raises(ddstore.Error):
+        h._ddstore_batch(schema, arrays, None)
+    assert h._fast[1] is None
+
+
 def test_forked_dataloader_workers(store):
     src = Molecules(40)
     ds = DistDataset(src, "g", store=store)
@@ -633,6 +659,7 @@ if r == 0:
     for g, i in zip(got, b1):
         same(g, src[i], f"sample {i} read ahead")
     # No more than READ_AHEAD announcements kept, the oldest dropped.
+    r0 = rows()
     for k in range(dsmod.READ_AHEAD + 2):
         ds.prefetch([20 + k, k])
     assert len(queue()) == dsmod.READ_AHEAD and np.array_equal(queue()[0].idx, [22, 2])
@@ -645,8 +672,11 @@ if r == 0:
     assert [a.idx.tolist() for a in queue()] == kept and len(kept) == dsmod.READ_AHEAD, kept
     for g, i in zip(ds.__getitems__(kept[-1]), kept[-1]):  # those kept are still read ahead
         same(g, src[i], f"sample {i} read ahead")
-    # Rows all of this node: nothing sent, nothing kept.
+    # What the dropped ones counted at their start is taken back: the
+    # profile counts the one batch read.
     ds._drop_ahead()
+    assert rows() == r0 + len(kept[-1]), (rows(), r0, kept[-1])
+    # Rows all of this node: nothing sent, nothing kept.
     ds.prefetch([1, 2, 3])
     assert not queue()
     # ScheduledSampler (announcing two steps ahead) and ThreadDataLoader:
