@@ -2,29 +2,12 @@
 its fast path (every row in one shard, the first's) and of the general
 path beside them: the same rows as numpy's indexing, the same errors."""
 
-import threading
 
 import numpy as np
 import pytest
 
 import ddstore
-
-
-def _both(stores, f):
-    errs = []
-
-    def go(r):
-        try:
-            f(r, stores[r])
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            errs.append(e)
-    ts = [threading.Thread(target=go, args=(r,)) for r in range(len(stores))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    if errs:
-        raise errs[0]
+from ddstore_bench.bench import _both
 
 
 @pytest.fixture

@@ -8,35 +8,18 @@ again under a reader, and a forked child."""
 
 import os
 import socket
-import threading
 
 import numpy as np
 import pytest
 
 import ddstore
+from ddstore_bench.bench import _both
 from conftest import SECRET
 
 # Rows of rank 0 (node a) and rank 1 (node b): global rows [0, 7) and [7, 12).
 ROWS = (7, 5)
 TOTAL = sum(ROWS)
 FIRST = (0, ROWS[0])
-
-
-def _both(stores, f):
-    errs = []
-
-    def go(r):
-        try:
-            f(r, stores[r])
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            errs.append(e)
-    ts = [threading.Thread(target=go, args=(r,)) for r in range(len(stores))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    if errs:
-        raise errs[0]
 
 
 @pytest.fixture
