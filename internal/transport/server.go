@@ -61,7 +61,8 @@ const MaxUnauthenticated = 64
 func (s *Server) Unauthenticated() int { return int(s.unauth.Load()) }
 
 // NewServer serves ln with h until Close. writeTimeout bounds sending one
-// reply to a peer that stopped reading. key gives the job's key, which
+// reply to a peer that stopped reading (a reply fails once it has waited
+// between half of writeTimeout and all of it: serverConn.by). key gives the job's key, which
 // every connection must prove (auth.Respond) before its first request, or
 // the reason there is none yet (then every connection is refused); nil:
 // connections are not authenticated (tests of the transport alone; the
@@ -162,9 +163,14 @@ func (s *Server) acceptLoop() {
 type serverConn struct {
 	nc      net.Conn
 	timeout time.Duration
-	mu      sync.Mutex // guards hdr and bufs, held while a reply is written; lock order: internal/LOCKS.md
+	mu      sync.Mutex // guards hdr, bufs and by, held while a reply is written; lock order: internal/LOCKS.md
 	hdr     []byte
 	bufs    net.Buffers
+	// by is the write deadline set on nc: moved on only once less than
+	// half the timeout is left, so that a reply seldom costs a change of
+	// the runtime's timer (a reply still fails if it has not gone in
+	// between half the timeout and the whole).
+	by time.Time
 }
 
 func (w *serverConn) reply(op wire.Op, id uint64, err error, fill func(*wire.Encoder), rows [][]byte) error {
@@ -181,7 +187,10 @@ func (w *serverConn) reply(op wire.Op, id uint64, err error, fill func(*wire.Enc
 		w.hdr = wire.AppendFrame(w.hdr[:0], op, 0, id, n, fill)
 	}
 	w.bufs = append(append(w.bufs[:0], w.hdr), rows...)
-	w.nc.SetWriteDeadline(time.Now().Add(w.timeout))
+	if now := time.Now(); w.by.Sub(now) < w.timeout/2 {
+		w.by = now.Add(w.timeout)
+		w.nc.SetWriteDeadline(w.by)
+	}
 	bufs := w.bufs // WriteTo consumes its receiver
 	_, werr := bufs.WriteTo(w.nc)
 	clear(w.bufs)

@@ -550,3 +550,46 @@ func TestServerRequestsBackToBack(t *testing.T) {
 		}
 	}
 }
+
+// TestServerDropsAPeerThatStopsReading: a peer that sends requests and
+// never reads their replies fills the socket; the reply then being
+// written fails at the write deadline and the connection is dropped,
+// while a peer that reads is served on as before (the deadline is moved
+// on only once half of it is used: serverConn.by).
+func TestServerDropsAPeerThatStopsReading(t *testing.T) {
+	h := newFakeHandler()
+	v := h.addVar("v", 64, 64<<10, false)
+	ln := listen(t)
+	s := NewServer(ln, h, discardLog(), 300*time.Millisecond, nil)
+	t.Cleanup(func() { s.Close() })
+	// Replies of 1 MiB, far more of them than loopback's buffers hold.
+	var out []byte
+	for id := uint64(1); id <= 64; id++ {
+		out = append(out, frame(wire.OpFetch, 0, id, 0, func(e *wire.Encoder) {
+			e.String("v")
+			e.I64(0)
+			e.U32(16)
+			for g := range int64(16) {
+				e.I64(g)
+			}
+		})...)
+	}
+	stuck, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stuck.Close()
+	if _, err := stuck.Write(out); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the server holding the connection", func() bool { return s.Conns() == 1 })
+	eventually(t, 20*time.Second, "the connection of the peer that stopped reading dropped", func() bool { return s.Conns() == 0 })
+	p := newPool(t, Options{ConnsPerPeer: 1, Timeout: 5 * time.Second})
+	dst := newRowBuffers(3, 64<<10, 0)
+	if err := p.Fetch(context.Background(), s.Addr(), "v", 0, []int64{5, 0, 63}, dst.rows); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkRows(v, []int64{5, 0, 63}, dst.rows); err != nil {
+		t.Fatal(err)
+	}
+}
