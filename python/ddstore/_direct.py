@@ -249,7 +249,8 @@ class Pool:
         self.timer, self.closed = None, False
         self.names = {}
         # addr: when a connection to it last failed (dial or a broken
-        # reply), for Store._readdress.
+        # reply), for Store._readdress; dropped once one to it served a
+        # request again.
         self.moved = {}
 
     def _take(self, addr):
@@ -286,6 +287,13 @@ class Pool:
     def _put(self, c):
         c.used = time.monotonic()
         with self.lock:
+            # A connection that served its request: an earlier failure of
+            # its address no longer says the owner moved, nor that it is
+            # down.
+            if self.moved:
+                self.moved.pop(c.addr, None)
+            if self.bad:
+                self.bad.pop(c.addr, None)
             cs = self.idle.setdefault(c.addr, [])
             if self.closed or len(cs) >= MAX_IDLE:
                 c.close()

@@ -325,6 +325,35 @@ def test_direct_owner_restart(job, monkeypatch):
             p.wait()
 
 
+def test_direct_failure_record_cleared(job, monkeypatch):
+    """A direct connection's failure is recorded against its address (so
+    that a read through the own agent looks the owner's address up again);
+    once a connection to that address serves a read, the record is gone:
+    the address works, and the records of a long job stay bounded by the
+    addresses that fail for good."""
+    rendezvous, agents, stores = _two_ranks(job, monkeypatch)
+    s0, _ = stores
+    try:
+        n = 20
+        _both(stores, lambda r, s: s.add("v", _rows(r, n, 0)))
+        assert _read_ok(s0, [25, 21], 0)
+        addr = s0._vars["v"].addrs[1]
+        pool = s0._direct
+        # A failure noted as a broken connection or a refused dial notes it.
+        pool._note_moved(addr)
+        assert addr in pool.moved
+        before = s0.get_profile("v")["direct_rows"]
+        assert _read_ok(s0, [30, 22, 39], 0)
+        assert s0.get_profile("v")["direct_rows"] == before + 3
+        assert addr not in pool.moved and addr not in pool.bad, (pool.moved, pool.bad)
+    finally:
+        for s in stores:
+            s.close()
+        for p in agents.values():
+            p.terminate()
+            p.wait()
+
+
 MANY = r"""
 import threading
 from concurrent.futures import ThreadPoolExecutor
