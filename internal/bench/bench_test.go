@@ -1,12 +1,15 @@
 package bench
 
 import (
+	"fmt"
 	"math"
 	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ddstore-go/ddstore/internal/testutil"
 )
 
 func TestMedian(t *testing.T) {
@@ -210,12 +213,18 @@ func TestPingerTurns(t *testing.T) {
 	if err := q.Close(); err != nil {
 		t.Fatalf("closed after 1 of 5: %v, want nil", err)
 	}
-	for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > before; {
-		if time.Now().After(deadline) {
-			t.Fatalf("goroutines: %d before, %d after", before, runtime.NumGoroutine())
+	goroutinesBack(t, before)
+}
+
+// goroutinesBack waits until no more goroutines run than before did.
+func goroutinesBack(t *testing.T, before int) {
+	t.Helper()
+	testutil.WaitFor(t, 5*time.Second, func() error {
+		if n := runtime.NumGoroutine(); n > before {
+			return fmt.Errorf("goroutines: %d before, %d after", before, n)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // TestPingPongSmoke: a round trip per sample on TCP and on a Unix socket,
@@ -231,13 +240,7 @@ func TestPingPongSmoke(t *testing.T) {
 			t.Fatalf("%s: %d samples, the least %v µs: want 50, all > 0", network, len(us), Percentile(us, 0))
 		}
 	}
-	for deadline := time.Now().Add(time.Second); runtime.NumGoroutine() > before; {
-		if time.Now().After(deadline) {
-			t.Errorf("goroutines: %d before, %d after", before, runtime.NumGoroutine())
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	goroutinesBack(t, before)
 }
 
 func benchmarkGather(b *testing.B, rowBytes int) {

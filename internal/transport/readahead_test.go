@@ -3,6 +3,7 @@ package transport
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/testutil"
 	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
@@ -86,12 +88,15 @@ func TestReadAheadShortReads(t *testing.T) {
 			}
 			reply = reply[k:]
 			if cc != nil {
-				// The piece is read before the next comes.
-				deadline := time.Now().Add(5 * time.Second)
-				// (-1: the pool is closed, the test over.)
-				for unreadBytes(cc) > 0 && time.Now().Before(deadline) {
-					time.Sleep(100 * time.Microsecond)
-				}
+				// The piece is read before the next comes (-1: the pool
+				// is closed, the test over); past the deadline the next
+				// comes anyway.
+				testutil.Poll(5*time.Second, func() error {
+					if unreadBytes(cc) > 0 {
+						return errors.New("a piece unread")
+					}
+					return nil
+				})
 			}
 		}
 		return true
