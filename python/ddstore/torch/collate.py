@@ -330,19 +330,8 @@ class Graphs(_Collate):
             if k not in edges:
                 out[k] = torch.from_numpy(np.ascontiguousarray(src))
                 continue
-            nodes = lens[edges[k]]
-            shift = (np.cumsum(nodes) - nodes).astype(a.dtype, copy=False)
-            per = _runs(shift, lens[k]).reshape(-1, *([1] * (src.ndim - dim - 1)))
-            o = np.empty(src.shape, a.dtype)
-            np.add(src, per, out=o)
-            out[k] = torch.from_numpy(o)
-        n = lens[keys]
-        if self.batch_key is not None:
-            out[self.batch_key] = torch.from_numpy(_runs(np.arange(n.shape[0], dtype=np.int64), n))
-        if self.ptr_key is not None:
-            ptr = np.zeros(n.shape[0] + 1, np.int64)
-            np.cumsum(n, out=ptr[1:])
-            out[self.ptr_key] = torch.from_numpy(ptr)
+            out[k] = torch.from_numpy(_shifted(src, dim, lens[edges[k]], lens[k]))
+        self._batch_ptr(out, lens[keys], None)
         return out
 
     def _fast_keys(self, schema):
@@ -362,14 +351,33 @@ class Graphs(_Collate):
         for k in (self.batch_key, self.ptr_key):
             if k is not None and k in by:
                 return None
+        node_key = self._node_key(f.key for f in schema.fields if f.layout == "ragged")
+        if node_key is None or node_key not in by or by[node_key].layout != "ragged":
+            return None
+        return node_key
+
+    def _node_key(self, ragged_keys):
+        """The field that counts a graph's nodes: nodes=, else the node
+        field of the first edge field, else the first ragged field (or
+        None)."""
         node_key = self.nodes
         if node_key is None:
             node_key = next(iter(self.edges.values()), None)
         if node_key is None:
-            node_key = next((f.key for f in schema.fields if f.layout == "ragged"), None)
-        if node_key is None or node_key not in by or by[node_key].layout != "ragged":
-            return None
+            node_key = next(iter(ragged_keys), None)
         return node_key
+
+    def _batch_ptr(self, out, n, device):
+        """The batch vector and ptr of graphs of n nodes each (int64
+        numpy), into out under their names (None: left out), on device
+        (None: CPU)."""
+        on = (lambda t: t) if device is None else (lambda t: _on(t, device))
+        if self.batch_key is not None:
+            out[self.batch_key] = on(torch.from_numpy(_runs(np.arange(n.shape[0], dtype=np.int64), n)))
+        if self.ptr_key is not None:
+            ptr = np.zeros(n.shape[0] + 1, np.int64)
+            np.cumsum(n, out=ptr[1:])
+            out[self.ptr_key] = on(torch.from_numpy(ptr))
 
     def _collate(self, kind, keys, cols):
         if kind != "dict":
@@ -432,11 +440,7 @@ class Graphs(_Collate):
                 t = t + per.reshape(-1, *([1] * (t.dim() - dim - 1)))
             outs.append(t)
         out = dict(zip(keys, outs))
-        node_key = self.nodes
-        if node_key is None:
-            node_key = next(iter(self.edges.values()), None)
-        if node_key is None:
-            node_key = next((c.key for c in cols if c.layout == "ragged"), None)
+        node_key = self._node_key(c.key for c in cols if c.layout == "ragged")
         if node_key is None and (self.batch_key is not None or self.ptr_key is not None):
             raise ArgumentError("ddstore: bad argument: Graphs: no field counts nodes (no edges, nodes or ragged "
                                 "field): pass nodes=")
@@ -444,14 +448,7 @@ class Graphs(_Collate):
             if node_key not in by:
                 raise ArgumentError(f"ddstore: bad argument: Graphs: node field {node_key!r} not in the samples' "
                                     f"fields {keys}")
-            n = count(node_key).numpy()
-            device = by[node_key].data.device
-            if self.batch_key is not None:
-                out[self.batch_key] = _on(torch.from_numpy(_runs(np.arange(n.shape[0], dtype=np.int64), n)), device)
-            if self.ptr_key is not None:
-                ptr = np.zeros(n.shape[0] + 1, np.int64)
-                np.cumsum(n, out=ptr[1:])
-                out[self.ptr_key] = _on(torch.from_numpy(ptr), device)
+            self._batch_ptr(out, count(node_key).numpy(), by[node_key].data.device)
         return out
 
     def _joined(self, c, a, count):
@@ -472,12 +469,18 @@ class Graphs(_Collate):
             src = src.reshape(*src.shape[:dim], -1, *src.shape[dim + 2:])
         if not edge:
             return np.ascontiguousarray(src)
-        nodes = count(self.edges[c.key]).numpy()
-        shift = (np.cumsum(nodes) - nodes).astype(a.dtype, copy=False)
-        per = _runs(shift, count(c.key).numpy()).reshape(-1, *([1] * (src.ndim - dim - 1)))
-        out = np.empty(src.shape, a.dtype)
-        np.add(src, per, out=out)
-        return out
+        return _shifted(src, dim, count(self.edges[c.key]).numpy(), count(c.key).numpy())
+
+
+def _shifted(src, dim, nodes, edges):
+    """An edge field's values src (its graphs' parts joined along dim) as a
+    new array with each graph's indices shifted by the nodes of the graphs
+    before it (nodes, edges: per graph, int64 numpy)."""
+    shift = (np.cumsum(nodes) - nodes).astype(src.dtype, copy=False)
+    per = _runs(shift, edges).reshape(-1, *([1] * (src.ndim - dim - 1)))
+    out = np.empty(src.shape, src.dtype)
+    np.add(src, per, out=out)
+    return out
 
 
 # The mean run above which _runs fills slices: numpy's repeat copies item
