@@ -262,8 +262,8 @@ func BenchmarkGather64K(b *testing.B) { benchmarkGather(b, 64<<10) }
 
 // TestUnderLoadSmoke: the latency of small cross-node Gets alone and under
 // a stream of large batches, measured on two in-process agents: every
-// figure is there and each Get read the row it asked for (underLoad
-// checks each).
+// figure is there, the raw round trips' (answered by a goroutine) too, and
+// each Get read the row it asked for (underLoad checks each).
 func TestUnderLoadSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts two agents")
@@ -273,11 +273,12 @@ func TestUnderLoadSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer j.close()
-	l, err := j.underLoad(Options{Latency: 400}, make([]byte, 2*loadRowBytes), nil)
+	l, err := j.underLoad(Options{Latency: 400}, make([]byte, 2*loadRowBytes), "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.AloneP50us <= 0 || l.LoadedP99us < l.LoadedP50us || l.LoadGBps <= 0 || l.LoadedP99VsAloneP50 <= 0 {
+	if l.AloneP50us <= 0 || l.LoadedP99us < l.LoadedP50us || l.LoadGBps <= 0 || l.LoadedP99VsAloneP50 <= 0 ||
+		l.RawAloneP50us <= 0 || l.RawLoadedP99us < l.RawLoadedP50us || l.RawLoadedP99VsAloneP50 <= 0 {
 		t.Fatalf("figures missing: %+v", l)
 	}
 }

@@ -28,6 +28,16 @@ type LoadLatency struct {
 	LoadGBps    float64 `json:"load_gbps"`
 	// LoadedP99VsAloneP50 is LoadedP99us / AloneP50us.
 	LoadedP99VsAloneP50 float64 `json:"loaded_p99_vs_alone_p50"`
+	// The limit: raw loopback TCP round trips of the same bytes between
+	// two processes, one taken after each Get (alone, then under the same
+	// stream), so that both see the machine in the same state.
+	RawAloneP50us  float64 `json:"raw_alone_p50_us"`
+	RawAloneP99us  float64 `json:"raw_alone_p99_us"`
+	RawLoadedP50us float64 `json:"raw_loaded_p50_us"`
+	RawLoadedP99us float64 `json:"raw_loaded_p99_us"`
+	// RawLoadedP99VsAloneP50 is RawLoadedP99us / RawAloneP50us: the
+	// figure LoadedP99VsAloneP50 is for a bare round trip.
+	RawLoadedP99VsAloneP50 float64 `json:"raw_loaded_p99_vs_alone_p50"`
 }
 
 // Rows of the stream: batches of loadBatch rows of loadRowBytes, 32 MiB
@@ -40,8 +50,10 @@ const (
 
 // underLoad measures LoadLatency: rank 0 Gets single rows of node B alone,
 // then while a reader store on node A (another client of the same agent)
-// streams batches of large rows of node B into a receive buffer.
-func (j *job) underLoad(opts Options, src []byte, progress io.Writer) (LoadLatency, error) {
+// streams batches of large rows of node B into a receive buffer; each Get
+// is followed by a raw round trip with a process of its own (bin, or a
+// goroutine when bin is empty), the limit.
+func (j *job) underLoad(opts Options, src []byte, bin string, progress io.Writer) (LoadLatency, error) {
 	res := LoadLatency{SmallRowBytes: smallRowBytes, LoadRowBytes: loadRowBytes, LoadBatch: loadBatch}
 	if progress == nil {
 		progress = io.Discard
@@ -86,24 +98,36 @@ func (j *job) underLoad(opts Options, src []byte, progress io.Writer) (LoadLaten
 
 	iters := max(opts.Latency/4, 500)
 	one := make([]byte, smallRowBytes)
-	lat := func(seed uint64) ([]float64, error) {
+	lat := func(seed uint64) (gets, raw []float64, err error) {
+		p, err := NewPinger("tcp", smallRowBytes, iters, bin)
+		if err != nil {
+			return nil, nil, err
+		}
+		defer func() {
+			if cerr := p.Close(); err == nil {
+				err = cerr
+			}
+		}()
 		rng := rand.New(rand.NewPCG(seed, 5))
-		ds := make([]time.Duration, iters)
+		ds, rs := make([]time.Duration, iters), make([]time.Duration, iters)
 		for i := range ds {
 			g := nSmall + rng.Int64N(nSmall)
 			t0 := time.Now()
 			if err := s.Get("bench-small", one, g); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			ds[i] = time.Since(t0)
 			if got := int64(binary.LittleEndian.Uint64(one)); got != g {
-				return nil, fmt.Errorf("row %d read as row %d", g, got)
+				return nil, nil, fmt.Errorf("row %d read as row %d", g, got)
+			}
+			if rs[i], err = p.Once(); err != nil {
+				return nil, nil, err
 			}
 		}
-		return DurationsToMicros(ds), nil
+		return DurationsToMicros(ds), DurationsToMicros(rs), nil
 	}
 	fmt.Fprint(progress, "alone ")
-	alone, err := lat(1)
+	alone, rawAlone, err := lat(1)
 	if err != nil {
 		return res, err
 	}
@@ -138,7 +162,7 @@ func (j *job) underLoad(opts Options, src []byte, progress io.Writer) (LoadLaten
 	}()
 	<-started
 	t0 := time.Now()
-	loaded, err := lat(3)
+	loaded, rawLoaded, err := lat(3)
 	el := time.Since(t0)
 	stop.Store(true)
 	wg.Wait()
@@ -151,8 +175,13 @@ func (j *job) underLoad(opts Options, src []byte, progress io.Writer) (LoadLaten
 	res.AloneP50us, res.AloneP99us = Percentile(alone, 50), Percentile(alone, 99)
 	res.LoadedP50us, res.LoadedP99us = Percentile(loaded, 50), Percentile(loaded, 99)
 	res.LoadGBps = float64(moved.Load()) / el.Seconds() / 1e9
+	res.RawAloneP50us, res.RawAloneP99us = Percentile(rawAlone, 50), Percentile(rawAlone, 99)
+	res.RawLoadedP50us, res.RawLoadedP99us = Percentile(rawLoaded, 50), Percentile(rawLoaded, 99)
 	if res.AloneP50us > 0 {
 		res.LoadedP99VsAloneP50 = res.LoadedP99us / res.AloneP50us
+	}
+	if res.RawAloneP50us > 0 {
+		res.RawLoadedP99VsAloneP50 = res.RawLoadedP99us / res.RawAloneP50us
 	}
 	return res, nil
 }

@@ -184,7 +184,14 @@ func runTransport(opts Options, rep *Report, tr string, first bool, src []byte, 
 	}
 	if first && tr == "tcp" {
 		fmt.Fprint(progress, "tcp small Gets under a stream of large batches: ")
-		l, err := j.underLoad(opts, src, progress)
+		bin := ""
+		if !opts.InProcess {
+			var err error
+			if bin, err = ddstore.AgentBinary(); err != nil {
+				return fmt.Errorf("bench: transport %s, Gets under load: %w", tr, err)
+			}
+		}
+		l, err := j.underLoad(opts, src, bin, progress)
 		fmt.Fprintln(progress)
 		if err != nil {
 			return fmt.Errorf("bench: transport %s, Gets under load: %w", tr, err)
@@ -535,6 +542,8 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if l := r.UnderLoad; l != nil {
 		fmt.Fprintf(w, "\nGet of one %s row of the other node, alone: p50 %.1f µs, p99 %.1f µs; while another client streams batches of %d × %s of the other node (%.2f GB/s): p50 %.1f µs, p99 %.1f µs (p99 under load / p50 alone %.2f).\n",
 			sizeName(l.SmallRowBytes), l.AloneP50us, l.AloneP99us, l.LoadBatch, sizeName(l.LoadRowBytes), l.LoadGBps, l.LoadedP50us, l.LoadedP99us, l.LoadedP99VsAloneP50)
+		fmt.Fprintf(w, "The limit, a raw TCP round trip of the same bytes between two processes after each Get: alone p50 %.1f µs, p99 %.1f µs; under the stream p50 %.1f µs, p99 %.1f µs (p99 under load / p50 alone %.2f).\n",
+			l.RawAloneP50us, l.RawAloneP99us, l.RawLoadedP50us, l.RawLoadedP99us, l.RawLoadedP99VsAloneP50)
 	}
 	if len(r.Rows) > 0 && r.Rows[0].TCPRoundTripP50us > 0 {
 		fmt.Fprintln(w)
