@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ddstore-go/ddstore"
 )
@@ -249,6 +250,35 @@ func BenchmarkRagged(b *testing.B) {
 						}
 					}
 					b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+				})
+				// Both in turns, a ragged batch then a fixed one of the
+				// same rows, timed apart: their ratio from one loop sees
+				// the machine in the same state for both (figures of the
+				// two sub-benchmarks above, run one after the other, move
+				// with this machine's modes).
+				b.Run("turns", func(b *testing.B) {
+					n := 64 * mean * 12
+					var bytes int64
+					var inRagged, inFixed time.Duration
+					for i := 0; b.Loop(); i++ {
+						batch := idx[i%len(idx)]
+						t0 := time.Now()
+						got, err := s.GetRagged("r", dst, batch, nil)
+						t1 := time.Now()
+						if err == nil {
+							err = s.GetBatch("f", dst[:n], batch)
+						}
+						if err != nil {
+							b.Fatal(err)
+						}
+						inRagged, inFixed = inRagged+t1.Sub(t0), inFixed+time.Since(t1)
+						bytes += got
+					}
+					rg := float64(bytes) / inRagged.Seconds() / 1e9
+					fx := float64(n) * float64(b.N) / inFixed.Seconds() / 1e9
+					b.ReportMetric(rg, "ragged-GB/s")
+					b.ReportMetric(fx, "fixed-GB/s")
+					b.ReportMetric(rg/fx, "ragged/fixed")
 				})
 				if !remote {
 					// The limit: the same rows' bytes copied one after
