@@ -755,8 +755,10 @@ func (c *conn) readLoop() {
 			c.abort(cl, err)
 			break
 		}
-		if h.ID == expect {
-			expect++
+		if h.ID >= expect {
+			// Past any id the peer skipped (it answers in order, so one it
+			// skipped will not come): the next reply is readied for again.
+			expect = h.ID + 1
 		}
 		if cl == nil {
 			c.mu.Lock()

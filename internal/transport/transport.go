@@ -17,7 +17,9 @@ type Transport interface {
 	// Fetch reads rows globals[i] of variable name (table id) from the agent at addr
 	// into dst[i] (each exactly one row long). It returns when every row is
 	// in place, or with an error; after it returns, nothing more is written
-	// into dst, also on error or timeout.
+	// into dst, also on error or timeout. After an error dst's contents are
+	// undefined: a reply is read with its rows straight into dst, so part
+	// of an error reply's body, or of rows that came short, may be there.
 	Fetch(ctx context.Context, addr, name string, id int64, globals []int64, dst [][]byte) error
 	Close() error
 }
