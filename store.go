@@ -146,7 +146,8 @@ func (s *Store) Get(name string, dst []byte, start int64) error {
 
 // GetBatch reads rows indices[i] into dst[i*rowBytes:]; indices may come in
 // any order, repeat, and belong to any rank. Every index is checked before
-// any row is read.
+// any row is read, so a bad one leaves dst as it was; after any other error
+// (a node lost, a timeout) dst may hold some of the rows, or parts of them.
 func (s *Store) GetBatch(name string, dst []byte, indices []int64) error {
 	return s.c.GetBatch(name, dst, indices)
 }
