@@ -91,11 +91,15 @@ type gathers struct {
 
 // gather is one round at a relay: the children's shards wait for the
 // node's own leader, which sends them up with its own request once every
-// child is in or the hold has passed, and its outcome answers them all.
+// child is in or none has come for the hold, and its outcome answers them
+// all. A round ends only once every shard is in, so waiting for the last
+// child delays nothing while they keep coming; the hold bounds the wait
+// for one that does not (not in the round, gone, or far behind).
 type gather struct {
 	start time.Time
 	want  int // the children this node expects (its gatherView)
 	// guarded by gathers.mu
+	last   time.Time // when the last child, or the own leader, came
 	came   int
 	shards []wire.Shard
 	own    bool // the node's own leader is in
@@ -124,7 +128,8 @@ func (gs *gathers) get(k roundLead, want int, own bool) *gather {
 		if gs.m == nil {
 			gs.m = make(map[roundLead]*gather)
 		}
-		g = &gather{start: time.Now(), want: want, ready: make(chan struct{}), done: make(chan struct{})}
+		now := time.Now()
+		g = &gather{start: now, last: now, want: want, ready: make(chan struct{}), done: make(chan struct{})}
 		if want == 0 {
 			close(g.ready)
 		}
@@ -133,8 +138,10 @@ func (gs *gathers) get(k roundLead, want int, own bool) *gather {
 	return g
 }
 
-// finish sets g's outcome and forgets g after hold: a child's request
-// that comes after is told at once to go to the coordinator.
+// finish closes g's done once its outcome is set (or it is refused) and
+// forgets g after hold: a child's request that comes meanwhile is told at
+// once to go to the coordinator, and so is this node's own leader when g
+// was refused.
 func (gs *gathers) finish(k roundLead, g *gather, hold time.Duration) {
 	close(g.done)
 	time.AfterFunc(hold, func() {
@@ -146,9 +153,38 @@ func (gs *gathers) finish(k roundLead, g *gather, hold time.Duration) {
 	})
 }
 
-// gatherHoldOf is the hold of round m's gathering: as the fold's.
-func (a *Agent) gatherHoldOf(m wire.Shard) time.Duration {
-	return min(gatherHold, a.roundTimeout(m)/10)
+// gatherHoldOf is the hold of round m's gathering, as the fold's, and the
+// most a relay waits in all (a tenth of the round's timeout).
+func (a *Agent) gatherHoldOf(m wire.Shard) (hold, most time.Duration) {
+	return min(gatherHold, a.roundTimeout(m)/10), a.roundTimeout(m) / 10
+}
+
+// quiet waits until ch is closed (true), or g has had no arrival for
+// hold, or most has passed since it began, or ctx ends (false).
+func (gs *gathers) quiet(ctx context.Context, g *gather, ch <-chan struct{}, hold, most time.Duration) bool {
+	for {
+		gs.mu.Lock()
+		wait := min(time.Until(g.last.Add(hold)), time.Until(g.start.Add(most)))
+		gs.mu.Unlock()
+		if wait <= 0 {
+			select {
+			case <-ch:
+				return true
+			default:
+				return false
+			}
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ch:
+			t.Stop()
+			return true
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+	}
 }
 
 // peerGather answers a child's PeerGather: its subtree's shards wait here
@@ -158,7 +194,7 @@ func (a *Agent) gatherHoldOf(m wire.Shard) time.Duration {
 // request went already).
 func (a *Agent) peerGather(ctx context.Context, r wire.Round) (func(*wire.Encoder), error) {
 	k := roundLead{r.Shard.Name, r.Shard.Attempt}
-	hold := a.gatherHoldOf(r.Shard)
+	hold, most := a.gatherHoldOf(r.Shard)
 	want := 0
 	if v := a.tree.Load(); v != nil {
 		want = v.children
@@ -173,32 +209,33 @@ func (a *Agent) peerGather(ctx context.Context, r wire.Round) (func(*wire.Encode
 	g.shards = append(g.shards, r.Shard)
 	g.shards = append(g.shards, r.Others...)
 	g.came++
+	g.last = time.Now()
 	if g.came == g.want {
 		close(g.ready)
 	}
 	gs.mu.Unlock()
-	t := time.NewTimer(hold - time.Since(g.start))
-	defer t.Stop()
-	select {
-	case <-g.done:
-	case <-t.C:
+	if !gs.quiet(ctx, g, g.done, hold, most) {
+		if ctx.Err() != nil {
+			// This agent stops (or the child left): not the round's
+			// answer, the child sends its shards to the coordinator itself.
+			return directReply, nil
+		}
 		gs.mu.Lock()
-		if g.state == gatherOpen && !g.own {
+		refuse := g.state == gatherOpen && !g.own
+		if refuse {
 			// This node's own ranks are not in the round (or late): the
 			// children go to the coordinator themselves.
 			g.state, g.direct = gatherRefused, true
-			close(g.done)
 		}
 		gs.mu.Unlock()
+		if refuse {
+			gs.finish(k, g, hold)
+		}
 		select {
 		case <-g.done:
 		case <-ctx.Done():
 			return directReply, nil
 		}
-	case <-ctx.Done():
-		// This agent stops (or the child left): not the round's answer,
-		// the child sends its shards to the coordinator itself.
-		return directReply, nil
 	}
 	switch {
 	case g.direct:
@@ -231,7 +268,7 @@ func (a *Agent) ownGather(addr string, m wire.Shard) (*gather, *gatherView) {
 	defer gs.mu.Unlock()
 	g := gs.get(roundLead{m.Name, m.Attempt}, v.children, true)
 	if g.state == gatherOpen {
-		g.own = true
+		g.own, g.last = true, time.Now()
 	}
 	return g, v
 }
@@ -255,14 +292,8 @@ func (a *Agent) sendRound(ctx context.Context, addr string, r wire.Round, g *gat
 		return a.upRound(ctx, addr, v, r)
 	}
 	k := roundLead{r.Shard.Name, r.Shard.Attempt}
-	hold := a.gatherHoldOf(r.Shard)
-	t := time.NewTimer(hold - time.Since(g.start))
-	select {
-	case <-g.ready:
-	case <-t.C:
-	case <-ctx.Done():
-	}
-	t.Stop()
+	hold, most := a.gatherHoldOf(r.Shard)
+	gs.quiet(ctx, g, g.ready, hold, most)
 	gs.mu.Lock()
 	g.state = gatherSent
 	children := g.shards
