@@ -1,6 +1,7 @@
 package ddstore_test
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -432,6 +433,29 @@ func TestClusterRoundGatherTree(t *testing.T) {
 		readAllRanks(t, c, name, 55, 16)
 	}
 
+	// A rank of the coordinator's node declares another geometry: the
+	// round's error reaches every rank, those whose shards a relay
+	// carried too, the same from both.
+	bad := 2 * coord
+	errs := c.each(func(r int, s *ddstore.Store) error {
+		disp := int64(2)
+		if r == bad {
+			disp = 1
+		}
+		return s.Add("bad", make([]byte, 16*rows[r]), disp, 8)
+	})
+	for r, err := range errs {
+		msg := ""
+		if err != nil {
+			msg = err.Error()
+		}
+		// Whichever shard the coordinator had first: "rank B has rows of
+		// disp 1 ... but rank K has disp 2", or "rank K ... but rank B has disp 1".
+		if !errors.Is(err, ddstore.ErrGeometry) || !strings.Contains(msg, fmt.Sprintf("rank %d has rows of disp 1", bad)) && !strings.Contains(msg, fmt.Sprintf("rank %d has disp 1", bad)) {
+			t.Errorf("rank %d (node%d) in a round of a bad rank: %v, want the round's ErrGeometry naming rank %d", r, r/2, err, bad)
+		}
+	}
+
 	// Node order is rank order: the first node of the others relays the
 	// second.
 	others := make([]int, 0, 4)
@@ -441,7 +465,7 @@ func TestClusterRoundGatherTree(t *testing.T) {
 		}
 	}
 	relay := others[0]
-	errs := make([]error, len(c.stores))
+	errs = make([]error, len(c.stores))
 	var wg sync.WaitGroup
 	add := func(name string, r int) {
 		wg.Add(1)
