@@ -275,10 +275,9 @@ func (a *Agent) ownGather(addr string, m wire.Shard) (*gather, *gatherView) {
 
 // sendRound sends the leader's round r (its node's shards) towards the
 // coordinator at addr and returns the round's table: up the gather tree
-// with the shards of this node's children that g gathered (v: the
-// tree's view it was made with) (once all are
-// in, or the hold has passed), or, with no g, straight to the
-// coordinator. The outcome answers the children.
+// (v: the view g was made with), with the shards of this node's children
+// that g gathered once all are in or none has come for the hold, or, with
+// no g, straight to the coordinator. The outcome answers the children.
 func (a *Agent) sendRound(ctx context.Context, addr string, r wire.Round, g *gather, v *gatherView) (*wire.Table, error) {
 	if g == nil {
 		return a.directRound(ctx, addr, r, false)
@@ -306,9 +305,8 @@ func (a *Agent) sendRound(ctx context.Context, addr string, r wire.Round, g *gat
 	g.table, g.err = tab, err
 	if err != nil && !base.IsRemote(err) {
 		// Not the round's answer: whether the shards got through is not
-		// known, and the children send theirs to the coordinator (a
-		// shard it has already fails the round for every rank, as twice
-		// published: never a round that waits for it).
+		// known, and the children send theirs to the coordinator, which
+		// takes a shard it has already as sent again (coord.again).
 		g.direct, g.err = true, nil
 	}
 	gs.finish(k, g, hold)
