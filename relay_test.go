@@ -1,7 +1,10 @@
 package ddstore_test
 
 import (
+	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,7 +16,8 @@ import (
 
 // TestClusterTableRelay: with a relay fanout of 1 the coordinator gives a
 // round's table to one node and each node to the next, so the tables of
-// a five-node job pass along a chain of relays (PeerTable); every rank
+// a five-node job pass along a chain of relays (PeerTable; from the
+// second round on, down the gather tree); every rank
 // still gets the variable, reads every row, frees it and adds it again.
 func TestClusterTableRelay(t *testing.T) {
 	c := startCluster(t, []int{2, 2, 2, 2, 2}, viaRendezvous, func(cfg *agent.Config) { cfg.RelayFanout = 1 })
@@ -32,10 +36,12 @@ func TestClusterTableRelay(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				relayed += in.Counters["tables_relayed"]
+				relayed += in.Counters["tables_relayed"] + in.Counters["gathers_relayed"]
 			}
 			// Four nodes off the coordinator's: one gets the table from
-			// it, three from the node before them.
+			// it, three from the node before them — in the first round
+			// by asking it (PeerTable), in the second as its answer to
+			// their requests, which went up the same chain (PeerGather).
 			if relayed != 3*round {
 				t.Errorf("round %d: %d tables relayed by the nodes, want %d", round, relayed, 3*round)
 			}
@@ -382,4 +388,247 @@ func TestClusterFreeGather(t *testing.T) {
 	// Freed everywhere: the names can be added again.
 	c.addPattern(t, "late", rows, 2, 8)
 	readAllRanks(t, c, "late", 36, 16)
+}
+
+// TestClusterRoundGatherTree: with a relay fanout of 2, the four nodes
+// other than the coordinator's form a gather tree of two relays of one
+// child each (the drop tree's chunks, over the last table's nodes): from
+// the second Add on, the coordinator receives the relays' two requests
+// per round, each carrying its child's shards, instead of four. Then a
+// relay whose own ranks are not in the round stops while its child's
+// request waits there: every other rank's Add fails, naming the relay's
+// node, rather than wait.
+func TestClusterRoundGatherTree(t *testing.T) {
+	if clusterTransport == "mpi" {
+		t.Skip("the mpirun agents take their flags, not this Config")
+	}
+	c := startCluster(t, []int{2, 2, 2, 2, 2}, viaRendezvous, func(cfg *agent.Config) { cfg.RelayFanout = 2 })
+	coord, coordMsgs := c.coordinatorMessages(t)
+	rows := []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	c.addPattern(t, "warm", rows, 2, 8) // every node joins; the tree is this table's
+	counter := func(i int, name string) int {
+		in, err := ddstore.QueryAgent(c.agents[i].Socket(), c.ns, fmt.Sprintf("node%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return in.Counters[name]
+	}
+	relayed := func() (n int) {
+		for i := range c.agents {
+			if i != coord {
+				n += counter(i, "gathers_relayed")
+			}
+		}
+		return n
+	}
+	for _, name := range []string{"up", "up2"} {
+		before, rel := coordMsgs(), relayed()
+		c.addPattern(t, name, rows, 2, 8)
+		if got := coordMsgs() - before; got != 2 {
+			t.Errorf("Add of %q: the coordinator received %d messages, want 2 (one from each relay, its child's shards in it)", name, got)
+		}
+		if got := relayed() - rel; got != 2 {
+			t.Errorf("Add of %q: the relays carried %d children's requests, want 2", name, got)
+		}
+		readAllRanks(t, c, name, 55, 16)
+	}
+
+	// A rank of the coordinator's node declares another geometry: the
+	// round's error reaches every rank, those whose shards a relay
+	// carried too, the same from both.
+	bad := 2 * coord
+	errs := c.each(func(r int, s *ddstore.Store) error {
+		disp := int64(2)
+		if r == bad {
+			disp = 1
+		}
+		return s.Add("bad", make([]byte, 16*rows[r]), disp, 8)
+	})
+	for r, err := range errs {
+		msg := ""
+		if err != nil {
+			msg = err.Error()
+		}
+		// Whichever shard the coordinator had first: "rank B has rows of
+		// disp 1 ... but rank K has disp 2", or "rank K ... but rank B has disp 1".
+		if !errors.Is(err, ddstore.ErrGeometry) || !strings.Contains(msg, fmt.Sprintf("rank %d has rows of disp 1", bad)) && !strings.Contains(msg, fmt.Sprintf("rank %d has disp 1", bad)) {
+			t.Errorf("rank %d (node%d) in a round of a bad rank: %v, want the round's ErrGeometry naming rank %d", r, r/2, err, bad)
+		}
+	}
+
+	// Node order is rank order: the first node of the others relays the
+	// second.
+	others := make([]int, 0, 4)
+	for i := range c.agents {
+		if i != coord {
+			others = append(others, i)
+		}
+	}
+	relay := others[0]
+	errs = make([]error, len(c.stores))
+	var wg sync.WaitGroup
+	add := func(name string, r int) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 16*rows[r])
+			for i := range rows[r] {
+				pattern(buf[16*i:16*(i+1)], int64(r*(r+1)/2)+i)
+			}
+			errs[r] = c.stores[r].Add(name, buf, 2, 8)
+		}()
+	}
+	ranksOf := func(name string) []int64 {
+		in, err := ddstore.QueryAgent(c.agents[coord].Socket(), c.ns, fmt.Sprintf("node%d", coord))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, col := range in.Collectives {
+			if col.Name == name {
+				return col.Ranks
+			}
+		}
+		return nil
+	}
+
+	// The relay's own ranks late: once the hold has passed, its child is
+	// told to send its request to the coordinator itself; the relay's
+	// goes when its ranks come, and the round completes: three messages.
+	before := coordMsgs()
+	for r := range c.stores {
+		if r/2 != relay {
+			add("late", r)
+		}
+	}
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if got := ranksOf("late"); len(got) < 8 {
+			return fmt.Errorf("the coordinator holds ranks %v of \"late\", want 8 (the relay's child's among them)", got)
+		}
+		return nil
+	})
+	add("late", 2*relay)
+	add("late", 2*relay+1)
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	if got := coordMsgs() - before; got != 3 {
+		t.Errorf("the coordinator received %d messages in a round whose relay's ranks were late, want 3", got)
+	}
+	readAllRanks(t, c, "late", 55, 16)
+
+	errs = make([]error, len(c.stores))
+	for r := range c.stores {
+		if r/2 == relay {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = c.stores[r].Add("cut", make([]byte, 16*rows[r]), 2, 8)
+		}()
+	}
+	// The coordinator holds the ranks of its own node and of the other
+	// relay's subtree; the relay's child waits at the relay.
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		in, err := ddstore.QueryAgent(c.agents[coord].Socket(), c.ns, fmt.Sprintf("node%d", coord))
+		if err != nil {
+			return err
+		}
+		for _, col := range in.Collectives {
+			if col.Name == "cut" && len(col.Ranks) >= 6 {
+				return nil
+			}
+		}
+		return fmt.Errorf("the coordinator's collectives: %+v, want 6 ranks of \"cut\"", in.Collectives)
+	})
+	c.agents[relay].Close()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	testutil.WaitFor(t, 60*time.Second, func() error {
+		select {
+		case <-done:
+			return nil
+		default:
+			return fmt.Errorf("ranks still wait in the round their relay left")
+		}
+	})
+	want := fmt.Sprintf("node%d", relay)
+	for r, err := range errs {
+		if r/2 == relay {
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("rank %d (node%d): %v, want an error naming %s", r, r/2, err, want)
+		}
+	}
+
+	// The other relay stops once its request, its child's shards in it,
+	// is at the coordinator, whose own second rank is late: the round
+	// fails, naming the relay's node, for every rank left — the child's
+	// too, whose request the relay no longer answers.
+	relay = others[2]
+	late := 2*coord + 1
+	errs = make([]error, len(c.stores))
+	for r := range c.stores {
+		if r/2 == others[0] || r == late {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = c.stores[r].Add("cut2", make([]byte, 16*rows[r]), 2, 8)
+		}()
+	}
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		in, err := ddstore.QueryAgent(c.agents[coord].Socket(), c.ns, fmt.Sprintf("node%d", coord))
+		if err != nil {
+			return err
+		}
+		for _, col := range in.Collectives {
+			if col.Name == "cut2" && slices.Contains(col.Ranks, int64(2*relay)) && slices.Contains(col.Ranks, int64(2*others[3])) {
+				return nil
+			}
+		}
+		return fmt.Errorf("the coordinator's collectives: %+v, want node%d's and node%d's ranks of \"cut2\"", in.Collectives, relay, others[3])
+	})
+	c.agents[relay].Close()
+	testutil.WaitFor(t, 60*time.Second, func() error {
+		in, err := ddstore.QueryAgent(c.agents[coord].Socket(), c.ns, fmt.Sprintf("node%d", coord))
+		if err != nil {
+			return err
+		}
+		for _, col := range in.Collectives {
+			if col.Name == "cut2" && col.Error != "" {
+				return nil
+			}
+		}
+		return fmt.Errorf("the round has not failed: %+v", in.Collectives)
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		errs[late] = c.stores[late].Add("cut2", make([]byte, 16*rows[late]), 2, 8)
+	}()
+	done = make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	testutil.WaitFor(t, 60*time.Second, func() error {
+		select {
+		case <-done:
+			return nil
+		default:
+			return fmt.Errorf("ranks still wait in the round their relay left")
+		}
+	})
+	want = fmt.Sprintf("node%d", relay)
+	for r, err := range errs {
+		if r/2 == others[0] || r/2 == relay {
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("rank %d (node%d): %v, want an error naming %s", r, r/2, err, want)
+		}
+	}
 }

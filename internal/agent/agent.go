@@ -129,6 +129,12 @@ type Agent struct {
 	joinMu    sync.Mutex // guards joined, held while finding and joining the coordinator; lock order: internal/LOCKS.md
 	joined    string     // coordinator address this agent has joined
 
+	// tree is this node's place in the gather tree of the rounds' requests
+	// (from the last table it got; nil: none yet), gathers the rounds it
+	// relays (gather.go).
+	tree    atomic.Pointer[gatherView]
+	gathers gathers
+
 	// auth holds the keys clients and peers prove, and the count of
 	// connections refused for not proving them (auth.go).
 	auth agentAuth
@@ -202,6 +208,11 @@ type stats struct {
 	// dropsRelayed counts drops this agent passed on to other nodes
 	// (PeerDrop with nodes) for the coordinator.
 	dropsRelayed atomic.Int64
+	// gathersRelayed counts the children's round requests this agent
+	// carried up the gather tree and answered (PeerGather);
+	// gathersDirect its own that its relay did not carry, sent to the
+	// coordinator instead.
+	gathersRelayed, gathersDirect atomic.Int64
 	// roundsLost counts ranks of this node the agent told the
 	// coordinator were out of their round (reportLost).
 	roundsLost atomic.Int64
@@ -558,8 +569,8 @@ func (a *Agent) info() Info {
 		"coord_messages_in": int(s.coord.in.Load()), "coord_bytes_in": int(s.coord.inBytes.Load()),
 		"coord_messages_out": int(s.coord.out.Load()), "coord_bytes_out": int(s.coord.outBytes.Load()),
 		"manifest_writes": int(a.saves.written.Load()), "tables_relayed": int(s.tablesRelayed.Load()),
-		"drops_relayed": int(s.dropsRelayed.Load()),
-		"rounds_lost":   int(s.roundsLost.Load()), "rounds_kept": int(s.roundsKept.Load()), "nodes_gone": int(s.nodesGone.Load()), "goroutines": runtime.NumGoroutine(), "peer_conns_out": a.pool.Conns(), "peer_conns_in": a.peer.Conns(),
+		"drops_relayed": int(s.dropsRelayed.Load()), "gathers_relayed": int(s.gathersRelayed.Load()), "gathers_direct": int(s.gathersDirect.Load()),
+		"rounds_lost": int(s.roundsLost.Load()), "rounds_kept": int(s.roundsKept.Load()), "nodes_gone": int(s.nodesGone.Load()), "goroutines": runtime.NumGoroutine(), "peer_conns_out": a.pool.Conns(), "peer_conns_in": a.peer.Conns(),
 		"peer_conns_idle_closed": int(a.pool.IdleClosed()),
 	}
 	s.errorKinds.counters(in.Counters)

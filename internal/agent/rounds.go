@@ -382,6 +382,7 @@ func (a *Agent) reportLost(addr string, m wire.Shard, why string) *wire.Table {
 // passed), and returns the round's table: in the reply, or from the node
 // it names. Each folded shard is answered with the request's outcome.
 func (a *Agent) leadRound(ctx context.Context, addr string, m wire.Shard, f *fold) (*wire.Table, error) {
+	g, view := a.ownGather(addr, m)
 	hold := time.NewTimer(min(gatherHold, a.roundTimeout(m)/10))
 	select {
 	case <-f.full:
@@ -397,7 +398,7 @@ func (a *Agent) leadRound(ctx context.Context, addr string, m wire.Shard, f *fol
 			r.Others[i] = p.v
 		}
 	}
-	body, err := a.pool.Call(ctx, addr, wire.OpPeerRound, r.Encode)
+	t, err := a.sendRound(ctx, addr, r, g, view)
 	for _, p := range items {
 		switch {
 		case err == nil, base.IsRemote(err):
@@ -411,18 +412,8 @@ func (a *Agent) leadRound(ctx context.Context, addr string, m wire.Shard, f *fol
 	if err != nil {
 		return nil, err
 	}
-	rep, err := wire.DecodeRoundReply(body)
-	if err != nil {
-		return nil, err
-	}
-	switch rep.Kind {
-	case wire.RoundReplyTable:
-		return &rep.Table, nil
-	case wire.RoundReplyRelay:
-		return a.relayedTable(ctx, addr, m.Name, rep)
-	}
-	// Only a request that wants no table is answered so.
-	return a.coordTable(ctx, addr, m.Name, 0)
+	a.noteTree(addr, t)
+	return t, nil
 }
 
 // batcher sends this node's ranks' requests to the coordinator in

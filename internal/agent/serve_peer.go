@@ -135,6 +135,18 @@ func (h *peerHandler) Control(ctx context.Context, op wire.Op, body []byte) (fun
 		return a.countCoordinatorOp(ctx, op, body)
 	}
 	switch op {
+	case wire.OpPeerGather:
+		if a.coord.Load() != nil {
+			// A node whose tree does not tell the coordinator apart
+			// (its address in the table not the one joined) sends it
+			// here: a PeerRound.
+			return a.countCoordinatorOp(ctx, wire.OpPeerRound, body)
+		}
+		m, err := wire.DecodeRound(body)
+		if err != nil {
+			return nil, err
+		}
+		return a.peerGather(ctx, m)
 	case wire.OpPeerDrop:
 		m, err := wire.DecodeDrop(body)
 		if err != nil {

@@ -62,8 +62,18 @@ type Coordinator struct {
 	// said it (Shard.Node): a node that goes takes its processes along.
 	procNodes map[uint64]string
 
+	// ended are the failed rounds every rank of which came, for
+	// LateGrace after.
+	ended map[roundKey]endedRound
+
 	// LateGrace: see DefaultLateGrace.
 	LateGrace time.Duration
+}
+
+type endedRound struct {
+	err     error
+	at      time.Time
+	clients map[int64]uint64 // the process of each rank that came
 }
 
 // Reply answers one waiting request (a rank's Publish): the variable's
@@ -138,7 +148,7 @@ type fence struct {
 func New() *Coordinator {
 	return &Coordinator{nodes: make(map[string]string), pending: make(map[roundKey]*round), tables: make(map[string]*wire.Table),
 		freed: make(map[string]map[int64]bool), waits: make(map[uint64]*wait), fences: make(map[fenceKey]*fence),
-		members: make(map[string]map[int64]uint64), procNodes: make(map[uint64]string), LateGrace: DefaultLateGrace}
+		members: make(map[string]map[int64]uint64), procNodes: make(map[uint64]string), ended: make(map[roundKey]endedRound), LateGrace: DefaultLateGrace}
 }
 
 // Join notes a node's agent address; a node that joins again (its agent
@@ -170,8 +180,18 @@ func (c *Coordinator) Publish(now time.Time, req uint64, sh wire.Shard, deadline
 			delete(c.pending, k)
 		}
 	}
+	for k, e := range c.ended {
+		if now.Sub(e.at) > c.LateGrace {
+			delete(c.ended, k)
+		}
+	}
 	key := roundKey{sh.Name, sh.Attempt}
 	r := c.pending[key]
+	if e, ok := c.ended[key]; ok && r == nil {
+		if cl, ok := e.clients[sh.Rank]; ok && cl == sh.Client {
+			return []Reply{{Req: req, Err: e.err}}
+		}
+	}
 	if r != nil && r.orphan != nil && !ofJob(r.orphan, r.orphaned, now, sh.Rank, sh.Client, sh.ClientAgeMs) {
 		// A dead job's round, and a process that was none of its
 		// ranks: a new job's, which starts afresh.
@@ -196,7 +216,7 @@ func (c *Coordinator) Publish(now time.Time, req uint64, sh wire.Shard, deadline
 	}
 	var out []Reply
 	err := r.check(sh)
-	if _, dup := r.shards[sh.Rank]; dup && err == nil {
+	if prev, dup := r.shards[sh.Rank]; dup && err == nil && !again(prev, sh) {
 		err = base.Errorf(base.ErrExists, "variable %q: rank %d published twice", sh.Name, sh.Rank)
 	}
 	if err != nil {
@@ -208,6 +228,15 @@ func (c *Coordinator) Publish(now time.Time, req uint64, sh wire.Shard, deadline
 	if r.err != nil {
 		if r.allSeen() {
 			delete(c.pending, key)
+			// Its error stays for LateGrace all the same, so that shards
+			// sent again (those a relay of the gather tree carried, sent
+			// straight here once it failed on the way) get it rather than
+			// start a round nobody else joins.
+			at := now
+			if !r.timedOut.IsZero() {
+				at = r.timedOut // a late rank's: the grace counts from the timeout
+			}
+			c.ended[key] = endedRound{err: r.err, at: at, clients: r.clients}
 		}
 		return append(out, Reply{Req: req, Err: r.err})
 	}
@@ -657,6 +686,13 @@ func (c *Coordinator) fail(r *round, err error, out []Reply) []Reply {
 	}
 	r.waiters = nil
 	return out
+}
+
+// again says whether sh is prev sent again — by its node, whose relay of
+// the gather tree failed on the way after it had carried prev here — not
+// another process claiming the same rank: the same process's shard.
+func again(prev, sh wire.Shard) bool {
+	return sh.Client != 0 && prev.Client == sh.Client && prev.Node == sh.Node && prev.Rows == sh.Rows && prev.Items == sh.Items
 }
 
 // check compares a shard with the round's first: every rank must agree

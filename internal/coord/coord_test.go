@@ -590,3 +590,44 @@ func TestForgetsAbandonedRounds(t *testing.T) {
 		t.Fatalf("%d rounds pending after LateGrace, want 0", n)
 	}
 }
+
+// A shard sent again by the process that sent it (its node's relay of
+// the gather tree failed after carrying it here) is that rank's, not a
+// second claim: both requests get the table. The same rank from another
+// process is one published twice. Once a failed round's ranks have all
+// come, shards sent again get its error for LateGrace, not a new round.
+func TestShardSentAgain(t *testing.T) {
+	r := newRun(t)
+	s0, s1 := shard("v", 0, 2, "a"), shard("v", 1, 2, "b")
+	s0.Client, s1.Client = 7, 8
+	q0 := r.publish(s0, longWait)
+	again := r.publish(s0, longWait)
+	q1 := r.publish(s1, longWait)
+	for _, q := range []uint64{q0, again, q1} {
+		if x := r.mustReply(q, fmt.Sprint("request ", q)); x.Err != nil || !reflect.DeepEqual(x.Table.ShardRows, []int64{10, 11}) {
+			t.Fatalf("request %d: %+v, %v", q, x.Table, x.Err)
+		}
+	}
+
+	other := s0
+	other.Name, other.Client = "w", 9
+	w0 := s0
+	w0.Name = "w"
+	r.publish(w0, longWait)
+	if x := r.mustReply(r.publish(other, longWait), "rank 0 from another process"); !errors.Is(x.Err, base.ErrExists) || !strings.Contains(x.Err.Error(), "published twice") {
+		t.Fatalf("rank 0 from another process: %v, want published twice", x.Err)
+	}
+	w1 := s1
+	w1.Name = "w"
+	r.mustReply(r.publish(w1, longWait), "rank 1 of the failed round")
+	if _, _, ok := r.c.Round("w", 1); ok {
+		t.Error("failed round still pending once every rank came")
+	}
+	if x := r.mustReply(r.publish(w1, longWait), "rank 1 sent again"); !errors.Is(x.Err, base.ErrExists) {
+		t.Fatalf("rank 1 sent again after its round failed: %v, want the round's error", x.Err)
+	}
+	r.advance(r.c.LateGrace + time.Millisecond)
+	if _, ok := r.reply(r.publish(w1, longWait)); ok {
+		t.Error("past the grace, a shard of the failed round's name and attempt was answered, want a fresh round waiting")
+	}
+}

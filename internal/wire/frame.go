@@ -101,6 +101,12 @@ const (
 	// other nodes: the coordinator sends a Free's drops to a few nodes,
 	// not to every one.
 	OpPeerDropTree Op = 53
+	// OpPeerGather hands a relay node of the round's gather tree a
+	// Round carrying its subtree's shards: the relay carries them up in
+	// its own PeerRound (or PeerGather) and answers with the round's
+	// outcome, or RoundReplyDirect when it does not carry them (the
+	// sender then sends them to the coordinator itself).
+	OpPeerGather Op = 54
 )
 
 var opNames = map[Op]string{
@@ -111,7 +117,7 @@ var opNames = map[Op]string{
 	OpPeerDrop: "peer-drop", OpPeerWindow: "peer-window", OpPeerOffsets: "peer-offsets",
 	OpBarrier: "barrier", OpPeerBarrier: "peer-barrier", OpReadRange: "read-range", OpFetchRange: "fetch-range", OpPeerGone: "peer-gone",
 	OpPeerRound: "peer-round", OpPeerTable: "peer-table", OpPeerShards: "peer-shards", OpPeerFrees: "peer-frees",
-	OpPeerDropTree: "peer-drop-tree",
+	OpPeerDropTree: "peer-drop-tree", OpPeerGather: "peer-gather",
 }
 
 func (o Op) String() string {

@@ -388,6 +388,10 @@ const (
 	RoundReplyAck   uint8 = 0 // the round succeeded; nothing else
 	RoundReplyTable uint8 = 1 // the table follows
 	RoundReplyRelay uint8 = 2 // fetch table ID from Node at Addr (PeerTable)
+	// RoundReplyDirect answers a PeerGather whose shards the relay does
+	// not carry up (it sent its own request already, or its node is not
+	// in the round): send them to the coordinator.
+	RoundReplyDirect uint8 = 3
 )
 
 // RoundReply answers a PeerRound: an acknowledgement, the table (without
@@ -417,7 +421,7 @@ func DecodeRoundReply(b []byte) (m RoundReply, err error) {
 	}
 	m.Kind = b[0]
 	switch m.Kind {
-	case RoundReplyAck:
+	case RoundReplyAck, RoundReplyDirect:
 		d := NewDecoder(b[1:])
 		return m, d.Done()
 	case RoundReplyTable:
@@ -428,7 +432,7 @@ func DecodeRoundReply(b []byte) (m RoundReply, err error) {
 		m.Node, m.Addr, m.ID = d.String(), d.String(), d.I64()
 		return m, d.Done()
 	}
-	return m, protoErr("round reply of kind %d, want 0, 1 or 2", m.Kind)
+	return m, protoErr("round reply of kind %d, want 0, 1, 2 or 3", m.Kind)
 }
 
 // Path is a reply holding one file path (Create).

@@ -167,6 +167,7 @@ var (
 		{},
 		{Kind: RoundReplyTable, Table: tableSamples[1]},
 		{Kind: RoundReplyRelay, Node: "n7", Addr: "10.0.0.7:4000", ID: 9},
+		{Kind: RoundReplyDirect},
 	}
 	shardsSamples = []Shards{
 		{},
