@@ -21,6 +21,10 @@ import os
 import sys
 import time
 
+# Seconds a DataLoader worker may take to answer before the loader raises: a
+# batch takes milliseconds.
+WORKER_TIMEOUT_S = 60
+
 
 def say(msg, file=None):
     """A whole line in one write (mpirun may interleave the pieces of a print)."""
@@ -81,7 +85,8 @@ def main(argv=None):
     ap.add_argument("--samples", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=0,
                     help="read with a ThreadDataLoader of this many threads (0: torch's DataLoader)")
-    ap.add_argument("--workers", type=int, default=0, help="torch DataLoader worker processes (forked)")
+    ap.add_argument("--workers", type=int, default=0,
+                    help="torch DataLoader worker processes (forked once, before the process group starts)")
     args = ap.parse_args(argv)
 
     launcher = torch_env_from_launcher()
@@ -93,8 +98,7 @@ def main(argv=None):
     from ddstore.torch import DistDataset, ThreadDataLoader
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="env://")
-    rank, size = dist.get_rank(), dist.get_world_size()
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
     t0 = time.perf_counter()
     # Collective: each rank reads source[i] for its contiguous share only;
@@ -106,8 +110,21 @@ def main(argv=None):
     sampler = DistributedSampler(ds, num_replicas=size, rank=rank, shuffle=True, seed=0)
     if args.threads:
         loader = ThreadDataLoader(ds, batch_size=args.batch, sampler=sampler, num_workers=args.threads)
+    elif args.workers:
+        # The workers are forked once, here (iter starts them; each epoch's
+        # iter(loader) then reuses them), before init_process_group: once
+        # gloo's threads run, a fork may deadlock the child, and its rank
+        # waits for it forever (CPython before 3.12: a thread that is not
+        # Python's can hold the interpreter's head lock at the fork; gloo's
+        # take it to free a tensor's Python object). The timeout makes a
+        # worker that stops answering an error that says so.
+        loader = DataLoader(ds, batch_size=args.batch, sampler=sampler, num_workers=args.workers,
+                            persistent_workers=True, timeout=WORKER_TIMEOUT_S)
+        iter(loader)
     else:
-        loader = DataLoader(ds, batch_size=args.batch, sampler=sampler, num_workers=args.workers)
+        loader = DataLoader(ds, batch_size=args.batch, sampler=sampler)
+
+    dist.init_process_group("gloo", init_method="env://")
 
     torch.manual_seed(0)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))

@@ -793,7 +793,10 @@ class DistDataset(_StoredDataset):
 
     Indices are 0..N-1; negative ones raise IndexError, as in DDStore.
     Forked DataLoader workers can read (the store reconnects after fork);
-    spawned ones cannot, as the dataset does not pickle.
+    spawned ones cannot, as the dataset does not pickle. Under CPython
+    before 3.12, fork them before init_process_group (persistent_workers=
+    True, and iter(loader) once): a child forked while gloo's threads run
+    can deadlock at the fork (examples/ddp_train.py).
     """
 
     def __init__(self, source, name, comm=None, store=None, ddstore_width=None, device=None, method=None,

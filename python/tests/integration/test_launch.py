@@ -171,6 +171,43 @@ def test_ddp_example_under_mpirun(job):
     assert_trained(r, 3, prefix="")
 
 
+# Runs a script, reporting on stderr, at each fork, how many threads the
+# process has and how many of them Python started.
+COUNT_FORK_THREADS = r"""
+import os, runpy, sys, threading
+def before():
+    sys.__stderr__.write(f"fork: {len(os.listdir('/proc/self/task'))} threads, "
+                         f"{threading.active_count()} of Python\n")
+os.register_at_fork(before=before)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@torch_needed
+def test_ddp_example_forks_workers_before_gloo_starts_threads(job):
+    # CPython before 3.12 (Debian's 3.11.2) deadlocks a forked child in
+    # PyOS_AfterFork_Child when another thread held the interpreter's head
+    # lock (HEAD_LOCK) at the fork. Threads Python started take it only
+    # with the GIL, which the forking thread holds; a thread of C++ takes it
+    # without: torch 1.13's gloo threads do when they drop the last
+    # reference to a tensor whose Python object is gone (TensorImpl::
+    # destroy_pyobj_if_needed makes a thread state for them). A DataLoader
+    # worker forked after init_process_group so hangs now and then, and its
+    # rank and the job with it. The example forks its workers once, before
+    # gloo's threads exist: at each fork, every thread is one of Python's
+    # (with numpy's BLAS on one thread: OpenBLAS's own threads never enter
+    # Python, and it stops them at fork).
+    from ddstore.launch import free_port
+    r = subprocess.run([sys.executable, "-c", COUNT_FORK_THREADS, EXAMPLE, "--epochs", "2", "--workers", "2"],
+                       env=env_of(job, MASTER_PORT=str(free_port()), OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1"),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    forks = [tuple(map(int, m)) for m in re.findall(r"^fork: (\d+) threads, (\d+) of Python$", r.stderr, re.M)]
+    assert forks and all(n == py for n, py in forks), forks
+    assert len(forks) == 2, forks  # each worker forked once, not once an epoch
+
+
 @torch_needed
 def test_ddp_example_with_slurm_environment(job):
     from ddstore.launch import free_port
