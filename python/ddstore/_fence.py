@@ -9,6 +9,7 @@ MPI_Win_sync of the store's windows, which makes this rank's updates
 visible to other ranks' one-sided gets); otherwise a round on the
 coordinator agent (Barrier in docs/protocol.md)."""
 
+import os
 import threading
 import time
 
@@ -39,6 +40,16 @@ def group_comm(comm, group, world_rank):
     if group is None:
         return comm
     return comm.Split(group, world_rank)
+
+
+def _after_fork_in_child():
+    # Another thread of the parent may have held the lock at the fork:
+    # its copy here would stay locked.
+    global _SEQS_LOCK
+    _SEQS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def next_seq(ident):
