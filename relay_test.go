@@ -12,6 +12,7 @@ import (
 	"github.com/ddstore-go/ddstore"
 	"github.com/ddstore-go/ddstore/agent"
 	"github.com/ddstore-go/ddstore/internal/testutil"
+	"github.com/ddstore-go/ddstore/internal/wire"
 )
 
 // TestClusterTableRelay: with a relay fanout of 1 the coordinator gives a
@@ -478,17 +479,46 @@ func TestClusterRoundGatherTree(t *testing.T) {
 			errs[r] = c.stores[r].Add(name, buf, 2, 8)
 		}()
 	}
-	ranksOf := func(name string) []int64 {
-		in, err := ddstore.QueryAgent(c.agents[coord].Socket(), c.ns, fmt.Sprintf("node%d", coord))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, col := range in.Collectives {
-			if col.Name == name {
-				return col.Ranks
+	// waitRound waits up to within for the coordinator's round of name
+	// to be as ok says of its record (want: what is awaited).
+	waitRound := func(name string, within time.Duration, want string, ok func(col wire.AgentCollective) bool) {
+		t.Helper()
+		testutil.WaitFor(t, within, func() error {
+			in, err := ddstore.QueryAgent(c.agents[coord].Socket(), c.ns, fmt.Sprintf("node%d", coord))
+			if err != nil {
+				return err
+			}
+			for _, col := range in.Collectives {
+				if col.Name == name && ok(col) {
+					return nil
+				}
+			}
+			return fmt.Errorf("the coordinator's collectives: %+v, want %s of %q", in.Collectives, want, name)
+		})
+	}
+	// failedNaming waits for the ranks' Adds (wg) to end, each but those
+	// skip leaves out failed with an error naming the node of agent lost.
+	failedNaming := func(lost int, skip func(r int) bool) {
+		t.Helper()
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		testutil.WaitFor(t, 60*time.Second, func() error {
+			select {
+			case <-done:
+				return nil
+			default:
+				return fmt.Errorf("ranks still wait in the round their relay left")
+			}
+		})
+		want := fmt.Sprintf("node%d", lost)
+		for r, err := range errs {
+			if skip(r) {
+				continue
+			}
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("rank %d (node%d): %v, want an error naming %s", r, r/2, err, want)
 			}
 		}
-		return nil
 	}
 
 	// The relay's own ranks late: once the hold has passed, its child is
@@ -500,12 +530,7 @@ func TestClusterRoundGatherTree(t *testing.T) {
 			add("late", r)
 		}
 	}
-	testutil.WaitFor(t, 10*time.Second, func() error {
-		if got := ranksOf("late"); len(got) < 8 {
-			return fmt.Errorf("the coordinator holds ranks %v of \"late\", want 8 (the relay's child's among them)", got)
-		}
-		return nil
-	})
+	waitRound("late", 10*time.Second, "8 ranks (the relay's child's among them)", func(col wire.AgentCollective) bool { return len(col.Ranks) >= 8 })
 	add("late", 2*relay)
 	add("late", 2*relay+1)
 	wg.Wait()
@@ -532,38 +557,9 @@ func TestClusterRoundGatherTree(t *testing.T) {
 	}
 	// The coordinator holds the ranks of its own node and of the other
 	// relay's subtree; the relay's child waits at the relay.
-	testutil.WaitFor(t, 10*time.Second, func() error {
-		in, err := ddstore.QueryAgent(c.agents[coord].Socket(), c.ns, fmt.Sprintf("node%d", coord))
-		if err != nil {
-			return err
-		}
-		for _, col := range in.Collectives {
-			if col.Name == "cut" && len(col.Ranks) >= 6 {
-				return nil
-			}
-		}
-		return fmt.Errorf("the coordinator's collectives: %+v, want 6 ranks of \"cut\"", in.Collectives)
-	})
+	waitRound("cut", 10*time.Second, "6 ranks", func(col wire.AgentCollective) bool { return len(col.Ranks) >= 6 })
 	c.agents[relay].Close()
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	testutil.WaitFor(t, 60*time.Second, func() error {
-		select {
-		case <-done:
-			return nil
-		default:
-			return fmt.Errorf("ranks still wait in the round their relay left")
-		}
-	})
-	want := fmt.Sprintf("node%d", relay)
-	for r, err := range errs {
-		if r/2 == relay {
-			continue
-		}
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("rank %d (node%d): %v, want an error naming %s", r, r/2, err, want)
-		}
-	}
+	failedNaming(relay, func(r int) bool { return r/2 == relay })
 
 	// The other relay stops once its request, its child's shards in it,
 	// is at the coordinator, whose own second rank is late: the round
@@ -582,53 +578,15 @@ func TestClusterRoundGatherTree(t *testing.T) {
 			errs[r] = c.stores[r].Add("cut2", make([]byte, 16*rows[r]), 2, 8)
 		}()
 	}
-	testutil.WaitFor(t, 10*time.Second, func() error {
-		in, err := ddstore.QueryAgent(c.agents[coord].Socket(), c.ns, fmt.Sprintf("node%d", coord))
-		if err != nil {
-			return err
-		}
-		for _, col := range in.Collectives {
-			if col.Name == "cut2" && slices.Contains(col.Ranks, int64(2*relay)) && slices.Contains(col.Ranks, int64(2*others[3])) {
-				return nil
-			}
-		}
-		return fmt.Errorf("the coordinator's collectives: %+v, want node%d's and node%d's ranks of \"cut2\"", in.Collectives, relay, others[3])
+	waitRound("cut2", 10*time.Second, fmt.Sprintf("node%d's and node%d's ranks", relay, others[3]), func(col wire.AgentCollective) bool {
+		return slices.Contains(col.Ranks, int64(2*relay)) && slices.Contains(col.Ranks, int64(2*others[3]))
 	})
 	c.agents[relay].Close()
-	testutil.WaitFor(t, 60*time.Second, func() error {
-		in, err := ddstore.QueryAgent(c.agents[coord].Socket(), c.ns, fmt.Sprintf("node%d", coord))
-		if err != nil {
-			return err
-		}
-		for _, col := range in.Collectives {
-			if col.Name == "cut2" && col.Error != "" {
-				return nil
-			}
-		}
-		return fmt.Errorf("the round has not failed: %+v", in.Collectives)
-	})
+	waitRound("cut2", 60*time.Second, "a failed round", func(col wire.AgentCollective) bool { return col.Error != "" })
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		errs[late] = c.stores[late].Add("cut2", make([]byte, 16*rows[late]), 2, 8)
 	}()
-	done = make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	testutil.WaitFor(t, 60*time.Second, func() error {
-		select {
-		case <-done:
-			return nil
-		default:
-			return fmt.Errorf("ranks still wait in the round their relay left")
-		}
-	})
-	want = fmt.Sprintf("node%d", relay)
-	for r, err := range errs {
-		if r/2 == others[0] || r/2 == relay {
-			continue
-		}
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("rank %d (node%d): %v, want an error naming %s", r, r/2, err, want)
-		}
-	}
+	failedNaming(relay, func(r int) bool { return r/2 == others[0] || r/2 == relay })
 }
