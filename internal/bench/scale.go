@@ -55,6 +55,9 @@ type ScaleOptions struct {
 	// reads.
 	MaxPeers int
 	PeerIdle time.Duration
+	// RelayFanout is the agents' --relay-fanout (zero: their default, 8):
+	// the chunks of the trees that tables, drops and round requests take.
+	RelayFanout int
 	// Command makes the command that runs ddstore with args and extra
 	// environment: the agents (`agent ...`) and the node helpers (`bench`
 	// with ScaleNodeEnv set).
@@ -105,6 +108,12 @@ type ScalePoint struct {
 	// round (manifest_writes; each holds every table of the job).
 	CoordAddManifests  float64 `json:"coord_add_manifest_writes"`
 	CoordFreeManifests float64 `json:"coord_free_manifest_writes"`
+	// Per Add round, over every agent: the children's requests a relay of
+	// the gather tree carried up and answered (gathers_relayed), and those
+	// that went to the coordinator themselves (gathers_direct: their relay
+	// had sent already, did not carry them, or failed).
+	GathersRelayed float64 `json:"gathers_relayed_per_add"`
+	GathersDirect  float64 `json:"gathers_direct_per_add"`
 	// RSS of the coordinator's agent and the median of the others', after
 	// the reads.
 	CoordRSS int64 `json:"coord_rss_bytes"`
@@ -341,6 +350,10 @@ func runScaleJob(opts ScaleOptions, k int) (p ScalePoint, err error) {
 	var freeCPU time.Duration
 	var adds, frees []float64
 	var addDelta, freeDelta [5]int
+	gathers0, err := j.gathers()
+	if err != nil {
+		return p, err
+	}
 	for r := range opts.Rounds {
 		name := fmt.Sprintf("round%d", r)
 		before, err := j.coordCounters(coord)
@@ -377,6 +390,11 @@ func runScaleJob(opts ScaleOptions, k int) (p ScalePoint, err error) {
 		}
 	}
 	n := float64(opts.Rounds)
+	gathers1, err := j.gathers()
+	if err != nil {
+		return p, err
+	}
+	p.GathersRelayed, p.GathersDirect = float64(gathers1[0]-gathers0[0])/n, float64(gathers1[1]-gathers0[1])/n
 	p.AddCoordCPUms, p.AddAgentsCPUms, p.AddRanksCPUms = ms(addCPU[0])/n, ms(addCPU[1])/n, ms(addCPU[2])/n
 	p.FreeCoordCPUms = ms(freeCPU) / n
 	p.AddAll = adds
@@ -527,6 +545,9 @@ func (j *scaleJob) startAgent(i int) (*exec.Cmd, error) {
 	if j.opts.PeerIdle > 0 {
 		args = append(args, "--peer-idle", j.opts.PeerIdle.String())
 	}
+	if j.opts.RelayFanout > 0 {
+		args = append(args, "--relay-fanout", strconv.Itoa(j.opts.RelayFanout))
+	}
 	cmd := j.opts.Command([]string{scaleChildEnv + "=1"}, args...)
 	f, err := os.OpenFile(filepath.Join(j.dir, j.node(i)+".agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -652,6 +673,21 @@ func (j *scaleJob) infos() ([]wire.AgentInfo, error) {
 		out[i] = in
 	}
 	return out, nil
+}
+
+// gathers are the gather tree's counters summed over every agent:
+// gathers_relayed and gathers_direct.
+func (j *scaleJob) gathers() ([2]int, error) {
+	ins, err := j.infos()
+	if err != nil {
+		return [2]int{}, err
+	}
+	var g [2]int
+	for _, in := range ins {
+		g[0] += in.Counters["gathers_relayed"]
+		g[1] += in.Counters["gathers_direct"]
+	}
+	return g, nil
 }
 
 // coordCounters are the coordinator's messages and bytes in and out.

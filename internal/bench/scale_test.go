@@ -23,6 +23,37 @@ var _ = testutil.Helper("ddstore", func(args []string) int { return cli.Main(arg
 
 func init() { testutil.RunHelper() }
 
+// TestScaleDriverGatherTree: on 4 nodes with a relay fanout of 2 the
+// coordinator's 3 other nodes form chunks [a, b] and [c]: a relays b's
+// round requests. Every timed Add's request of b is either carried up by
+// a (gathered) or sent on to the coordinator (direct), one of the two,
+// and the coordinator hears 2 requests per Add when a carried it.
+func TestScaleDriverGatherTree(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts 4 agents and 4 node helpers")
+	}
+	opts := bench.ScaleOptions{Nodes: []int{4}, RanksPerNode: 2, RowsPerNode: 64, RowBytes: 256, Batch: 16,
+		Rounds: 3, Duration: 100 * time.Millisecond, RelayFanout: 2}
+	opts.Command = func(env []string, args ...string) *exec.Cmd {
+		cmd := testutil.HelperCmd(t, "ddstore", args)
+		cmd.Env = append(cmd.Env, env...)
+		return cmd
+	}
+	var progress testutil.Buffer
+	opts.Progress = &progress
+	rep, err := bench.RunScale(opts)
+	if err != nil {
+		t.Fatalf("RunScale: %v\n%s", err, progress.String())
+	}
+	p := rep.Points[0]
+	if got := p.GathersRelayed + p.GathersDirect; got != 1 {
+		t.Errorf("per Add %v requests gathered and %v sent on, want one of the two (the relay's one child)", p.GathersRelayed, p.GathersDirect)
+	}
+	if want := 2 + p.GathersDirect; p.CoordAddMsgsIn != want {
+		t.Errorf("the coordinator heard %v requests per Add, want %v (its two chunks, and each request sent on)", p.CoordAddMsgsIn, want)
+	}
+}
+
 // TestScaleDriver runs the scale driver on 2 and 3 nodes and checks that
 // what it measures is sane: the counts it must find exactly, the sizes
 // that must grow with the job, reads that work across an agent's restart,
@@ -70,6 +101,12 @@ func TestScaleDriver(t *testing.T) {
 		// and its other ranks' in one batch or more; each is answered.
 		if lo, hi := float64(k-1), float64((k-1)*rpn); p.CoordAddMsgsIn < lo || p.CoordAddMsgsIn > hi || p.CoordAddMsgsOut != p.CoordAddMsgsIn {
 			t.Errorf("K=%d: coordinator messages per Add %v in, %v out; want as many out as in, %v to %v", k, p.CoordAddMsgsIn, p.CoordAddMsgsOut, lo, hi)
+		}
+		// No more other nodes than the relay fanout (8): each is a chunk of
+		// its own, its parent the coordinator, so no request is gathered
+		// nor sent on by a relay.
+		if p.GathersRelayed != 0 || p.GathersDirect != 0 {
+			t.Errorf("K=%d: %v requests gathered, %v sent on per Add: want none with every node a chunk of its own", k, p.GathersRelayed, p.GathersDirect)
 		}
 		if p.CoordAddBytesIn <= 0 || p.CoordAddBytesOut <= 0 || p.CoordFreeMsgs <= 0 || p.CoordFreeBytes <= 0 {
 			t.Errorf("K=%d: coordinator bytes per Add %v in, %v out, per Free %v messages, %v bytes: want all > 0",

@@ -39,6 +39,7 @@ func runBenchScale(args []string, stdout, stderr io.Writer) error {
 	meet := fs.String("meet", "rendezvous", "how the agents find the coordinator: rendezvous (one address) or handshake (a handshake directory)")
 	maxPeers := fs.Int("max-peers", 0, "the agents' --max-peers (0: their default)")
 	peerIdle := fs.Duration("peer-idle", 0, "the agents' --peer-idle (0: their default); the reading node's connections are counted again after it")
+	fanout := fs.Int("relay-fanout", 0, "the agents' --relay-fanout (0: their default, 8)")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of the table")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -58,10 +59,10 @@ func runBenchScale(args []string, stdout, stderr io.Writer) error {
 	}
 	opts.RanksPerNode, opts.RowsPerNode, opts.RowBytes, opts.Batch = *rpn, *rows, int(rb), *batch
 	opts.Rounds, opts.Duration, opts.Restart, opts.Meet = *rounds, *dur, *restart, *meet
-	if *maxPeers < 0 || *peerIdle < 0 {
-		return base.Errorf(base.ErrArgument, "--max-peers %d, --peer-idle %v: want 0 (the agents' default) or more", *maxPeers, *peerIdle)
+	if *maxPeers < 0 || *peerIdle < 0 || *fanout < 0 {
+		return base.Errorf(base.ErrArgument, "--max-peers %d, --peer-idle %v, --relay-fanout %d: want 0 (the agents' default) or more", *maxPeers, *peerIdle, *fanout)
 	}
-	opts.MaxPeers, opts.PeerIdle = *maxPeers, *peerIdle
+	opts.MaxPeers, opts.PeerIdle, opts.RelayFanout = *maxPeers, *peerIdle, *fanout
 	exe, err := os.Executable()
 	if err != nil {
 		return err
