@@ -272,7 +272,9 @@ def estimate(paths):
             per_k.setdefault(k, []).append(fig)
             out.append(f"  K={k}: coordinator CPU per Add {p['add_coord_cpu_ms']:.1f} ms ({own:.1f} beyond an ordinary agent), "
                        f"messages in {p['coord_add_msgs_in']:.0f}, KB in/out {p['coord_add_bytes_in'] / 1e3:.1f}/{p['coord_add_bytes_out'] / 1e3:.1f}, "
-                       f"manifests {fig['manifests per Add']:.1f}; per Free {fig['free coord CPU ms']:.1f} ms, "
+                       f"manifests {fig['manifests per Add']:.1f}, requests gathered/sent on "
+                       f"{p.get('gathers_relayed_per_add', float('nan')):.0f}/{p.get('gathers_direct_per_add', float('nan')):.0f}; "
+                       f"per Free {fig['free coord CPU ms']:.1f} ms, "
                        f"messages {fig['msgs per Free']:.0f}, manifests {fig['manifests per Free']:.1f}; "
                        f"Add {p['add_s']:.3f} s, Free {p['free_s']:.3f} s, load {p['load']}")
         est = cluster(rep["points"], rep["batch"])
