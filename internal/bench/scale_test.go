@@ -23,17 +23,11 @@ var _ = testutil.Helper("ddstore", func(args []string) int { return cli.Main(arg
 
 func init() { testutil.RunHelper() }
 
-// TestScaleDriverGatherTree: on 4 nodes with a relay fanout of 2 the
-// coordinator's 3 other nodes form chunks [a, b] and [c]: a relays b's
-// round requests. Every timed Add's request of b is either carried up by
-// a (gathered) or sent on to the coordinator (direct), one of the two,
-// and the coordinator hears 2 requests per Add when a carried it.
-func TestScaleDriverGatherTree(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts 4 agents and 4 node helpers")
-	}
-	opts := bench.ScaleOptions{Nodes: []int{4}, RanksPerNode: 2, RowsPerNode: 64, RowBytes: 256, Batch: 16,
-		Rounds: 3, Duration: 100 * time.Millisecond, RelayFanout: 2}
+// runScale runs the scale driver with opts, its agents and node helpers
+// this test binary as ddstore, and fails t with the driver's progress on
+// an error.
+func runScale(t *testing.T, opts bench.ScaleOptions) *bench.ScaleReport {
+	t.Helper()
 	opts.Command = func(env []string, args ...string) *exec.Cmd {
 		cmd := testutil.HelperCmd(t, "ddstore", args)
 		cmd.Env = append(cmd.Env, env...)
@@ -43,8 +37,22 @@ func TestScaleDriverGatherTree(t *testing.T) {
 	opts.Progress = &progress
 	rep, err := bench.RunScale(opts)
 	if err != nil {
-		t.Fatalf("RunScale: %v\n%s", err, progress.String())
+		t.Fatalf("RunScale (nodes %v, meet %q): %v\n%s", opts.Nodes, opts.Meet, err, progress.String())
 	}
+	return rep
+}
+
+// TestScaleDriverGatherTree: on 4 nodes with a relay fanout of 2 the
+// coordinator's 3 other nodes form chunks [a, b] and [c]: a relays b's
+// round requests. Every timed Add's request of b is either carried up by
+// a (gathered) or sent on to the coordinator (direct), one of the two,
+// and the coordinator hears 2 requests per Add when a carried it.
+func TestScaleDriverGatherTree(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts 4 agents and 4 node helpers")
+	}
+	rep := runScale(t, bench.ScaleOptions{Nodes: []int{4}, RanksPerNode: 2, RowsPerNode: 64, RowBytes: 256, Batch: 16,
+		Rounds: 3, Duration: 100 * time.Millisecond, RelayFanout: 2})
 	p := rep.Points[0]
 	if got := p.GathersRelayed + p.GathersDirect; got != 1 {
 		t.Errorf("per Add %v requests gathered and %v sent on, want one of the two (the relay's one child)", p.GathersRelayed, p.GathersDirect)
@@ -61,27 +69,14 @@ func TestScaleDriverGatherTree(t *testing.T) {
 func TestScaleDriver(t *testing.T) {
 	opts := bench.ScaleOptions{Nodes: []int{2, 3}, RanksPerNode: 2, RowsPerNode: 64, RowBytes: 256, Batch: 32,
 		Rounds: 2, Duration: 200 * time.Millisecond, Restart: true}
-	opts.Command = func(env []string, args ...string) *exec.Cmd {
-		cmd := testutil.HelperCmd(t, "ddstore", args)
-		cmd.Env = append(cmd.Env, env...)
-		return cmd
-	}
-	var progress testutil.Buffer
-	opts.Progress = &progress
-	rep, err := bench.RunScale(opts)
-	if err != nil {
-		t.Fatalf("RunScale: %v\n%s", err, progress.String())
-	}
+	rep := runScale(t, opts)
 	if len(rep.Points) != 2 {
 		t.Fatalf("%d points, want 2", len(rep.Points))
 	}
 	// The same job meeting through a handshake directory.
 	hs := opts
 	hs.Nodes, hs.Meet, hs.Restart = []int{3}, "handshake", false
-	rep2, err := bench.RunScale(hs)
-	if err != nil {
-		t.Fatalf("RunScale with a handshake directory: %v\n%s", err, progress.String())
-	}
+	rep2 := runScale(t, hs)
 	if rep2.Meet != "handshake" || len(rep2.Points) != 1 {
 		t.Fatalf("handshake run: meet %q, %d points", rep2.Meet, len(rep2.Points))
 	}
