@@ -3,23 +3,9 @@ thread of the parent held at the fork would stay held in the child's copy."""
 
 import os
 import threading
-import time
 
+from conftest import wait_until
 from ddstore import _fence
-
-
-def _child_exits(pid, within_s=20.0):
-    """Whether child pid exited with status 0 within within_s (killed
-    otherwise)."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status) == 0
-        time.sleep(0.01)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    return False
 
 
 def test_fence_sequence_after_fork_with_lock_held():
@@ -42,7 +28,21 @@ def test_fence_sequence_after_fork_with_lock_held():
                 code = 0 if n == 1 else 2
             finally:
                 os._exit(code)
-        assert _child_exits(pid), "the child could not take the fence's sequence lock"
+        status = []
+
+        def exited():
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status.append(st)
+            return bool(done)
+
+        try:
+            wait_until(exited, 20, "the forked child taking the fence's sequence lock")
+        finally:
+            if not status:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status[0]) == 0
     finally:
         release.set()
         t.join()
