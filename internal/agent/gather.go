@@ -40,17 +40,16 @@ func gatherPlace(members []string, self string, f int) (parent, children int, ok
 	if idx < 0 {
 		return 0, 0, false
 	}
-	f = max(1, f)
 	chunks := func(n int) int { // how many chunks dropAlong makes of n nodes
 		if n == 0 {
 			return 0
 		}
-		size := (n + f - 1) / f
+		size := chunkSize(n, f)
 		return (n + size - 1) / size
 	}
 	lo, hi, parent := 0, len(members), -1
 	for {
-		size := (hi - lo + f - 1) / f
+		size := chunkSize(hi-lo, f)
 		s := lo + (idx-lo)/size*size
 		e := min(s+size, hi)
 		if s == idx {

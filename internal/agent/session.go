@@ -852,13 +852,21 @@ func (a *Agent) dropFanout() int {
 	return relayFanout
 }
 
+// chunkSize is how many consecutive nodes each chunk holds when a relay
+// tree (a Free's drops, dropAlong; a round's requests, gatherPlace) cuts
+// n nodes into at most f chunks, the last one maybe shorter.
+func chunkSize(n, f int) int {
+	f = max(1, f)
+	return (n + f - 1) / f
+}
+
 // dropLevels is how many hops below a node a drop it passes on to n others
 // takes at most, each node passing it on to f (dropAlong).
 func dropLevels(n, f int) int {
 	levels := 0
 	for n > 0 {
 		levels++
-		n = (n+f-1)/f - 1 // a chunk's nodes after its first
+		n = chunkSize(n, f) - 1 // a chunk's nodes after its first
 	}
 	return levels
 }
@@ -876,8 +884,7 @@ func (a *Agent) dropAlong(name string, id int64, nodes, addrs []string) {
 	if len(nodes) == 0 {
 		return
 	}
-	f := max(1, a.dropFanout())
-	size := (len(nodes) + f - 1) / f
+	size := chunkSize(len(nodes), a.dropFanout())
 	isCoord := a.coord.Load() != nil
 	var wg sync.WaitGroup
 	for s := 0; s < len(nodes); s += size {
