@@ -184,12 +184,9 @@ func runTransport(opts Options, rep *Report, tr string, first bool, src []byte, 
 	}
 	if first && tr == "tcp" {
 		fmt.Fprint(progress, "tcp small Gets under a stream of large batches: ")
-		bin := ""
-		if !opts.InProcess {
-			var err error
-			if bin, err = ddstore.AgentBinary(); err != nil {
-				return fmt.Errorf("bench: transport %s, Gets under load: %w", tr, err)
-			}
+		bin, err := pingBinary(opts)
+		if err != nil {
+			return fmt.Errorf("bench: transport %s, Gets under load: %w", tr, err)
 		}
 		l, err := j.underLoad(opts, src, bin, progress)
 		fmt.Fprintln(progress)
@@ -199,6 +196,17 @@ func runTransport(opts Options, rep *Report, tr string, first bool, src []byte, 
 		rep.UnderLoad = &l
 	}
 	return nil
+}
+
+// pingBinary is the program that answers the raw round trips a Get is
+// compared with: the agents' binary, so that they cross processes as the
+// Get does, or "" (a goroutine of this process) when the agents run in
+// this process.
+func pingBinary(opts Options) (string, error) {
+	if opts.InProcess {
+		return "", nil
+	}
+	return ddstore.AgentBinary()
 }
 
 // job is two ranks on two nodes of one machine.
@@ -451,13 +459,9 @@ func (j *job) measure(opts Options, rb int, src []byte, progress io.Writer, remo
 	} else {
 		fmt.Fprint(progress, "via-agent ping-pong ")
 		iters := max(opts.Latency/10, 100)
-		// The raw round trips cross processes as the Get does, unless the
-		// agents run in this process.
-		bin := ""
-		if !opts.InProcess {
-			if bin, err = ddstore.AgentBinary(); err != nil {
-				return res, err
-			}
+		bin, err := pingBinary(opts)
+		if err != nil {
+			return res, err
 		}
 		rl, err = getsInTurns(iters, bin, rb, func(rng *rand.Rand, via bool) (time.Duration, error) {
 			if via {
