@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"runtime"
@@ -280,5 +281,34 @@ func TestUnderLoadSmoke(t *testing.T) {
 	if l.AloneP50us <= 0 || l.LoadedP99us < l.LoadedP50us || l.LoadGBps <= 0 || l.LoadedP99VsAloneP50 <= 0 ||
 		l.RawAloneP50us <= 0 || l.RawLoadedP99us < l.RawLoadedP50us || l.RawLoadedP99VsAloneP50 <= 0 {
 		t.Fatalf("figures missing: %+v", l)
+	}
+}
+
+// TestRemoteTurns: ours and the TCP stream taken turnsOfRates times each,
+// slices of half the duration (not under 50 ms), the medians and the
+// turns' ratios reported; an error of ours ends it with that error.
+func TestRemoteTurns(t *testing.T) {
+	var took []time.Duration
+	r, err := remoteTurns(20*time.Millisecond, func(d time.Duration) (Rate, error) {
+		took = append(took, d)
+		return Rate{GBps: float64(len(took))}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(took) != turnsOfRates {
+		t.Fatalf("ours taken %d times, want %d", len(took), turnsOfRates)
+	}
+	for _, d := range took {
+		if d != 50*time.Millisecond {
+			t.Errorf("a slice of %v, want 50ms (half of 20ms is below the least)", d)
+		}
+	}
+	if want := Median([]float64{1, 2, 3, 4, 5, 6}); r.ours != want || r.limit <= 0 || r.ratio <= 0 {
+		t.Errorf("ours %v, limit %v, ratio %v: want ours %v and both others > 0", r.ours, r.limit, r.ratio, want)
+	}
+	bad := errors.New("read failed")
+	if _, err := remoteTurns(time.Millisecond, func(time.Duration) (Rate, error) { return Rate{}, bad }); !errors.Is(err, bad) {
+		t.Errorf("err %v, want %v", err, bad)
 	}
 }

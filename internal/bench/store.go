@@ -60,6 +60,15 @@ type Result struct {
 	TCPLimitGBps     float64 `json:"tcp_limit_gbps"`
 	LocalVsGather    float64 `json:"local_vs_gather"`
 	RemoteVsTCP      float64 `json:"remote_vs_tcp"`
+	// The same two figures taken in turns (remoteTurns): a slice of the
+	// remote reads, then one of the TCP stream, alternating which goes
+	// first, turnsOfRates times; RemoteVsTCPTurns is the median of the
+	// turns' ratios, the figure that this machine's swings between its
+	// idle and busy states (2x on either figure between one second and
+	// the next) move least.
+	RemoteTurnsGBps  float64 `json:"remote_turns_gbps,omitempty"`
+	TCPTurnsGBps     float64 `json:"tcp_turns_gbps,omitempty"`
+	RemoteVsTCPTurns float64 `json:"remote_vs_tcp_turns,omitempty"`
 	LocalRowsPerSec  float64 `json:"local_rows_per_s"`
 	RemoteRowsPerSec float64 `json:"remote_rows_per_s"`
 	GetLocalP50us    float64 `json:"get_local_p50_us"`
@@ -508,6 +517,23 @@ func (j *job) measure(opts Options, rb int, src []byte, progress io.Writer, remo
 	if tcp.GBps > 0 {
 		res.RemoteVsTCP = remote.GBps / tcp.GBps
 	}
+	fmt.Fprint(progress, " remote-tcp-in-turns")
+	k := 0
+	idxT := batches(n, 7)
+	turns, err := remoteTurns(opts.Duration, func(d time.Duration) (Rate, error) {
+		r, err := Throughput(d, opts.Batch*rb, rb, func() error {
+			k = (k + 1) % len(idxT)
+			return s.GetBatch(name, recv, idxT[k])
+		})
+		if err == nil {
+			err = verify(recv, idxT[k])
+		}
+		return r, err
+	})
+	if err != nil {
+		return res, err
+	}
+	res.RemoteTurnsGBps, res.TCPTurnsGBps, res.RemoteVsTCPTurns = turns.ours, turns.limit, turns.ratio
 	res.GetLocalP50us, res.GetLocalP99us = Percentile(ll, 50), Percentile(ll, 99)
 	return res, nil
 }
@@ -527,11 +553,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "ddstore bench: 2 nodes on loopback (agents: %s), batches of %d random rows, %s per rank, %s per figure, %d CPUs, %s\n\n",
 		r.Agents, r.Batch, sizeName(int(r.ShardBytes)), r.Duration, r.CPUs, r.Go)
 	t := NewTable("row", "local GB/s", "gather GB/s", "local/gather", "remote GB/s", "remote copy GB/s", "remote 2 in flight", "tcp GB/s", "remote/tcp",
-		"local Mrows/s", "remote Mrows/s", "get local p50 µs", "p99 µs", "get remote p50 µs", "p99 µs")
+		"remote/tcp in turns", "local Mrows/s", "remote Mrows/s", "get local p50 µs", "p99 µs", "get remote p50 µs", "p99 µs")
 	f := func(x float64) string { return fmt.Sprintf("%.2f", x) }
 	for _, x := range r.Rows {
 		t.Row(sizeName(x.RowBytes), f(x.LocalGBps), f(x.GatherLimitGBps), f(x.LocalVsGather), f(x.RemoteGBps), f(x.RemoteCopyGBps),
-			f(x.Remote2GBps), f(x.TCPLimitGBps), f(x.RemoteVsTCP), fmt.Sprintf("%.3f", x.LocalRowsPerSec/1e6), fmt.Sprintf("%.3f", x.RemoteRowsPerSec/1e6),
+			f(x.Remote2GBps), f(x.TCPLimitGBps), f(x.RemoteVsTCP), f(x.RemoteVsTCPTurns), fmt.Sprintf("%.3f", x.LocalRowsPerSec/1e6), fmt.Sprintf("%.3f", x.RemoteRowsPerSec/1e6),
 			f(x.GetLocalP50us), f(x.GetLocalP99us), f(x.GetRemoteP50us), f(x.GetRemoteP99us))
 	}
 	if err := t.Write(w); err != nil {

@@ -116,3 +116,38 @@ func readSamples(r io.Reader, dur time.Duration) ([]float64, error) {
 	}
 	return samples, nil
 }
+
+// turnsOfRates is how many turns remoteTurns takes of each figure.
+const turnsOfRates = 6
+
+// turnRates is remoteTurns' outcome: the medians of the turns' rates of
+// ours and of the TCP stream, and the median of the turns' ratios.
+type turnRates struct{ ours, limit, ratio float64 }
+
+// remoteTurns measures ours (a throughput over the duration it is given)
+// and TCPLimit in turns, each turn a slice of dur/2 of both (at least 50
+// ms), the first of a turn alternating between them, so that a ratio is
+// of figures taken a fraction of a second apart.
+func remoteTurns(dur time.Duration, ours func(time.Duration) (Rate, error)) (turnRates, error) {
+	slice := max(dur/2, 50*time.Millisecond)
+	var o, l, ratio []float64
+	for t := range turnsOfRates {
+		var a, b Rate
+		var err error
+		if t%2 == 0 {
+			if a, err = ours(slice); err == nil {
+				b, err = TCPLimit(slice)
+			}
+		} else if b, err = TCPLimit(slice); err == nil {
+			a, err = ours(slice)
+		}
+		if err != nil {
+			return turnRates{}, err
+		}
+		o, l = append(o, a.GBps), append(l, b.GBps)
+		if b.GBps > 0 {
+			ratio = append(ratio, a.GBps/b.GBps)
+		}
+	}
+	return turnRates{ours: Median(o), limit: Median(l), ratio: Median(ratio)}, nil
+}
