@@ -84,6 +84,50 @@ func (v *variable) current(id int64) error {
 	return nil
 }
 
+// readLock is what a client's read holds while it copies: its receive
+// region's lock, and the variable's read lock until the node-local
+// copies are done (unlockVar), so that a Free of this node's shards need
+// not wait for the fetches of other nodes' rows.
+type readLock struct {
+	reg  *region
+	v    *variable
+	held bool // v.mu read-locked
+}
+
+// lockRead takes receive region id and v's read lock for a read of the
+// variable as looked up in table tableID (v.current).
+func (a *Agent) lockRead(v *variable, id uint32, tableID int64) (readLock, error) {
+	reg, err := a.regions.use(id)
+	if err != nil {
+		return readLock{}, err
+	}
+	v.mu.RLock()
+	l := readLock{reg: reg, v: v, held: true}
+	if err := v.current(tableID); err != nil {
+		l.release()
+		return readLock{}, err
+	}
+	return l, nil
+}
+
+func (l *readLock) unlockVar() {
+	if l.held {
+		l.v.mu.RUnlock()
+		l.held = false
+	}
+}
+
+func (l *readLock) relockVar() {
+	l.v.mu.RLock()
+	l.held = true
+}
+
+// release lets go of both locks (v's if still held).
+func (l *readLock) release() {
+	l.unlockVar()
+	l.reg.mu.RUnlock()
+}
+
 // read serves a client's Read: rows of this node are copied from the
 // segments, rows of other nodes are fetched from their agents concurrently
 // (one request per owner node, cut into pieces when large), straight into
@@ -93,21 +137,12 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 	if err != nil {
 		return err
 	}
-	reg, err := a.regions.use(m.Region)
+	l, err := a.lockRead(v, m.Region, m.ID)
 	if err != nil {
 		return err
 	}
-	defer reg.mu.RUnlock()
-	v.mu.RLock()
-	locked := true
-	defer func() {
-		if locked {
-			v.mu.RUnlock()
-		}
-	}()
-	if err := v.current(m.ID); err != nil {
-		return err
-	}
+	defer l.release()
+	reg := l.reg
 	if err := v.lay.CheckAll(m.Globals); err != nil {
 		return err
 	}
@@ -115,18 +150,16 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 		if v.index == nil {
 			// Not built on this node yet (a client of a reading job's
 			// first Read): build it, then read.
-			v.mu.RUnlock()
-			locked = false
+			l.unlockVar()
 			if err := a.ensureIndex(ctx, v); err != nil {
 				return err
 			}
-			v.mu.RLock()
-			locked = true
+			l.relockVar()
 			if v.gone || v.index == nil {
 				return base.Errorf(base.ErrFreed, "variable %q was freed", m.Name)
 			}
 		}
-		return a.readRagged(ctx, s, v, m, reg.mem, func() { v.mu.RUnlock(); locked = false })
+		return a.readRagged(ctx, s, v, m, reg.mem, l.unlockVar)
 	}
 	rb := v.lay.Bytes()
 	size := int64(len(reg.mem))
@@ -163,8 +196,7 @@ func (a *Agent) read(ctx context.Context, s *session, m *wire.Read) error {
 	}
 	// The local copies are done; remote rows need only the table, not the
 	// segments, so let a Free of this node's shards proceed.
-	v.mu.RUnlock()
-	locked = false
+	l.unlockVar()
 	a.stats.readRows.Add(int64(len(m.Globals)))
 
 	a.cutPieces(f, t, a.rows.Serial())

@@ -46,21 +46,12 @@ func (a *Agent) readRange(ctx context.Context, s *session, m wire.ReadRange) err
 		}
 		return a.read(ctx, s, r)
 	}
-	reg, err := a.regions.use(m.Region)
+	l, err := a.lockRead(v, m.Region, m.ID)
 	if err != nil {
 		return err
 	}
-	defer reg.mu.RUnlock()
-	v.mu.RLock()
-	locked := true
-	defer func() {
-		if locked {
-			v.mu.RUnlock()
-		}
-	}()
-	if err := v.current(m.ID); err != nil {
-		return err
-	}
+	defer l.release()
+	reg := l.reg
 	if v.rag != nil {
 		return base.Errorf(base.ErrArgument, "variable %q has ragged rows: a range of them is read with Read", m.Name)
 	}
@@ -98,8 +89,7 @@ func (a *Agent) readRange(ctx context.Context, s *session, m wire.ReadRange) err
 		pieces = append(pieces, rangePiece{piece: piece{node: t.Nodes[ni], addr: t.Addrs[ni]}, start: start, count: sp.Count, dst: dst})
 	}
 	// The local copies are done; remote rows need only the table.
-	v.mu.RUnlock()
-	locked = false
+	l.unlockVar()
 	a.stats.readRows.Add(m.Count)
 	pieces = a.cutRanges(pieces, rb)
 	s.ranges = pieces
