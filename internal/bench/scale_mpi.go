@@ -82,6 +82,9 @@ type ScaleMPIPoint struct {
 	OneSidedRows int64 `json:"one_sided_rows"`
 	// LaunchSeconds: the whole mpirun, from its start to its exit.
 	LaunchSeconds float64 `json:"launch_s"`
+	// TeardownErr: the launch failed after rank 0 had printed these
+	// figures (in the collective Free or Close that follow the reads).
+	TeardownErr string `json:"teardown_error,omitempty"`
 	// Load is the machine's load average when rank 0 finished reading.
 	Load string `json:"load"`
 }
@@ -140,6 +143,10 @@ func RunScaleMPI(opts ScaleOptions) (*ScaleMPIReport, error) {
 		}
 		fmt.Fprintf(pr, "open %.1fs add %.2fs read %.0f rows/s p99 %.0fµs cpu µs/batch %.0f reader %.0f owners %.0f agents %.0f machine, owners/batch %.1f (mpirun %.1fs)\n",
 			p.OpenSeconds, p.AddSeconds, p.ReadRowsPerSec, p.ReadP99us, p.ReadCPUus, p.OwnersCPUus, p.AgentsCPUus, p.MachineCPUus, p.OwnersPerBatch, p.LaunchSeconds)
+		if p.TeardownErr != "" {
+			line, _, _ := strings.Cut(p.TeardownErr, "\n")
+			fmt.Fprintf(pr, "mpi K=%d: the launch then failed: %s\n", k, line)
+		}
 		rep.Points = append(rep.Points, p)
 	}
 	if i := slices.IndexFunc(rep.Points, func(p ScaleMPIPoint) bool { return p.Nodes == 2 }); i >= 0 && rep.Points[i].ReadRowsPerSec > 0 {
@@ -164,13 +171,18 @@ func scaleMPIPoint(k int, sj scaleMPIJob) (ScaleMPIPoint, error) {
 	j := trainerJob{Namespace: fmt.Sprintf("bench-%d-scale-mpi-%d", os.Getpid(), k), RunDir: filepath.Join(dir, "run"), Rendezvous: rdv, Ranks: k, Scale: &sj}
 	t0 := time.Now()
 	ps, err := runRanks[ScaleMPIPoint]("scale --method mpi", trainerEnv, k, j)
-	if err != nil {
+	if err != nil && len(ps) != 1 {
 		return ScaleMPIPoint{}, err
 	}
 	if len(ps) != 1 {
 		return ScaleMPIPoint{}, fmt.Errorf("rank 0 printed %d results, want 1", len(ps))
 	}
 	ps[0].LaunchSeconds = time.Since(t0).Seconds()
+	if err != nil {
+		// The reads are done and measured; what failed is kept with them.
+		msg := err.Error()
+		ps[0].TeardownErr = msg[:min(len(msg), 2000)]
+	}
 	return ps[0], nil
 }
 
@@ -204,28 +216,32 @@ func scaleMPIAgents(exe string, j trainerJob, node string, rank int, agentArgs [
 // scaleMPIRank is one rank of a job of the method mpi: every rank Adds its
 // shard (rows whose first word is their global row), rank 0 reads and
 // checks batches of random rows of every other node, the others wait in
-// trainerIdle; open is how long this rank's Open took.
-func scaleMPIRank(s *ddstore.Store, j trainerJob, rank int, open time.Duration) (ScaleMPIPoint, error) {
+// trainerIdle; open is how long this rank's Open took. Rank 0 says its
+// figures (say) before the collective Free.
+func scaleMPIRank(s *ddstore.Store, j trainerJob, rank int, open time.Duration, say func(ScaleMPIPoint) error) error {
 	p := ScaleMPIPoint{Nodes: j.Ranks, OpenSeconds: open.Seconds()}
 	const name = "scale-mpi"
 	t0 := time.Now()
 	if err := trainerShard(s, name, rank, j.Scale.RowsPerNode, j.Scale.RowBytes); err != nil {
-		return p, err
+		return err
 	}
 	p.AddSeconds = time.Since(t0).Seconds()
 	done := filepath.Join(j.RunDir, name+".done")
 	if rank != 0 {
-		return p, trainerIdle(s, name, done)
+		return trainerIdle(s, name, done)
 	}
 	if err := scaleMPIRead(s, name, j, &p); err != nil {
 		// The others end too, without the Free rank 0 no longer joins.
 		os.WriteFile(done, []byte(err.Error()), 0o600)
-		return p, err
+		return err
 	}
 	if err := os.WriteFile(done, nil, 0o600); err != nil {
-		return p, err
+		return err
 	}
-	return p, s.Free(name)
+	if err := say(p); err != nil {
+		return err
+	}
+	return s.Free(name)
 }
 
 // scaleMPIRead is rank 0's reads of a job of the method mpi, into p.

@@ -54,6 +54,9 @@ func TestScaleMPI(t *testing.T) {
 		t.Fatalf("report of method %q with %d points, want mpi and 1: %s", rep.Method, len(rep.Points), out)
 	}
 	p := rep.Points[0]
+	if p.TeardownErr != "" {
+		t.Errorf("the launch failed after the reads: %s", p.TeardownErr)
+	}
 	if p.Nodes != 3 || p.Batches < 2 || len(p.ReadRounds) != 2 || p.ReadRowsPerSec <= 0 {
 		t.Errorf("K=%d, %d batches, %d rounds, %.0f rows/s: want K=3, at least a batch a round, 2 rounds, rows read", p.Nodes, p.Batches, len(p.ReadRounds), p.ReadRowsPerSec)
 	}

@@ -88,11 +88,7 @@ func MPITrainerRank() (bool, error) {
 	defer s.Close()
 	enc := json.NewEncoder(os.Stdout)
 	if j.Scale != nil {
-		p, err := scaleMPIRank(s, j, rank, time.Since(t0))
-		if err == nil && rank == 0 {
-			err = enc.Encode(p)
-		}
-		return true, err
+		return true, scaleMPIRank(s, j, rank, time.Since(t0), func(p ScaleMPIPoint) error { return enc.Encode(p) })
 	}
 	for _, rb := range j.RowSizes {
 		r, err := trainerRows(s, j, rank, rb)
@@ -177,7 +173,7 @@ func trainerShard(s *ddstore.Store, name string, rank int, n int64, rb int) erro
 // trainerIdlePoll is how often a rank that only owns rows looks for the
 // reader's done file: seldom, so that a job of many such ranks on one
 // machine takes next to no CPU from the reader.
-const trainerIdlePoll = 20 * time.Millisecond
+const trainerIdlePoll = 200 * time.Millisecond
 
 // trainerIdle is a rank other than the reader: it waits outside MPI,
 // taking no CPU, as the owner of rows read one-sided should, until the

@@ -75,7 +75,7 @@ func runMPIProbe(opts Options) ([]MPIProbeResult, error) {
 
 // runRanks runs this binary's `bench` as the np ranks of an MPI launch,
 // env key holding arg as JSON, and decodes the results rank 0 prints as
-// JSON lines.
+// JSON lines; when the launch fails, also those printed before.
 func runRanks[T any](what, key string, np int, arg any) ([]T, error) {
 	exe, err := os.Executable()
 	if err != nil {
@@ -93,18 +93,21 @@ func runRanks[T any](what, key string, np int, arg any) ([]T, error) {
 	cmd.Env = append(os.Environ(), key+"="+string(b))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return nil, fmt.Errorf("bench: %s: %w\n%s%s", what, err, out, stderr.Bytes())
-	}
+	out, runErr := cmd.Output()
 	var res []T
 	dec := json.NewDecoder(bytes.NewReader(out))
 	for dec.More() {
 		var r T
 		if err := dec.Decode(&r); err != nil {
+			if runErr != nil {
+				break
+			}
 			return nil, fmt.Errorf("bench: %s: %w in %q", what, err, out)
 		}
 		res = append(res, r)
+	}
+	if runErr != nil {
+		return res, fmt.Errorf("bench: %s: %w\n%s%s", what, runErr, out, stderr.Bytes())
 	}
 	return res, nil
 }
