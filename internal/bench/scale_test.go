@@ -2,6 +2,7 @@ package bench_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -15,6 +16,7 @@ import (
 	"github.com/ddstore-go/ddstore/internal/bench"
 	"github.com/ddstore-go/ddstore/internal/cli"
 	"github.com/ddstore-go/ddstore/internal/testutil"
+	"github.com/ddstore-go/ddstore/internal/transport"
 )
 
 // The driver's agents and node helpers are this test binary run as the
@@ -234,5 +236,18 @@ func TestScaleDriverSignal(t *testing.T) {
 		if strings.Contains(string(b), prefix) {
 			t.Errorf("a process of the stopped job still runs: %s", f)
 		}
+	}
+}
+
+// TestScaleMPIRefusedWithoutMPI: the method mpi in a build without MPI is
+// refused, saying how to build one.
+func TestScaleMPIRefusedWithoutMPI(t *testing.T) {
+	if transport.MPIBuilt {
+		t.Skip("built with MPI")
+	}
+	opts := bench.DefaultScaleOptions()
+	opts.Nodes = []int{2}
+	if _, err := bench.RunScaleMPI(opts); !errors.Is(err, bench.ErrScaleNoMPI) {
+		t.Fatalf("RunScaleMPI without MPI: %v, want %v", err, bench.ErrScaleNoMPI)
 	}
 }

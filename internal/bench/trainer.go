@@ -18,9 +18,13 @@ import (
 const trainerEnv = "DDSTORE_BENCH_MPI_TRAINER"
 
 // trainerJob is what the ranks of the trainer-side measurement share.
+// With Scale set it is one job size of the scale driver's method mpi
+// (scale_mpi.go): Ranks ranks, one a node.
 type trainerJob struct {
 	Options
 	Namespace, RunDir, Rendezvous string
+	Ranks                         int
+	Scale                         *scaleMPIJob `json:",omitempty"`
 }
 
 // runMPITrainer measures cross-node reads of a Store with Method "mpi":
@@ -38,8 +42,8 @@ func runMPITrainer(opts Options) ([]MPIProbeResult, error) {
 		return nil, err
 	}
 	j := trainerJob{Options: Options{RowSizes: opts.RowSizes, Batch: opts.Batch, ShardBytes: opts.ShardBytes, Duration: opts.Duration, Latency: opts.Latency},
-		Namespace: fmt.Sprintf("bench-%d-trainer", os.Getpid()), RunDir: filepath.Join(dir, "run"), Rendezvous: rdv}
-	return runTwoRanks("MPI trainer reads", trainerEnv, j)
+		Namespace: fmt.Sprintf("bench-%d-trainer", os.Getpid()), RunDir: filepath.Join(dir, "run"), Rendezvous: rdv, Ranks: 2}
+	return runRanks[MPIProbeResult]("MPI trainer reads", trainerEnv, 2, j)
 }
 
 // MPITrainerRank runs one rank of runMPITrainer when this process is one
@@ -55,8 +59,8 @@ func MPITrainerRank() (bool, error) {
 		return true, err
 	}
 	rank, size, ok := mpirun.Rank()
-	if !ok || size != 2 {
-		return true, fmt.Errorf("bench: MPI trainer reads: rank %d of %d, want one of 2 ranks of mpirun", rank, size)
+	if !ok || size != j.Ranks {
+		return true, fmt.Errorf("bench: MPI trainer reads: rank %d of %d, want one of %d ranks of mpirun", rank, size, j.Ranks)
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -65,14 +69,27 @@ func MPITrainerRank() (bool, error) {
 	if err := os.MkdirAll(j.RunDir, 0o700); err != nil {
 		return true, err
 	}
-	s, err := ddstore.Open(ddstore.Config{Method: ddstore.MethodMPI, Rank: rank, Size: 2, LocalRank: 0, LocalSize: 1,
-		Node: []string{"bench-a", "bench-b"}[rank], Namespace: j.Namespace, RunDir: j.RunDir, AgentBinary: exe,
-		AgentArgs: []string{"--rendezvous", j.Rendezvous, "--peer-listen", "127.0.0.1:0", "--idle-exit", "5s"}})
+	node := fmt.Sprintf("bench-%d", rank)
+	agentArgs := []string{"--rendezvous", j.Rendezvous, "--peer-listen", "127.0.0.1:0", "--idle-exit", "5s"}
+	if j.Scale != nil {
+		// Every agent serves before any rank enters MPI_Init, whose
+		// waiting would take the cores that many agents starting at
+		// once on one machine need.
+		if err := scaleMPIAgents(exe, j, node, rank, agentArgs); err != nil {
+			return true, err
+		}
+	}
+	t0 := time.Now()
+	s, err := ddstore.Open(ddstore.Config{Method: ddstore.MethodMPI, Rank: rank, Size: size, LocalRank: 0, LocalSize: 1,
+		Node: node, Namespace: j.Namespace, RunDir: j.RunDir, AgentBinary: exe, AgentArgs: agentArgs})
 	if err != nil {
 		return true, err
 	}
 	defer s.Close()
 	enc := json.NewEncoder(os.Stdout)
+	if j.Scale != nil {
+		return true, scaleMPIRank(s, j, rank, time.Since(t0), func(p ScaleMPIPoint) error { return enc.Encode(p) })
+	}
 	for _, rb := range j.RowSizes {
 		r, err := trainerRows(s, j, rank, rb)
 		if err != nil {
@@ -85,31 +102,18 @@ func MPITrainerRank() (bool, error) {
 	return true, nil
 }
 
-// trainerRows measures one row size; rank 1 waits outside MPI (a file
-// rank 0 writes when done) so that it takes no CPU, as the owner of rows
-// read one-sided should.
+// trainerRows measures one row size: rank 0 reads rank 1's rows, and
+// rank 1 waits in trainerIdle.
 func trainerRows(s *ddstore.Store, j trainerJob, rank, rb int) (MPIProbeResult, error) {
 	res := MPIProbeResult{RowBytes: rb}
 	n := j.ShardBytes / int64(rb)
-	rows := make([]byte, n*int64(rb))
-	for i := range n {
-		if rb >= 8 {
-			binary.LittleEndian.PutUint64(rows[i*int64(rb):], uint64(int64(rank)*n+i))
-		}
-	}
 	name := fmt.Sprintf("trainer-%d", rb)
-	if err := s.Add(name, rows, int64(rb), 1); err != nil {
+	if err := trainerShard(s, name, rank, n, rb); err != nil {
 		return res, err
 	}
 	done := filepath.Join(j.RunDir, name+".done")
-	if rank == 1 {
-		for {
-			if _, err := os.Stat(done); err == nil {
-				break
-			}
-			time.Sleep(time.Millisecond)
-		}
-		return res, s.Free(name)
+	if rank != 0 {
+		return res, trainerIdle(s, name, done)
 	}
 	rng := rand.New(rand.NewPCG(3, uint64(rb)))
 	batches := make([][]int64, 64)
@@ -152,4 +156,37 @@ func trainerRows(s *ddstore.Store, j trainerJob, rank, rb int) (MPIProbeResult, 
 		return res, err
 	}
 	return res, s.Free(name)
+}
+
+// trainerShard Adds rank's shard of name: n rows of rb bytes, each row's
+// first word its global row (rank × n + i) where a row holds one.
+func trainerShard(s *ddstore.Store, name string, rank int, n int64, rb int) error {
+	rows := make([]byte, n*int64(rb))
+	for i := range n {
+		if rb >= 8 {
+			binary.LittleEndian.PutUint64(rows[i*int64(rb):], uint64(int64(rank)*n+i))
+		}
+	}
+	return s.Add(name, rows, int64(rb), 1)
+}
+
+// trainerIdlePoll is how often a rank that only owns rows looks for the
+// reader's done file: seldom, so that a job of many such ranks on one
+// machine takes next to no CPU from the reader.
+const trainerIdlePoll = 200 * time.Millisecond
+
+// trainerIdle is a rank other than the reader: it waits outside MPI,
+// taking no CPU, as the owner of rows read one-sided should, until the
+// reader writes done, then Frees name with it (collectively); a done file
+// that holds the reader's error instead ends it with that error, no Free.
+func trainerIdle(s *ddstore.Store, name, done string) error {
+	for {
+		if b, err := os.ReadFile(done); err == nil {
+			if len(b) > 0 {
+				return fmt.Errorf("bench: the reading rank failed: %s", b)
+			}
+			return s.Free(name)
+		}
+		time.Sleep(trainerIdlePoll)
+	}
 }

@@ -70,13 +70,13 @@ func rendezvousAddr() (string, error) {
 // runMPIProbe runs the probe: mpirun -np 2 of this binary.
 func runMPIProbe(opts Options) ([]MPIProbeResult, error) {
 	o := Options{RowSizes: opts.RowSizes, Batch: opts.Batch, ShardBytes: opts.ShardBytes, Duration: opts.Duration, Latency: opts.Latency}
-	return runTwoRanks("MPI probe", probeEnv, o)
+	return runRanks[MPIProbeResult]("MPI probe", probeEnv, 2, o)
 }
 
-// runTwoRanks runs this binary's `bench` as the two ranks of an MPI launch,
+// runRanks runs this binary's `bench` as the np ranks of an MPI launch,
 // env key holding arg as JSON, and decodes the results rank 0 prints as
-// JSON lines.
-func runTwoRanks(what, key string, arg any) ([]MPIProbeResult, error) {
+// JSON lines; when the launch fails, also those printed before.
+func runRanks[T any](what, key string, np int, arg any) ([]T, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -89,22 +89,25 @@ func runTwoRanks(what, key string, arg any) ([]MPIProbeResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(launcher.Path, append(launcher.Args(2), exe, "bench")...)
+	cmd := exec.Command(launcher.Path, append(launcher.Args(np), exe, "bench")...)
 	cmd.Env = append(os.Environ(), key+"="+string(b))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return nil, fmt.Errorf("bench: %s: %w\n%s%s", what, err, out, stderr.Bytes())
-	}
-	var res []MPIProbeResult
+	out, runErr := cmd.Output()
+	var res []T
 	dec := json.NewDecoder(bytes.NewReader(out))
 	for dec.More() {
-		var r MPIProbeResult
+		var r T
 		if err := dec.Decode(&r); err != nil {
+			if runErr != nil {
+				break
+			}
 			return nil, fmt.Errorf("bench: %s: %w in %q", what, err, out)
 		}
 		res = append(res, r)
+	}
+	if runErr != nil {
+		return res, fmt.Errorf("bench: %s: %w\n%s%s", what, runErr, out, stderr.Bytes())
 	}
 	return res, nil
 }

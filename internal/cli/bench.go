@@ -93,7 +93,13 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if *asJSON {
+	return writeReport(stdout, rep, *asJSON, t0)
+}
+
+// writeReport prints a benchmark's report: one JSON object, or its table
+// and the command with the time it took since t0.
+func writeReport(stdout io.Writer, rep interface{ WriteTable(io.Writer) error }, asJSON bool, t0 time.Time) error {
+	if asJSON {
 		return json.NewEncoder(stdout).Encode(rep)
 	}
 	if err := rep.WriteTable(stdout); err != nil {

@@ -1,8 +1,6 @@
 package cli
 
 import (
-	"encoding/json"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -24,7 +22,15 @@ goroutines and connections, a variable's table per node, GetBatch of
 random rows of all the other nodes by one rank, and the same while one
 node's agent is killed and started again. Every agent is stopped and its
 segments removed at the end. The model to 1,024 nodes and the plots:
-python -m ddstore_bench.scale on the --json output (make scale).`
+python -m ddstore_bench.scale on the --json output (make scale).
+
+With --method mpi (a binary built with -tags mpi: make build-mpi), the
+reads by one-sided gets instead: per K, mpirun -np K of this binary, each
+rank a node with its agent and a Store with Method "mpi"; rank 0 reads
+GetBatch of random rows of all the other nodes by MPI gets from its own
+process, --rounds rounds of --duration each, while the others wait
+outside MPI. Of the other options it takes --nodes, --rows-per-node,
+--row, --batch and --json.`
 
 func runBenchScale(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("bench scale", benchScaleSynopsis, stderr)
@@ -41,8 +47,12 @@ func runBenchScale(args []string, stdout, stderr io.Writer) error {
 	peerIdle := fs.Duration("peer-idle", 0, "the agents' --peer-idle (0: their default); the reading node's connections are counted again after it")
 	fanout := fs.Int("relay-fanout", 0, "the agents' --relay-fanout (0: their default, 8)")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of the table")
+	method := fs.String("method", "agent", "how the reading rank reads the other nodes' rows: agent (through the agents, over TCP) or mpi (one-sided MPI gets from its process; with --rounds rounds of reads, not of Add/Free)")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *method != "agent" && *method != "mpi" {
+		return base.Errorf(base.ErrArgument, "--method %q: want agent or mpi", *method)
 	}
 	opts := bench.DefaultScaleOptions()
 	opts.Nodes = nil
@@ -74,16 +84,16 @@ func runBenchScale(args []string, stdout, stderr io.Writer) error {
 	}
 	opts.Progress = stderr
 	t0 := time.Now()
+	if *method == "mpi" {
+		rep, err := bench.RunScaleMPI(opts)
+		if err != nil {
+			return err
+		}
+		return writeReport(stdout, rep, *asJSON, t0)
+	}
 	rep, err := bench.RunScale(opts)
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		return json.NewEncoder(stdout).Encode(rep)
-	}
-	if err := rep.WriteTable(stdout); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "(%s in %.1f s)\n", strings.Join(os.Args, " "), time.Since(t0).Seconds())
-	return nil
+	return writeReport(stdout, rep, *asJSON, t0)
 }
