@@ -22,6 +22,7 @@ import (
 	"github.com/ddstore-go/ddstore"
 	"github.com/ddstore-go/ddstore/internal/agent"
 	"github.com/ddstore-go/ddstore/internal/base"
+	"github.com/ddstore-go/ddstore/internal/coord"
 	"github.com/ddstore-go/ddstore/internal/layout"
 	"github.com/ddstore-go/ddstore/internal/source"
 	"github.com/ddstore-go/ddstore/internal/testutil"
@@ -58,6 +59,9 @@ type node struct {
 
 // startNodes starts one agent per node of a fresh namespace; several meet
 // through a rendezvous address.
+// testStart is about when this test process started (at the latest).
+var testStart = time.Now()
+
 func startNodes(t *testing.T, n int) (string, []node) {
 	t.Helper()
 	ns := fmt.Sprintf("clitest-%d-%d", os.Getpid(), nsSeq.Add(1))
@@ -647,6 +651,17 @@ func median(xs []float64) float64 {
 // the others fail at once, not at the timeout.
 func TestIngestOneNodeCannotStart(t *testing.T) {
 	ns, nodes := startNodes(t, 2)
+	// Both ranks are this test process. Once rank 1's failed round has no
+	// live process (its store closed), the coordinator takes rank 0 for a
+	// rank of that job only if its process started coord.JobStartSlack
+	// before then; a job started after one died is a new one. A test run
+	// alone can reach here sooner after the process started.
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if age := time.Since(testStart); age <= 2*coord.JobStartSlack {
+			return fmt.Errorf("this process has run %v, not yet twice coord.JobStartSlack", age)
+		}
+		return nil
+	})
 	path := filepath.Join(t.TempDir(), "feat.npy")
 	writeNPY(t, path, 100)
 	files := []string{path, path + ".missing.npy"}
