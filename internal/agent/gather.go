@@ -189,31 +189,15 @@ func (a *Agent) sendBatch(k roundLead, g *gather, b *batch, m wire.Shard) {
 	hold, most := a.gatherHoldOf(m)
 	ctx, cancel := context.WithTimeout(a.ctx, a.roundTimeout(m)+most+a.cfg.Timeout)
 	defer cancel()
-	for {
+	waitQuiet(ctx, b.full, func() time.Time {
 		gs.mu.Lock()
-		quiet := b.last
+		defer gs.mu.Unlock()
 		if g.leading {
-			// The own leader's request comes within the fold's hold.
-			quiet = time.Now()
+			// The own leader's request comes within the fold's wait.
+			return time.Now()
 		}
-		wait := min(time.Until(quiet.Add(hold)), time.Until(b.start.Add(most)))
-		gs.mu.Unlock()
-		if wait <= 0 {
-			break
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-b.full:
-			wait = 0
-		case <-ctx.Done():
-			wait = 0
-		case <-t.C:
-		}
-		t.Stop()
-		if wait == 0 {
-			break
-		}
-	}
+		return b.last
+	}, b.start, hold, most)
 	gs.mu.Lock()
 	if g.open == b {
 		g.open = nil
