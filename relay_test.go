@@ -472,11 +472,7 @@ func TestClusterRoundGatherTree(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			buf := make([]byte, 16*rows[r])
-			for i := range rows[r] {
-				pattern(buf[16*i:16*(i+1)], int64(r*(r+1)/2)+i)
-			}
-			errs[r] = c.stores[r].Add(name, buf, 2, 8)
+			errs[r] = addRankPattern(c, name, rows, r)
 		}()
 	}
 	// waitRound waits up to within for the coordinator's round of name
@@ -591,6 +587,16 @@ func TestClusterRoundGatherTree(t *testing.T) {
 	failedNaming(relay, func(r int) bool { return r/2 == others[0] || r/2 == relay })
 }
 
+// addRankPattern adds rank r's shard of name, rows[r] = r+1 rows of 16
+// bytes (disp 2, itemsize 8) in pattern, as addPattern would.
+func addRankPattern(c *cluster, name string, rows []int64, r int) error {
+	buf := make([]byte, 16*rows[r])
+	for i := range rows[r] {
+		pattern(buf[16*i:16*(i+1)], int64(r*(r+1)/2)+i)
+	}
+	return c.stores[r].Add(name, buf, 2, 8)
+}
+
 // TestClusterRoundGatherLate: with a relay fanout of 2, the six nodes
 // other than the coordinator's form a gather tree of two relays of two
 // children each. A relay's children whose requests come after it sent
@@ -637,11 +643,7 @@ func TestClusterRoundGatherLate(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				buf := make([]byte, 16*rows[r])
-				for i := range rows[r] {
-					pattern(buf[16*i:16*(i+1)], int64(r*(r+1)/2)+i)
-				}
-				errs[r] = c.stores[r].Add(name, buf, 2, 8)
+				errs[r] = addRankPattern(c, name, rows, r)
 			}()
 		}
 	}

@@ -153,8 +153,10 @@ func (gs *gathers) get(k roundLead, v *gatherView, self string, own bool) *gathe
 	return g
 }
 
-// addGather enters shards into g's open batch, starting one (and the goroutine
-// that sends it) when none is open, and returns it; gs.mu is held.
+// addGather enters shards (own: this node's leader's, which go first)
+// into g's open batch, starting one (and the goroutine that sends it,
+// with round m's timeouts) when none is open, and returns it; gs.mu is
+// held.
 func (a *Agent) addGather(k roundLead, g *gather, m wire.Shard, shards []wire.Shard, own bool) *batch {
 	b := g.open
 	now := time.Now()
@@ -279,8 +281,9 @@ func directReply(e *wire.Encoder) {
 
 // ownGather tells round m's gather that this node's leader leads, as
 // soon as it does (before its node's other ranks are in), so that the
-// open batch waits for it (its hold counts from now); nil with no tree
-// yet (the job's first round) or one of another coordinator.
+// open batch waits for its request (sendRound) while it folds them; nil
+// with no tree yet (the job's first round) or one of another
+// coordinator.
 func (a *Agent) ownGather(addr string, m wire.Shard) (*gather, *gatherView) {
 	v := a.tree.Load()
 	if v == nil || v.coord != addr {
