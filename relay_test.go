@@ -472,11 +472,7 @@ func TestClusterRoundGatherTree(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			buf := make([]byte, 16*rows[r])
-			for i := range rows[r] {
-				pattern(buf[16*i:16*(i+1)], int64(r*(r+1)/2)+i)
-			}
-			errs[r] = c.stores[r].Add(name, buf, 2, 8)
+			errs[r] = addRankPattern(c, name, rows, r)
 		}()
 	}
 	// waitRound waits up to within for the coordinator's round of name
@@ -589,4 +585,111 @@ func TestClusterRoundGatherTree(t *testing.T) {
 		errs[late] = c.stores[late].Add("cut2", make([]byte, 16*rows[late]), 2, 8)
 	}()
 	failedNaming(relay, func(r int) bool { return r/2 == others[0] || r/2 == relay })
+}
+
+// addRankPattern adds rank r's shard of name, rows[r] = r+1 rows of 16
+// bytes (disp 2, itemsize 8) in pattern, as addPattern would.
+func addRankPattern(c *cluster, name string, rows []int64, r int) error {
+	buf := make([]byte, 16*rows[r])
+	for i := range rows[r] {
+		pattern(buf[16*i:16*(i+1)], int64(r*(r+1)/2)+i)
+	}
+	return c.stores[r].Add(name, buf, 2, 8)
+}
+
+// TestClusterRoundGatherLate: with a relay fanout of 2, the six nodes
+// other than the coordinator's form a gather tree of two relays of two
+// children each. A relay's children whose requests come after it sent
+// its own up are carried up together in a second request of the same
+// round, not each sent to the coordinator by itself; and a relay whose
+// own ranks are not in the round yet carries its children's shards up
+// without its own: three messages at the coordinator, not four, and no
+// request goes direct.
+func TestClusterRoundGatherLate(t *testing.T) {
+	if clusterTransport == "mpi" {
+		t.Skip("the mpirun agents take their flags, not this Config")
+	}
+	c := startCluster(t, []int{2, 2, 2, 2, 2, 2, 2}, viaRendezvous, func(cfg *agent.Config) { cfg.RelayFanout = 2 })
+	coord, coordMsgs := c.coordinatorMessages(t)
+	rows := []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14}
+	const total = 105
+	c.addPattern(t, "warm", rows, 2, 8) // every node joins; the tree is this table's
+	counters := func(name string) (n int) {
+		for i := range c.agents {
+			if i == coord {
+				continue
+			}
+			in, err := ddstore.QueryAgent(c.agents[i].Socket(), c.ns, fmt.Sprintf("node%d", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			n += in.Counters[name]
+		}
+		return n
+	}
+	// Node order is rank order: the first of the others relays the next
+	// two, the fourth the last two.
+	others := make([]int, 0, 6)
+	for i := range c.agents {
+		if i != coord {
+			others = append(others, i)
+		}
+	}
+	relay, children := others[0], others[1:3]
+	errs := make([]error, len(c.stores))
+	var wg sync.WaitGroup
+	add := func(name string, node int) {
+		for r := 2 * node; r < 2*node+2; r++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[r] = addRankPattern(c, name, rows, r)
+			}()
+		}
+	}
+	// round runs an Add of name whose late nodes start once the
+	// coordinator has received sent messages, and checks what it
+	// received in all and that no request went to it direct.
+	round := func(name string, late []int, sent, want int, what string) {
+		t.Helper()
+		before, direct, relayed := coordMsgs(), counters("gathers_direct"), counters("gathers_relayed")
+		errs = make([]error, len(c.stores))
+		for i := range c.agents {
+			if !slices.Contains(late, i) {
+				add(name, i)
+			}
+		}
+		testutil.WaitFor(t, 30*time.Second, func() error {
+			if got := coordMsgs() - before; got < sent {
+				return fmt.Errorf("the coordinator received %d messages of %q, want %d before the late nodes start", got, name, sent)
+			}
+			return nil
+		})
+		for _, i := range late {
+			add(name, i)
+		}
+		wg.Wait()
+		for r, err := range errs {
+			if err != nil {
+				t.Fatalf("%s: rank %d: %v", what, r, err)
+			}
+		}
+		if got := coordMsgs() - before; got != want {
+			t.Errorf("%s: the coordinator received %d messages, want %d", what, got, want)
+		}
+		if got := counters("gathers_direct") - direct; got != 0 {
+			t.Errorf("%s: %d requests went to the coordinator direct, want none (the relays carry them)", what, got)
+		}
+		if got := counters("gathers_relayed") - relayed; got != 4 {
+			t.Errorf("%s: the relays carried %d children's requests, want 4", what, got)
+		}
+		readAllRanks(t, c, name, total, 16)
+	}
+	round("up", nil, 0, 2, "every node in time")
+	// The relay's children start once both relays' requests are at the
+	// coordinator: the first relay sends theirs in a second request.
+	round("late", children, 2, 3, "a relay's children late")
+	// The relay's own ranks start once its children's shards and the
+	// other relay's are at the coordinator.
+	round("own", []int{relay}, 2, 3, "a relay's own ranks late")
 }

@@ -53,6 +53,10 @@ type waiter struct {
 	// from node; it is given the table itself or a node to fetch it from.
 	tree bool
 	node string
+	// from is the node that sent the request when not node (a relay of
+	// the gather tree carrying its children's shards, wire.Round.From):
+	// the one named when its connection closes.
+	from string
 }
 
 // reply is the core's reply, and for a tree request the node to fetch the
@@ -150,7 +154,13 @@ func (c *coordinator) publish(ctx context.Context, sh wire.Shard, timeout time.D
 // need no deadline of their own: this request waits for their round, and
 // when it gives up the round fails (await), which ends theirs.
 func (c *coordinator) publishRound(ctx context.Context, sh wire.Shard, others []wire.Shard, tree bool, timeout time.Duration) (*wire.Table, string, error) {
-	r := c.await(ctx, timeout, &waiter{tree: tree, node: sh.Node}, func(now time.Time, req uint64) []coord.Reply {
+	return c.publishRoundFrom(ctx, sh, others, "", tree, timeout)
+}
+
+// publishRoundFrom is publishRound for a request that node from sent
+// ("": sh's node).
+func (c *coordinator) publishRoundFrom(ctx context.Context, sh wire.Shard, others []wire.Shard, from string, tree bool, timeout time.Duration) (*wire.Table, string, error) {
+	r := c.await(ctx, timeout, &waiter{tree: tree, node: sh.Node, from: from}, func(now time.Time, req uint64) []coord.Reply {
 		replies := c.mu.core.Publish(now, req, sh, now.Add(timeout))
 		for _, o := range others {
 			c.deliverLocked(replies)
@@ -240,8 +250,8 @@ func (c *coordinator) await(ctx context.Context, timeout time.Duration, w *waite
 			why = "went away before it ended: its client closed the connection that waited (the process exited or was killed?)"
 		case errors.Is(cause, transport.ErrConnClosed):
 			on := ""
-			if w.node != "" {
-				on = fmt.Sprintf(" on node %q", w.node)
+			if n := cmp.Or(w.from, w.node); n != "" {
+				on = fmt.Sprintf(" on node %q", n)
 			}
 			why = fmt.Sprintf("is out of it: the connection from its agent%s to the coordinator closed while it waited (the agent was killed or stopped?)", on)
 		}
@@ -622,7 +632,7 @@ func (a *Agent) coordinatorOp(ctx context.Context, op wire.Op, body []byte) (fun
 		if err != nil {
 			return nil, err
 		}
-		t, relay, err := c.publishRound(ctx, m.Shard, m.Others, m.Want == wire.RoundTable, a.roundTimeout(m.Shard))
+		t, relay, err := c.publishRoundFrom(ctx, m.Shard, m.Others, m.From, m.Want == wire.RoundTable, a.roundTimeout(m.Shard))
 		if err != nil {
 			return nil, err
 		}

@@ -12,6 +12,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -24,21 +25,23 @@ import (
 type gatherView struct {
 	coord string // the coordinator's address the tree is for
 	// parent is the relay this node's requests go to ("": the
-	// coordinator itself); children how many nodes send theirs here.
+	// coordinator itself); below the nodes of its subtree, whose shards
+	// come here (from its children, each carrying its own subtree's).
 	parent, parentNode string
-	children           int
+	below              []string
 }
 
 // gatherPlace finds self among members, the nodes of a tree rooted
 // outside them (the coordinator), chunked as dropAlong chunks them: the
 // root's children are the first nodes of the at most f chunks of
 // consecutive members, each one the root of the rest of its chunk
-// alike. It returns the index of self's parent (-1: the root) and how
-// many children self has; ok is false when self is not a member.
-func gatherPlace(members []string, self string, f int) (parent, children int, ok bool) {
+// alike. It returns the index of self's parent (-1: the root), how many
+// children self has and the nodes below it (the rest of its chunk); ok
+// is false when self is not a member.
+func gatherPlace(members []string, self string, f int) (parent, children int, below []string, ok bool) {
 	idx := slices.Index(members, self)
 	if idx < 0 {
-		return 0, 0, false
+		return 0, 0, nil, false
 	}
 	chunks := func(n int) int { // how many chunks dropAlong makes of n nodes
 		if n == 0 {
@@ -53,7 +56,7 @@ func gatherPlace(members []string, self string, f int) (parent, children int, ok
 		s := lo + (idx-lo)/size*size
 		e := min(s+size, hi)
 		if s == idx {
-			return parent, chunks(e - s - 1), true
+			return parent, chunks(e - s - 1), slices.Clone(members[s+1 : e]), true
 		}
 		parent, lo, hi = s, s+1, e
 	}
@@ -70,11 +73,11 @@ func (a *Agent) noteTree(coordAddr string, t *wire.Table) {
 			members, addrs = append(members, n), append(addrs, t.Addrs[i])
 		}
 	}
-	parent, children, ok := gatherPlace(members, a.cfg.Node, a.dropFanout())
+	parent, _, below, ok := gatherPlace(members, a.cfg.Node, a.dropFanout())
 	if !ok {
 		return // not in this round: the tree of an earlier one stays
 	}
-	v := &gatherView{coord: coordAddr, children: children}
+	v := &gatherView{coord: coordAddr, below: below}
 	if parent >= 0 {
 		v.parent, v.parentNode = addrs[parent], members[parent]
 	}
@@ -82,67 +85,142 @@ func (a *Agent) noteTree(coordAddr string, t *wire.Table) {
 }
 
 // gathers are the rounds whose requests this node, a relay of the
-// gather tree, carries up: its own node's and its children's.
+// gather tree, carries up: its own node's and its subtree's.
 type gathers struct {
 	mu sync.Mutex // a leaf (lock order: internal/LOCKS.md)
 	m  map[roundLead]*gather
 }
 
-// gather is one round at a relay: the children's shards wait for the
-// node's own leader, which sends them up with its own request once every
-// child is in or none has come for the hold, and its outcome answers them
-// all. A round ends only once every shard is in, so waiting for the last
-// child delays nothing while they keep coming; the hold bounds the wait
-// for one that does not (not in the round, gone, or far behind).
+// gather is one round at a relay. Its shards, the own node's and those
+// its children carry from their subtrees, go up in batches: the first
+// takes every request that comes until each node of the subtree (and
+// this one) has a shard in, when it goes at once, or none has come for
+// the hold; a request that comes once it went starts the next batch,
+// which goes likewise once every node still missing is in or the hold
+// has passed. A round ends only once every shard is in, so a relay that
+// has its whole subtree delays nothing; the hold bounds the wait for
+// nodes that do not come (not in the round, gone, or far behind), and a
+// late one is carried in a later batch rather than sent to the
+// coordinator by itself.
 type gather struct {
-	start time.Time
-	want  int // the children this node expects (its gatherView)
+	view *gatherView
 	// guarded by gathers.mu
-	last   time.Time // when the last child, or the own leader, came
-	came   int
+	missing map[string]bool // the nodes of the subtree (and this one) with no shard in yet
+	open    *batch          // the batch taking requests; nil: none
+	// leading: this node's leader leads the round and its request is not
+	// in yet (ownGather to sendRound): the open batch waits for it.
+	leading bool
+	// over: a batch has its outcome (the round's table or error, or a
+	// failed request): a request that comes after goes to the
+	// coordinator itself, as does a later batch's when its own fails.
+	over bool
+}
+
+// batch is one request up the tree, carrying the shards of the requests
+// that came while it was open; its outcome answers them all.
+type batch struct {
+	start time.Time
+	// guarded by gathers.mu
+	last   time.Time // when the last request came, or the own leader began
 	shards []wire.Shard
-	own    bool // the node's own leader is in
-	state  int  // gatherOpen, gatherSent or gatherRefused
-	ready  chan struct{}
-	// done is closed once the outcome is set (or the gather refused).
+	own    bool          // the own leader's shards are in (first)
+	full   chan struct{} // closed once no node is missing: it goes at once
+	// done is closed once the outcome below is set.
 	done  chan struct{}
 	table *wire.Table
 	err   error
-	// direct: the shards were not carried up (refused, or the relay's
-	// own request failed on its way): each child sends its own.
+	// direct: the batch's request failed on its way, with upErr; whether
+	// its shards got through is not known, and each child sends its own.
 	direct bool
+	upErr  error
 }
 
-const (
-	gatherOpen = iota
-	gatherSent
-	gatherRefused
-)
-
-// get returns round k's gather, made with want children when there is
-// none (or only a finished one, for own).
-func (gs *gathers) get(k roundLead, want int, own bool) *gather {
+// get returns round k's gather, made from view v when there is none (or,
+// for own, only one that is over).
+func (gs *gathers) get(k roundLead, v *gatherView, self string, own bool) *gather {
 	g := gs.m[k]
-	if g == nil || own && g.state == gatherSent && g.own {
+	if g == nil || own && g.over {
 		if gs.m == nil {
 			gs.m = make(map[roundLead]*gather)
 		}
-		now := time.Now()
-		g = &gather{start: now, last: now, want: want, ready: make(chan struct{}), done: make(chan struct{})}
-		if want == 0 {
-			close(g.ready)
+		g = &gather{view: v, missing: make(map[string]bool, len(v.below)+1)}
+		g.missing[self] = true
+		for _, n := range v.below {
+			g.missing[n] = true
 		}
 		gs.m[k] = g
 	}
 	return g
 }
 
-// finish closes g's done once its outcome is set (or it is refused) and
-// forgets g after hold: a child's request that comes meanwhile is told at
-// once to go to the coordinator, and so is this node's own leader when g
-// was refused.
-func (gs *gathers) finish(k roundLead, g *gather, hold time.Duration) {
-	close(g.done)
+// addGather enters shards (own: this node's leader's, which go first)
+// into g's open batch, starting one (and the goroutine that sends it,
+// with round m's timeouts) when none is open, and returns it; gs.mu is
+// held.
+func (a *Agent) addGather(k roundLead, g *gather, m wire.Shard, shards []wire.Shard, own bool) *batch {
+	b := g.open
+	now := time.Now()
+	if b == nil {
+		b = &batch{start: now, full: make(chan struct{}), done: make(chan struct{})}
+		g.open = b
+		a.go_(func() { a.sendBatch(k, g, b, m) })
+	}
+	if own {
+		b.shards = append(slices.Clip(shards), b.shards...)
+		b.own, g.leading = true, false
+	} else {
+		b.shards = append(b.shards, shards...)
+	}
+	b.last = now
+	for _, sh := range shards {
+		delete(g.missing, sh.Node)
+	}
+	if len(g.missing) == 0 && b == g.open {
+		g.open = nil // full: what comes after goes in the next batch
+		close(b.full)
+	}
+	return b
+}
+
+// sendBatch sends b up once it is full, or none has come for the hold,
+// or the most a batch waits has passed (round m's, gatherHoldOf), and
+// sets its outcome. Once a batch has its outcome, g is forgotten after
+// the hold.
+func (a *Agent) sendBatch(k roundLead, g *gather, b *batch, m wire.Shard) {
+	gs := &a.gathers
+	hold, most := a.gatherHoldOf(m)
+	ctx, cancel := context.WithTimeout(a.ctx, a.roundTimeout(m)+most+a.cfg.Timeout)
+	defer cancel()
+	waitQuiet(ctx, b.full, func() time.Time {
+		gs.mu.Lock()
+		defer gs.mu.Unlock()
+		if g.leading {
+			// The own leader's request comes within the fold's wait.
+			return time.Now()
+		}
+		return b.last
+	}, b.start, hold, most)
+	gs.mu.Lock()
+	if g.open == b {
+		g.open = nil
+	}
+	r := wire.Round{Shard: b.shards[0], Others: slices.Clone(b.shards[1:]), Want: wire.RoundTable}
+	if !b.own {
+		r.From = a.cfg.Node // the children's shards, without this node's
+	}
+	gs.mu.Unlock()
+	tab, err := a.upRound(ctx, g.view.coord, g.view, r)
+	b.table, b.err = tab, err
+	if err != nil && !base.IsRemote(err) {
+		// Not the round's answer: whether the shards got through is not
+		// known, and the children send theirs to the coordinator, which
+		// takes a shard it has already as sent again (coord.again).
+		b.direct, b.upErr, b.err = true, err, nil
+	}
+	gs.mu.Lock()
+	g.over = true
+	gs.mu.Unlock()
+	close(b.done)
 	time.AfterFunc(hold, func() {
 		gs.mu.Lock()
 		if gs.m[k] == g {
@@ -153,97 +231,46 @@ func (gs *gathers) finish(k roundLead, g *gather, hold time.Duration) {
 }
 
 // gatherHoldOf is the hold of round m's gathering, as the fold's, and the
-// most a relay waits in all (a tenth of the round's timeout).
+// most a batch waits in all (a tenth of the round's timeout).
 func (a *Agent) gatherHoldOf(m wire.Shard) (hold, most time.Duration) {
 	return min(gatherHold, a.roundTimeout(m)/10), a.roundTimeout(m) / 10
 }
 
-// quiet waits until ch is closed (true), or g has had no arrival for
-// hold, or most has passed since it began, or ctx ends (false).
-func (gs *gathers) quiet(ctx context.Context, g *gather, ch <-chan struct{}, hold, most time.Duration) bool {
-	for {
-		gs.mu.Lock()
-		wait := min(time.Until(g.last.Add(hold)), time.Until(g.start.Add(most)))
-		gs.mu.Unlock()
-		if wait <= 0 {
-			select {
-			case <-ch:
-				return true
-			default:
-				return false
-			}
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ch:
-			t.Stop()
-			return true
-		case <-ctx.Done():
-			t.Stop()
-			return false
-		case <-t.C:
-		}
-	}
-}
-
-// peerGather answers a child's PeerGather: its subtree's shards wait here
-// for this node's leader of the round, which carries them up. Answered
-// with the round's table, its error, or RoundReplyDirect when they are
-// not carried (this node's own rank did not come within the hold, or its
-// request went already).
+// peerGather answers a child's PeerGather: its subtree's shards go up
+// with this node's in the round's open batch (gather). Answered with the
+// round's table, its error, or RoundReplyDirect when they are not
+// carried (no tree here, the round's outcome came already, or the
+// batch's request failed on its way).
 func (a *Agent) peerGather(ctx context.Context, r wire.Round) (func(*wire.Encoder), error) {
-	k := roundLead{r.Shard.Name, r.Shard.Attempt}
-	hold, most := a.gatherHoldOf(r.Shard)
-	want := 0
-	if v := a.tree.Load(); v != nil {
-		want = v.children
+	v := a.tree.Load()
+	if v == nil {
+		return directReply, nil
 	}
+	k := roundLead{r.Shard.Name, r.Shard.Attempt}
 	gs := &a.gathers
 	gs.mu.Lock()
-	g := gs.get(k, want, false)
-	if g.state != gatherOpen {
+	g := gs.get(k, v, a.cfg.Node, false)
+	if g.over {
 		gs.mu.Unlock()
 		return directReply, nil
 	}
-	g.shards = append(g.shards, r.Shard)
-	g.shards = append(g.shards, r.Others...)
-	g.came++
-	g.last = time.Now()
-	if g.came == g.want {
-		close(g.ready)
-	}
+	b := a.addGather(k, g, r.Shard, append([]wire.Shard{r.Shard}, r.Others...), false)
 	gs.mu.Unlock()
-	if !gs.quiet(ctx, g, g.done, hold, most) {
-		if ctx.Err() != nil {
-			// This agent stops (or the child left): not the round's
-			// answer, the child sends its shards to the coordinator itself.
-			return directReply, nil
-		}
-		gs.mu.Lock()
-		refuse := g.state == gatherOpen && !g.own
-		if refuse {
-			// This node's own ranks are not in the round (or late): the
-			// children go to the coordinator themselves.
-			g.state, g.direct = gatherRefused, true
-		}
-		gs.mu.Unlock()
-		if refuse {
-			gs.finish(k, g, hold)
-		}
-		select {
-		case <-g.done:
-		case <-ctx.Done():
-			return directReply, nil
-		}
+	select {
+	case <-b.done:
+	case <-ctx.Done():
+		// This agent stops (or the child left): not the round's
+		// answer, the child sends its shards to the coordinator itself.
+		return directReply, nil
 	}
 	switch {
-	case g.direct:
+	case b.direct:
 		return directReply, nil
-	case g.err != nil:
-		return nil, g.err
+	case b.err != nil:
+		return nil, b.err
 	}
 	a.stats.gathersRelayed.Add(1)
-	rep := wire.RoundReply{Kind: wire.RoundReplyTable, Table: *g.table}
+	rep := wire.RoundReply{Kind: wire.RoundReplyTable, Table: *b.table}
 	return rep.Encode, nil
 }
 
@@ -252,11 +279,11 @@ func directReply(e *wire.Encoder) {
 	rep.Encode(e)
 }
 
-// ownGather enters this node's leader of round m into the round's
-// gather, as soon as it leads (before its node's other ranks are in), so
-// that the children's requests that come meanwhile wait for it; nil with
-// no tree yet (the job's first round) or one of another coordinator, and
-// a refused gather when the children went to the coordinator already.
+// ownGather tells round m's gather that this node's leader leads, as
+// soon as it does (before its node's other ranks are in), so that the
+// open batch waits for its request (sendRound) while it folds them; nil
+// with no tree yet (the job's first round) or one of another
+// coordinator.
 func (a *Agent) ownGather(addr string, m wire.Shard) (*gather, *gatherView) {
 	v := a.tree.Load()
 	if v == nil || v.coord != addr {
@@ -265,51 +292,42 @@ func (a *Agent) ownGather(addr string, m wire.Shard) (*gather, *gatherView) {
 	gs := &a.gathers
 	gs.mu.Lock()
 	defer gs.mu.Unlock()
-	g := gs.get(roundLead{m.Name, m.Attempt}, v.children, true)
-	if g.state == gatherOpen {
-		g.own, g.last = true, time.Now()
+	g := gs.get(roundLead{m.Name, m.Attempt}, v, a.cfg.Node, true)
+	g.leading = !g.over
+	if g.open != nil {
+		g.open.last = time.Now()
 	}
 	return g, v
 }
 
 // sendRound sends the leader's round r (its node's shards) towards the
 // coordinator at addr and returns the round's table: up the gather tree
-// (v: the view g was made with), with the shards of this node's children
-// that g gathered once all are in or none has come for the hold, or, with
-// no g, straight to the coordinator. The outcome answers the children.
+// in g's open batch (v: the view g was made with), with the shards of
+// this node's subtree that came meanwhile, or, with no g, straight to
+// the coordinator.
 func (a *Agent) sendRound(ctx context.Context, addr string, r wire.Round, g *gather, v *gatherView) (*wire.Table, error) {
 	if g == nil {
 		return a.directRound(ctx, addr, r, false)
 	}
+	k := roundLead{r.Shard.Name, r.Shard.Attempt}
 	gs := &a.gathers
 	gs.mu.Lock()
-	open := g.state == gatherOpen
-	gs.mu.Unlock()
-	if !open {
-		// Refused: the children sent theirs to the coordinator.
+	if g.over {
+		g.leading = false
+		gs.mu.Unlock()
 		return a.upRound(ctx, addr, v, r)
 	}
-	k := roundLead{r.Shard.Name, r.Shard.Attempt}
-	hold, most := a.gatherHoldOf(r.Shard)
-	gs.quiet(ctx, g, g.ready, hold, most)
-	gs.mu.Lock()
-	g.state = gatherSent
-	children := g.shards
-	g.shards = nil
+	b := a.addGather(k, g, r.Shard, append([]wire.Shard{r.Shard}, r.Others...), true)
 	gs.mu.Unlock()
-	if len(children) > 0 {
-		r.Others = append(slices.Clip(r.Others), children...)
+	select {
+	case <-b.done:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%w: variable %q: waiting for the round's request up the gather tree: %w", base.ErrTimeout, r.Shard.Name, ctx.Err())
 	}
-	tab, err := a.upRound(ctx, addr, v, r)
-	g.table, g.err = tab, err
-	if err != nil && !base.IsRemote(err) {
-		// Not the round's answer: whether the shards got through is not
-		// known, and the children send theirs to the coordinator, which
-		// takes a shard it has already as sent again (coord.again).
-		g.direct, g.err = true, nil
+	if b.direct {
+		return nil, b.upErr
 	}
-	gs.finish(k, g, hold)
-	return tab, err
+	return b.table, b.err
 }
 
 // upRound sends r to this node's relay in the gather tree (PeerGather),

@@ -44,13 +44,14 @@ type lead struct {
 }
 
 // fold holds the shards of a node's ranks other than the leader's until
-// the leader takes them into its PeerRound: once want are in, or
-// gatherHold has passed. A shard that comes after (a late rank) goes
-// alone, in PeerShards.
+// the leader takes them into its PeerRound: once want are in, or none
+// has come for gatherHold (a tenth of the round's timeout in all). A
+// shard that comes after (a late rank) goes alone, in PeerShards.
 type fold struct {
 	mu    sync.Mutex // a leaf (lock order: internal/LOCKS.md)
 	want  int
 	items []*batchItem[wire.Shard]
+	last  time.Time     // when the last shard came
 	full  chan struct{} // closed once want are in
 	taken bool
 }
@@ -64,10 +65,39 @@ func (f *fold) add(p *batchItem[wire.Shard]) bool {
 		return false
 	}
 	f.items = append(f.items, p)
+	f.last = time.Now()
 	if len(f.items) == f.want {
 		close(f.full)
 	}
 	return true
+}
+
+// lastCame is when the last shard came (zero: none yet).
+func (f *fold) lastCame() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.last
+}
+
+// waitQuiet waits until full is closed, or ctx ends, or nothing has come
+// for hold (last: when the last thing came, or the time it counts from)
+// or most has passed since start.
+func waitQuiet(ctx context.Context, full <-chan struct{}, last func() time.Time, start time.Time, hold, most time.Duration) {
+	for {
+		wait := min(time.Until(last().Add(hold)), time.Until(start.Add(most)))
+		if wait <= 0 {
+			return
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-full:
+		case <-ctx.Done():
+		case <-t.C:
+			continue
+		}
+		t.Stop()
+		return
+	}
 }
 
 // take returns the shards folded so far; later ones go alone.
@@ -383,13 +413,11 @@ func (a *Agent) reportLost(addr string, m wire.Shard, why string) *wire.Table {
 // it names. Each folded shard is answered with the request's outcome.
 func (a *Agent) leadRound(ctx context.Context, addr string, m wire.Shard, f *fold) (*wire.Table, error) {
 	g, view := a.ownGather(addr, m)
-	hold := time.NewTimer(min(gatherHold, a.roundTimeout(m)/10))
-	select {
-	case <-f.full:
-	case <-hold.C:
-	case <-ctx.Done():
-	}
-	hold.Stop()
+	hold, most := a.gatherHoldOf(m)
+	start := time.Now()
+	// While the node's ranks keep coming: a round ends only once its
+	// last shard is in.
+	waitQuiet(ctx, f.full, func() time.Time { return later(start, f.lastCame()) }, start, hold, most)
 	items := f.take()
 	r := wire.Round{Shard: m, Want: wire.RoundTable}
 	if len(items) > 0 {
@@ -634,4 +662,12 @@ func (a *Agent) countCoordinatorOp(ctx context.Context, op wire.Op, body []byte)
 		fill(e)
 		cc.outBytes.Add(int64(wire.HeaderSize + len(e.Bytes()) - n))
 	}, nil
+}
+
+// later is the later of two times.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }

@@ -228,56 +228,89 @@ type Round struct {
 	// round, recorded with Shard, so that a node's ranks of a round take
 	// one request: the round's outcome answers them all.
 	Others []Shard
+	// From names the sending node when none of the shards is its own (a
+	// relay of the gather tree carrying its children's): the node whose
+	// leaving the coordinator names when the request's connection closes.
+	// "": the node of Shard.
+	From string
 }
 
-// roundOthers, in a Round's want byte, says that Others follow its Shard.
-const roundOthers = 0x80
+// roundOthers, in a Round's want byte, says that Others follow its Shard;
+// roundFrom that From comes last.
+const (
+	roundOthers = 0x80
+	roundFrom   = 0x40
+)
 
 func (m *Round) Encode(e *Encoder) {
-	if len(m.Others) == 0 {
-		e.U8(m.Want)
-		m.Shard.Encode(e)
-		return
+	want := m.Want
+	if len(m.Others) > 0 {
+		want |= roundOthers
 	}
-	e.U8(m.Want | roundOthers)
+	if m.From != "" {
+		want |= roundFrom
+	}
+	e.U8(want)
 	m.Shard.Encode(e)
-	e.U32(uint32(len(m.Others)))
-	for i := range m.Others {
-		m.Others[i].Encode(e)
+	if len(m.Others) > 0 {
+		e.U32(uint32(len(m.Others)))
+		for i := range m.Others {
+			m.Others[i].Encode(e)
+		}
+	}
+	if m.From != "" {
+		e.String(m.From)
 	}
 }
 
 // DecodeRound reads a Round: the byte Want (its bit 0x80 set: Others
-// follow), a Shard, then with the bit a count (u32, at least 1) and that
-// many Shards (Others).
+// follow; 0x40: From ends it), a Shard, then with 0x80 a count (u32, at
+// least 1) and that many Shards (Others), then with 0x40 a string (From,
+// not empty).
 func DecodeRound(b []byte) (m Round, err error) {
 	if len(b) < 1 {
 		return m, protoErr("round request of %d bytes", len(b))
 	}
-	m.Want = b[0] &^ roundOthers
+	m.Want = b[0] &^ (roundOthers | roundFrom)
 	if m.Want > RoundTable {
 		return m, protoErr("round request wants %d, want 0 or 1", m.Want)
 	}
 	d := NewDecoder(b[1:])
-	if m.Shard, err = decodeShard(d); err != nil || b[0]&roundOthers == 0 {
-		if err == nil {
-			err = d.Done()
-		}
+	if m.Shard, err = decodeShard(d); err != nil {
 		return m, err
 	}
+	if b[0]&roundOthers != 0 {
+		if m.Others, err = decodeOthers(d); err != nil {
+			return m, err
+		}
+	}
+	if b[0]&roundFrom != 0 {
+		if m.From = d.String(); d.err == nil && m.From == "" {
+			return m, protoErr("round request with an empty sending node")
+		}
+	}
+	return m, d.Done()
+}
+
+// decodeOthers reads a Round's Others: a count (u32, at least 1) and that
+// many Shards.
+func decodeOthers(d *Decoder) ([]Shard, error) {
 	n := d.U32()
 	if d.err == nil && (n == 0 || int64(n) > int64(len(d.b))/minShardBytes) {
-		return m, protoErr("round request with %d other shards in %d bytes", n, len(d.b))
+		return nil, protoErr("round request with %d other shards in %d bytes", n, len(d.b))
 	}
-	m.Others = make([]Shard, 0, n)
+	if d.err != nil {
+		return nil, d.err
+	}
+	others := make([]Shard, 0, n)
 	for range n {
 		sh, err := decodeShard(d)
 		if err != nil {
-			return m, err
+			return nil, err
 		}
-		m.Others = append(m.Others, sh)
+		others = append(others, sh)
 	}
-	return m, d.Done()
+	return others, nil
 }
 
 // Shards is a PeerShards request: shards of several ranks of one node,

@@ -162,6 +162,9 @@ var (
 		{Shard: Shard{Name: "positions", Rank: 0, Size: 2, Rows: 3, Disp: 3, ItemSize: 4, Dtype: "float32", Kind: KindRagged, Items: 41, Shape: []int64{3}}, Want: RoundAck},
 		{Shard: Shard{Name: "features", Node: "n1", Rank: 4, Size: 8, Rows: 10, Disp: 3, ItemSize: 4}, Want: RoundTable,
 			Others: []Shard{{Name: "features", Node: "n1", Rank: 5, Size: 8, Rows: 10, Disp: 3, ItemSize: 4}, {Name: "features", Node: "n1", Rank: 7, Size: 8, Rows: 9, Disp: 3, ItemSize: 4, Failed: true, Why: "no memory"}}},
+		{Shard: Shard{Name: "features", Node: "n2", Rank: 6, Size: 8, Rows: 10, Disp: 3, ItemSize: 4}, Want: RoundTable, From: "n1"},
+		{Shard: Shard{Name: "features", Node: "n2", Rank: 6, Size: 8, Rows: 10, Disp: 3, ItemSize: 4}, Want: RoundTable, From: "n1",
+			Others: []Shard{{Name: "features", Node: "n3", Rank: 7, Size: 8, Rows: 10, Disp: 3, ItemSize: 4}}},
 	}
 	roundReplySamples = []RoundReply{
 		{},
