@@ -52,14 +52,14 @@ func FullOptions() Options {
 
 // Result is one row size's figures; the JSON names are stable for scripts.
 type Result struct {
-	RowBytes         int     `json:"row_bytes"`
-	LocalGBps        float64 `json:"local_gbps"`
-	RemoteGBps       float64 `json:"remote_gbps"`
-	RemoteCopyGBps   float64 `json:"remote_copy_gbps"`
-	GatherLimitGBps  float64 `json:"gather_limit_gbps"`
-	TCPLimitGBps     float64 `json:"tcp_limit_gbps"`
-	LocalVsGather    float64 `json:"local_vs_gather"`
-	RemoteVsTCP      float64 `json:"remote_vs_tcp"`
+	RowBytes        int     `json:"row_bytes"`
+	LocalGBps       float64 `json:"local_gbps"`
+	RemoteGBps      float64 `json:"remote_gbps"`
+	RemoteCopyGBps  float64 `json:"remote_copy_gbps"`
+	GatherLimitGBps float64 `json:"gather_limit_gbps"`
+	TCPLimitGBps    float64 `json:"tcp_limit_gbps"`
+	LocalVsGather   float64 `json:"local_vs_gather"`
+	RemoteVsTCP     float64 `json:"remote_vs_tcp"`
 	// The same two figures taken in turns (remoteTurns): a slice of the
 	// remote reads, then one of the TCP stream, alternating which goes
 	// first, turnsOfRates times; RemoteVsTCPTurns is the median of the
