@@ -353,9 +353,6 @@ func (m *MPI) FetchBatch(ctx context.Context, name string, id int64, parts []Fet
 			return i, base.Errorf(base.ErrArgument, "%d rows into %d buffers", len(parts[i].Globals), len(parts[i].Dst))
 		}
 	}
-	if m.closed.Load() {
-		return 0, base.Errorf(base.ErrClosed, "transport closed")
-	}
 	b := batchPool.Get().(*getBatch)
 	defer batchPool.Put(b)
 	b.todo = b.todo[:0]
@@ -363,6 +360,9 @@ func (m *MPI) FetchBatch(ctx context.Context, name string, id int64, parts []Fet
 		if len(parts[i].Globals) > 0 {
 			b.todo = append(b.todo, i)
 		}
+	}
+	if len(b.todo) > 0 && m.closed.Load() {
+		return 0, base.Errorf(base.ErrClosed, "transport closed")
 	}
 	for attempt := 0; len(b.todo) > 0; attempt++ {
 		if err := ctx.Err(); err != nil {
