@@ -9,6 +9,7 @@ import (
 
 	"github.com/ddstore-go/ddstore/internal/base"
 	"github.com/ddstore-go/ddstore/internal/layout"
+	"github.com/ddstore-go/ddstore/internal/transport"
 )
 
 // The read methods (ddstore.Config.Method, which documents them).
@@ -24,8 +25,12 @@ type oneSided interface {
 	// expose is collective over the world: this rank's shard of v goes
 	// into the window, and v learns where every rank's shard lies.
 	expose(v *variable) error
-	// fetch reads rows globals, all in rank r's shard of v, into dst.
-	fetch(ctx context.Context, v *variable, r int, globals []int64, dst [][]byte) error
+	// fetch reads the parts' rows of v, part i's all in the shard of the
+	// rank whose addr is parts[i].Addr, as one batch of gets; an error
+	// comes with the index of the part it concerns.
+	fetch(ctx context.Context, v *variable, parts []transport.FetchPart) (int, error)
+	// addr is how a part names rank r.
+	addr(r int) string
 	// barrier waits for every rank of the world (Free and Close are
 	// collective: no rank's shard leaves the window while others read it).
 	barrier() error
@@ -61,19 +66,24 @@ func errNoMPIReads() error {
 type oneSidedScratch struct {
 	owners  []int   // owner rank of each position
 	order   []int   // the positions' indices, by owner
-	globals []int64 // one owner's rows
+	globals []int64 // the rows of other ranks, by owner
 	rows    [][]byte
+	ranks   []int // the owners read, and where their rows start in globals
+	starts  []int
+	parts   []transport.FetchPart
 }
 
 var oneSidedScratchPool = sync.Pool{New: func() any { return new(oneSidedScratch) }}
 
 // readOneSided reads the rows at positions pos of dst (global index at(i))
-// that other ranks' shards hold, with one fetch per owner rank, and returns
-// the positions left for the agent: rows only the backing file holds.
+// that other ranks' shards hold, every owner's in one fetch (one batch of
+// gets), and returns the positions left for the agent: rows only the
+// backing file holds.
 func (s *Store) readOneSided(v *variable, dst []byte, pos []int64, at func(int) int64) ([]int64, error) {
 	sc := oneSidedScratchPool.Get().(*oneSidedScratch)
 	defer func() {
 		clear(sc.rows)
+		clear(sc.parts)
 		oneSidedScratchPool.Put(sc)
 	}()
 	sc.owners, sc.order = sc.owners[:0], sc.order[:0]
@@ -82,10 +92,9 @@ func (s *Store) readOneSided(v *variable, dst []byte, pos []int64, at func(int) 
 		sc.owners, sc.order = append(sc.owners, r), append(sc.order, k)
 	}
 	slices.SortFunc(sc.order, func(a, b int) int { return cmp.Compare(sc.owners[a], sc.owners[b]) })
-	// MPI bounds its gets, not a context: there is nothing to cancel.
-	ctx := context.Background()
 	rb := v.rb
 	var left []int64
+	sc.globals, sc.rows, sc.ranks, sc.starts = sc.globals[:0], sc.rows[:0], sc.ranks[:0], sc.starts[:0]
 	for lo := 0; lo < len(sc.order); {
 		r := sc.owners[sc.order[lo]]
 		hi := lo + 1
@@ -97,17 +106,29 @@ func (s *Store) readOneSided(v *variable, dst []byte, pos []int64, at func(int) 
 				left = append(left, pos[k])
 			}
 		} else {
-			sc.globals, sc.rows = sc.globals[:0], sc.rows[:0]
+			sc.ranks, sc.starts = append(sc.ranks, r), append(sc.starts, len(sc.globals))
 			for _, k := range sc.order[lo:hi] {
 				p := pos[k]
 				sc.globals, sc.rows = append(sc.globals, at(int(p))), append(sc.rows, dst[p*rb:(p+1)*rb:(p+1)*rb])
 			}
-			if err := s.one.fetch(ctx, v, r, sc.globals, sc.rows); err != nil {
-				return nil, fmt.Errorf("variable %q: rows of rank %d: %w", v.name, r, err)
-			}
-			v.prof.oneSidedRows.Add(int64(hi - lo))
 		}
 		lo = hi
 	}
+	if len(sc.ranks) == 0 {
+		return left, nil
+	}
+	sc.parts = sc.parts[:0]
+	for j, r := range sc.ranks {
+		lo, hi := sc.starts[j], len(sc.globals)
+		if j+1 < len(sc.starts) {
+			hi = sc.starts[j+1]
+		}
+		sc.parts = append(sc.parts, transport.FetchPart{Addr: s.one.addr(r), Globals: sc.globals[lo:hi:hi], Dst: sc.rows[lo:hi:hi]})
+	}
+	// MPI bounds its gets, not a context: there is nothing to cancel.
+	if i, err := s.one.fetch(context.Background(), v, sc.parts); err != nil {
+		return nil, fmt.Errorf("variable %q: rows of rank %d: %w", v.name, sc.ranks[i], err)
+	}
+	v.prof.oneSidedRows.Add(int64(len(sc.globals)))
 	return left, nil
 }

@@ -19,6 +19,7 @@ import (
 type mpiReads struct {
 	m     *transport.MPI
 	first int
+	addrs []string             // addr(r), by group rank
 	mu    sync.Mutex           // guards wins; a leaf (lock order: internal/LOCKS.md)
 	wins  map[string]windowsOf // by the variable's wire name
 }
@@ -43,6 +44,10 @@ func newOneSided(s *Store) (oneSided, error) {
 		return nil, base.Errorf(base.ErrArgument, "method %q: this process is MPI rank %d of %d but store rank %d of %d: the store's ranks must be those of MPI_COMM_WORLD", MethodMPI, m.Rank(), m.Size(), s.id.Rank, s.id.Size)
 	}
 	o.m = m
+	o.addrs = make([]string, m.Size())
+	for r := range o.addrs {
+		o.addrs[r] = strconv.Itoa(r)
+	}
 	return o, nil
 }
 
@@ -90,9 +95,12 @@ func (o *mpiReads) describe(_ context.Context, addr, name string, id int64) (wir
 	return w.wins[r], nil
 }
 
-func (o *mpiReads) fetch(ctx context.Context, v *variable, r int, globals []int64, dst [][]byte) error {
-	return o.m.Fetch(ctx, strconv.Itoa(r), v.name, v.id, globals, dst)
+func (o *mpiReads) fetch(ctx context.Context, v *variable, parts []transport.FetchPart) (int, error) {
+	return o.m.FetchBatch(ctx, v.name, v.id, parts)
 }
+
+// addr is group rank r as describe parses it.
+func (o *mpiReads) addr(r int) string { return o.addrs[r] }
 
 func (o *mpiReads) withdraw(v *variable, unmap func()) {
 	o.mu.Lock()

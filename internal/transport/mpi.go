@@ -31,6 +31,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -327,83 +328,191 @@ func (m *MPI) giveSlot(s int) {
 }
 
 // Fetch reads rows of node addr's shards of a variable straight out of its
-// window. The gets cannot be interrupted once issued: MPI bounds them, not
-// ctx (a peer that dies ends the MPI job).
+// window (FetchBatch of one part).
 func (m *MPI) Fetch(ctx context.Context, addr, name string, id int64, globals []int64, dst [][]byte) error {
-	if len(globals) == 0 {
-		return nil
-	}
-	if len(dst) != len(globals) {
-		return base.Errorf(base.ErrArgument, "%d rows into %d buffers", len(globals), len(dst))
-	}
-	if m.closed.Load() {
-		return base.Errorf(base.ErrClosed, "transport closed")
-	}
-	p := planPool.Get().(*getPlan)
-	defer planPool.Put(p)
-	return fetchOneSided(ctx, addr, name, &m.closed, func() (bool, error) {
-		w, err := m.window(ctx, addr, name, id)
-		if err != nil {
-			return false, err
-		}
-		if err := p.plan(w, addr, globals, dst); err != nil {
-			return false, err
-		}
-		rc := m.get(w, p, id)
-		runtime.KeepAlive(dst)
-		if rc == C.MPI_SUCCESS {
-			return false, nil
-		}
-		m.cache.forget(addr, name)
-		if rc == C.DDST_STALE || C.ddst_is_range_error(rc) != 0 {
-			return true, nil
-		}
-		return false, fmt.Errorf("%w: rows of %q from peer %s (MPI rank %d): %w", base.ErrPeer, name, addr, w.Rank, mpiError(rc, "MPI_Get"))
-	})
+	_, err := m.FetchBatch(ctx, name, id, []FetchPart{{Addr: addr, Globals: globals, Dst: dst}})
+	return err
 }
 
-// get runs a plan: C.MPI_SUCCESS, C.DDST_STALE when a token no longer
-// holds id, or an MPI error code.
-func (m *MPI) get(w *wire.Window, p *getPlan, id int64) C.int {
-	target := int(w.Rank)
-	// A few rows go as plain gets: making and freeing the two indexed
-	// datatypes of a shard's get costs more than they save there.
-	perRow := getPerRow || len(p.lens) <= perRowBelow
-	if !perRow {
-		p.group(w)
-	}
-	var dst *C.uintptr_t
-	var src *C.MPI_Aint
-	var lens *C.int
-	if len(p.lens) > 0 {
-		dst = (*C.uintptr_t)(unsafe.Pointer(&p.dst[0]))
-		src = (*C.MPI_Aint)(unsafe.Pointer(&p.src[0]))
-		lens = (*C.int)(unsafe.Pointer(&p.lens[0]))
-	}
-	tok, got := (*C.MPI_Aint)(unsafe.Pointer(&p.tokens[0])), (*C.uint64_t)(unsafe.Pointer(&p.got[0]))
-	m.getMu.Lock()
-	if m.closed.Load() {
-		m.getMu.Unlock()
-		return C.MPI_ERR_OTHER
-	}
-	var rc C.int
-	if perRow {
-		rc = C.ddst_fetch(C.int(target), C.int(len(p.lens)), dst, src, lens, C.int(len(p.tokens)), tok, got)
-	} else {
-		rc = C.ddst_fetch_shards(C.int(target), C.int(len(p.count)), (*C.MPI_Aint)(unsafe.Pointer(&p.base[0])),
-			(*C.int)(unsafe.Pointer(&p.count[0])), (*C.MPI_Aint)(unsafe.Pointer(&p.odisp[0])),
-			(*C.MPI_Aint)(unsafe.Pointer(&p.tdisp[0])), (*C.int)(unsafe.Pointer(&p.glens[0])), C.int(len(p.tokens)), tok, got)
-	}
-	m.getMu.Unlock()
-	if rc != C.MPI_SUCCESS {
-		return rc
-	}
-	for _, g := range p.got {
-		if g != uint64(id) {
-			return C.DDST_STALE
+// FetchBatch reads the parts' rows of a variable, each part's out of its
+// node's window, as one batch of gets (ddst_fetch_batch): every node's row
+// gets, one flush, every node's token gets, one more flush; then every
+// token must still hold id. A node whose token did not, or whose gets fell
+// outside its window, was left by the shard (freed, or its agent
+// stopping): its window is forgotten and its part read once more against
+// its new description, with the other such nodes' in one batch; stale a
+// second time, the variable was freed while being read (ErrFreed). No
+// row is taken without its node's token check. On an error, the index of
+// the part it concerns comes with it; rows of the other parts may have
+// been written. The gets cannot be interrupted once issued: MPI bounds
+// them, not ctx (a peer that dies ends the MPI job). Any error of a
+// transport closed meanwhile is ErrClosed.
+func (m *MPI) FetchBatch(ctx context.Context, name string, id int64, parts []FetchPart) (int, error) {
+	for i := range parts {
+		if len(parts[i].Dst) != len(parts[i].Globals) {
+			return i, base.Errorf(base.ErrArgument, "%d rows into %d buffers", len(parts[i].Globals), len(parts[i].Dst))
 		}
 	}
-	return C.MPI_SUCCESS
+	b := batchPool.Get().(*getBatch)
+	defer batchPool.Put(b)
+	b.todo = b.todo[:0]
+	for i := range parts {
+		if len(parts[i].Globals) > 0 {
+			b.todo = append(b.todo, i)
+		}
+	}
+	if len(b.todo) > 0 && m.closed.Load() {
+		return 0, base.Errorf(base.ErrClosed, "transport closed")
+	}
+	for attempt := 0; len(b.todo) > 0; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return b.todo[0], fmt.Errorf("%w: fetch from peer %s: %w", base.ErrTimeout, parts[b.todo[0]].Addr, err)
+		}
+		i, err := m.try(ctx, name, id, parts, b)
+		if err == nil && len(b.todo) == 0 {
+			return 0, nil
+		}
+		if m.closed.Load() {
+			return i, base.Errorf(base.ErrClosed, "transport closed")
+		}
+		if err != nil {
+			return i, err
+		}
+		if attempt > 0 {
+			return b.todo[0], base.Errorf(base.ErrFreed, "variable %q was freed on peer %s while being read", name, parts[b.todo[0]].Addr)
+		}
+	}
+	return 0, nil
+}
+
+// try reads the parts b.todo names in one batch of gets, and leaves in
+// b.todo those that came stale; an error comes with its part's index.
+func (m *MPI) try(ctx context.Context, name string, id int64, parts []FetchPart, b *getBatch) (int, error) {
+	b.reset()
+	for j, i := range b.todo {
+		w, err := m.window(ctx, parts[i].Addr, name, id)
+		if err != nil {
+			return i, err
+		}
+		p := b.plan(j)
+		if err := p.plan(w, parts[i].Addr, parts[i].Globals, parts[i].Dst); err != nil {
+			return i, err
+		}
+		b.add(w, p)
+	}
+	rc := m.get(b)
+	runtime.KeepAlive(parts)
+	if rc != C.MPI_SUCCESS {
+		for _, i := range b.todo {
+			m.cache.forget(parts[i].Addr, name)
+		}
+		i := b.todo[0]
+		return i, fmt.Errorf("%w: rows of %q from peer %s (MPI rank %d): %w", base.ErrPeer, name, parts[i].Addr, b.wins[0].Rank, mpiError(rc, "MPI_Win_flush"))
+	}
+	stale := b.todo[:0] // filtered in place: stale never passes the index read
+	tok := 0
+	for j, i := range b.todo {
+		rc := C.int(b.rcs[j])
+		got := b.got[tok : tok+int(b.ntok[j])]
+		tok += int(b.ntok[j])
+		if rc == C.MPI_SUCCESS && slices.ContainsFunc(got, func(g uint64) bool { return g != uint64(id) }) {
+			rc = C.DDST_STALE
+		}
+		if rc == C.MPI_SUCCESS {
+			continue
+		}
+		m.cache.forget(parts[i].Addr, name)
+		if rc != C.DDST_STALE && C.ddst_is_range_error(rc) == 0 {
+			return i, fmt.Errorf("%w: rows of %q from peer %s (MPI rank %d): %w", base.ErrPeer, name, parts[i].Addr, b.wins[j].Rank, mpiError(rc, "MPI_Get"))
+		}
+		stale = append(stale, i)
+	}
+	b.todo = stale
+	return 0, nil
+}
+
+// get runs a batch's gets (ddst_fetch_batch), one batch at a time:
+// C.MPI_SUCCESS or a flush's MPI error code; each node's own in b.rcs.
+func (m *MPI) get(b *getBatch) C.int {
+	m.getMu.Lock()
+	defer m.getMu.Unlock()
+	if m.closed.Load() {
+		return C.MPI_ERR_OTHER
+	}
+	return C.ddst_fetch_batch(C.int(len(b.target)), ptr[C.int](b.target),
+		ptr[C.int](b.nget), ptr[C.uintptr_t](b.dst), ptr[C.MPI_Aint](b.src), ptr[C.int](b.lens),
+		ptr[C.int](b.nshard), ptr[C.MPI_Aint](b.base), ptr[C.int](b.count), ptr[C.MPI_Aint](b.odisp), ptr[C.MPI_Aint](b.tdisp), ptr[C.int](b.glens),
+		ptr[C.int](b.ntok), ptr[C.MPI_Aint](b.tok), ptr[C.uint64_t](b.got), ptr[C.int](b.rcs))
+}
+
+// ptr is s's first element as a C pointer of the same layout; nil when s
+// is empty.
+func ptr[T, E any](s []E) *T {
+	if len(s) == 0 {
+		return nil
+	}
+	return (*T)(unsafe.Pointer(&s[0]))
+}
+
+// getBatch is a batch of several nodes' plans as ddst_fetch_batch takes
+// it: node j is MPI rank target[j], read by nget[j] plain gets (dst, src,
+// lens) or by nshard[j] gets of shards (base, count; odisp, tdisp, glens),
+// then by ntok[j] token gets (tok into got); rcs[j] is how its gets went.
+type getBatch struct {
+	todo  []int     // the parts to read, by index
+	plans []getPlan // node j's
+	wins  []*wire.Window
+
+	target, nget, nshard, ntok, rcs []int32
+	dst                             []uintptr
+	src                             []int64
+	lens                            []int32
+	base, tdisp                     []int64
+	count, glens                    []int32
+	odisp                           []uintptr
+	tok                             []int64
+	got                             []uint64
+}
+
+var batchPool = sync.Pool{New: func() any { return new(getBatch) }}
+
+func (b *getBatch) reset() {
+	clear(b.wins)
+	b.wins = b.wins[:0]
+	b.target, b.nget, b.nshard, b.ntok, b.rcs = b.target[:0], b.nget[:0], b.nshard[:0], b.ntok[:0], b.rcs[:0]
+	b.dst, b.src, b.lens = b.dst[:0], b.src[:0], b.lens[:0]
+	b.base, b.count, b.odisp, b.tdisp, b.glens = b.base[:0], b.count[:0], b.odisp[:0], b.tdisp[:0], b.glens[:0]
+	b.tok, b.got = b.tok[:0], b.got[:0]
+}
+
+// plan is node j's plan, reused from earlier batches.
+func (b *getBatch) plan(j int) *getPlan {
+	if j == len(b.plans) {
+		b.plans = append(b.plans, getPlan{seen: make(map[uint64]struct{})})
+	}
+	return &b.plans[j]
+}
+
+// add appends a node's plan to the batch: a plain get per row (merged
+// where adjacent) for a few, a get per shard (indexed datatypes at both
+// ends) from perRowBelow on, unless DDSTORE_MPI_GET=row.
+func (b *getBatch) add(w *wire.Window, p *getPlan) {
+	b.wins = append(b.wins, w)
+	b.target = append(b.target, int32(w.Rank))
+	if getPerRow || len(p.lens) <= perRowBelow {
+		// Making and freeing the two datatypes of a shard's get costs
+		// more than they save for a few rows.
+		b.nget, b.nshard = append(b.nget, int32(len(p.lens))), append(b.nshard, 0)
+		b.dst, b.src, b.lens = append(b.dst, p.dst...), append(b.src, p.src...), append(b.lens, p.lens...)
+	} else {
+		p.group(w)
+		b.nget, b.nshard = append(b.nget, 0), append(b.nshard, int32(len(p.count)))
+		b.base, b.count = append(b.base, p.base...), append(b.count, p.count...)
+		b.odisp, b.tdisp, b.glens = append(b.odisp, p.odisp...), append(b.tdisp, p.tdisp...), append(b.glens, p.glens...)
+	}
+	b.ntok, b.rcs = append(b.ntok, int32(len(p.tokens))), append(b.rcs, 0)
+	b.tok = append(b.tok, p.tokens...)
+	b.got = append(b.got, p.got...)
 }
 
 // window is node addr's window of a variable, described once per table id.

@@ -73,57 +73,67 @@ int ddst_attach(void *p, MPI_Aint n, MPI_Aint *addr) {
 
 int ddst_detach(void *p) { return MPI_Win_detach(ddst_win, p); }
 
-// ddst_finish ends a batch of gets from target, rc saying how issuing them
-// went: a flush, then the ntok token words into got and another flush.
-static int ddst_finish(int target, int rc, int ntok, MPI_Aint *tok, uint64_t *got) {
-	int frc = MPI_Win_flush(target, ddst_win);
+// ddst_get_shard gets count pieces of one shard of target at base: piece
+// i is len[i] bytes from base + tdisp[i] to local address odisp[i]. One
+// piece is a plain get; more are one get of two hindexed datatypes (MPI
+// looks the dynamic window's attachment up once for it, not once a piece).
+static int ddst_get_shard(int target, MPI_Aint base, int count, int *len, MPI_Aint *odisp, MPI_Aint *tdisp) {
+	if (count == 1)
+		return MPI_Get((void *)odisp[0], len[0], MPI_BYTE, target, base + tdisp[0], len[0], MPI_BYTE, ddst_win);
+	MPI_Datatype ot, tt;
+	int rc = MPI_Type_create_hindexed(count, len, odisp, MPI_BYTE, &ot);
 	if (rc != MPI_SUCCESS) return rc;
-	if (frc != MPI_SUCCESS) return frc;
-	for (int i = 0; i < ntok && rc == MPI_SUCCESS; i++)
-		rc = MPI_Get(&got[i], 8, MPI_BYTE, target, tok[i], 8, MPI_BYTE, ddst_win);
-	frc = MPI_Win_flush(target, ddst_win);
-	if (rc != MPI_SUCCESS) return rc;
-	return frc;
-}
-
-// ddst_fetch moves one batch from target: n gets, one flush, then the
-// ntok token words into got, another flush. The caller compares got.
-int ddst_fetch(int target, int n, uintptr_t *dst, MPI_Aint *src, int *len,
-		int ntok, MPI_Aint *tok, uint64_t *got) {
-	int rc = MPI_SUCCESS, i;
-	for (i = 0; i < n && rc == MPI_SUCCESS; i++)
-		rc = MPI_Get((void *)dst[i], len[i], MPI_BYTE, target, src[i], len[i], MPI_BYTE, ddst_win);
-	return ddst_finish(target, rc, ntok, tok, got);
-}
-
-// ddst_fetch_shards moves one batch from target with one get per shard:
-// shard s (base[s]) gives count[s] pieces, piece i being len[i] bytes from
-// base[s] + tdisp[i] to local address odisp[i], described by two hindexed
-// datatypes; then one flush, and the tokens as in ddst_fetch.
-int ddst_fetch_shards(int target, int nshard, MPI_Aint *base, int *count,
-		MPI_Aint *odisp, MPI_Aint *tdisp, int *len, int ntok, MPI_Aint *tok, uint64_t *got) {
-	int rc = MPI_SUCCESS, s, off = 0;
-	for (s = 0; s < nshard && rc == MPI_SUCCESS; off += count[s], s++) {
-		if (count[s] == 1) {
-			rc = MPI_Get((void *)odisp[off], len[off], MPI_BYTE, target, base[s] + tdisp[off], len[off], MPI_BYTE, ddst_win);
-			continue;
-		}
-		MPI_Datatype ot, tt;
-		rc = MPI_Type_create_hindexed(count[s], len + off, odisp + off, MPI_BYTE, &ot);
-		if (rc != MPI_SUCCESS) break;
-		rc = MPI_Type_create_hindexed(count[s], len + off, tdisp + off, MPI_BYTE, &tt);
-		if (rc != MPI_SUCCESS) {
-			MPI_Type_free(&ot);
-			break;
-		}
-		MPI_Type_commit(&ot);
-		MPI_Type_commit(&tt);
-		rc = MPI_Get(MPI_BOTTOM, 1, ot, target, base[s], 1, tt, ddst_win);
-		// MPI keeps what the get needs until it completes.
+	rc = MPI_Type_create_hindexed(count, len, tdisp, MPI_BYTE, &tt);
+	if (rc != MPI_SUCCESS) {
 		MPI_Type_free(&ot);
-		MPI_Type_free(&tt);
+		return rc;
 	}
-	return ddst_finish(target, rc, ntok, tok, got);
+	MPI_Type_commit(&ot);
+	MPI_Type_commit(&tt);
+	rc = MPI_Get(MPI_BOTTOM, 1, ot, target, base, 1, tt, ddst_win);
+	// MPI keeps what the get needs until it completes.
+	MPI_Type_free(&ot);
+	MPI_Type_free(&tt);
+	return rc;
+}
+
+// ddst_flush completes every get issued to the ntarget targets: one
+// MPI_Win_flush for one target, else one MPI_Win_flush_all.
+static int ddst_flush(int ntarget, const int *target) {
+	if (ntarget == 1) return MPI_Win_flush(target[0], ddst_win);
+	return MPI_Win_flush_all(ddst_win);
+}
+
+// ddst_fetch_batch moves one batch from ntarget targets in the window's
+// one epoch: every target's row gets, one flush for all of them, then
+// every target's token words into got, and one more flush. Target t
+// (target[t]) is read either by nget[t] plain gets (dst, src, len: a
+// piece each) or, where nshard[t] > 0, by a get per shard (shard s at
+// base[s] gives count[s] pieces of odisp, tdisp and glen: ddst_get_shard);
+// its ntok[t] tokens follow. rcs[t] says how target t's gets went (a
+// failed one stops that target's, not the others'); the return value is
+// the flushes'. The caller compares got.
+int ddst_fetch_batch(int ntarget, const int *target,
+		const int *nget, uintptr_t *dst, MPI_Aint *src, int *len,
+		const int *nshard, MPI_Aint *base, int *count, MPI_Aint *odisp, MPI_Aint *tdisp, int *glen,
+		const int *ntok, MPI_Aint *tok, uint64_t *got, int *rcs) {
+	int g = 0, s = 0, piece = 0, k = 0, t, i, rc;
+	for (t = 0; t < ntarget; t++) {
+		rc = MPI_SUCCESS;
+		for (i = 0; i < nget[t]; i++, g++)
+			if (rc == MPI_SUCCESS)
+				rc = MPI_Get((void *)dst[g], len[g], MPI_BYTE, target[t], src[g], len[g], MPI_BYTE, ddst_win);
+		for (i = 0; i < nshard[t]; piece += count[s], i++, s++)
+			if (rc == MPI_SUCCESS)
+				rc = ddst_get_shard(target[t], base[s], count[s], glen + piece, odisp + piece, tdisp + piece);
+		rcs[t] = rc;
+	}
+	rc = ddst_flush(ntarget, target);
+	if (rc != MPI_SUCCESS) return rc;
+	for (t = 0; t < ntarget; k += ntok[t], t++)
+		for (i = 0; i < ntok[t] && rcs[t] == MPI_SUCCESS; i++)
+			rcs[t] = MPI_Get(&got[k + i], 8, MPI_BYTE, target[t], tok[k + i], 8, MPI_BYTE, ddst_win);
+	return ddst_flush(ntarget, target);
 }
 
 // ddst_progress_loop enters MPI every ns nanoseconds until

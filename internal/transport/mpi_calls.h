@@ -23,10 +23,10 @@ int ddst_allgather_u64(uint64_t *mine, int n, uint64_t *all);
 int ddst_win_create(void);
 int ddst_attach(void *p, MPI_Aint n, MPI_Aint *addr);
 int ddst_detach(void *p);
-int ddst_fetch(int target, int n, uintptr_t *dst, MPI_Aint *src, int *len,
-		int ntok, MPI_Aint *tok, uint64_t *got);
-int ddst_fetch_shards(int target, int nshard, MPI_Aint *base, int *count,
-		MPI_Aint *odisp, MPI_Aint *tdisp, int *len, int ntok, MPI_Aint *tok, uint64_t *got);
+int ddst_fetch_batch(int ntarget, const int *target,
+		const int *nget, uintptr_t *dst, MPI_Aint *src, int *len,
+		const int *nshard, MPI_Aint *base, int *count, MPI_Aint *odisp, MPI_Aint *tdisp, int *glen,
+		const int *ntok, MPI_Aint *tok, uint64_t *got, int *rcs);
 void ddst_progress_loop(int64_t ns);
 void ddst_progress_end(void);
 int ddst_finalize(int ours);

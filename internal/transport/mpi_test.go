@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -159,7 +160,10 @@ func TestMPIRank(t *testing.T) {
 		for k := range n.owners {
 			n.owners[k] = string(d.wait(t, fmt.Sprintf("owner.%d", k+1)))
 		}
-		n.specific = func(t *testing.T) { mpiOtherWorld(t, &n, m) }
+		n.specific = func(t *testing.T) {
+			mpiOtherWorld(t, &n, m)
+			mpiBatch(t, &n, m)
+		}
 		return n
 	})
 }
@@ -178,6 +182,90 @@ func mpiOtherWorld(t *testing.T, n *confNet, m *MPI) {
 	err := m.Fetch(context.Background(), n.owners[0], "other-world", 60, []int64{0}, [][]byte{make([]byte, mpiRB)})
 	if !errors.Is(err, base.ErrArgument) || !strings.Contains(err.Error(), "MPI world") {
 		t.Errorf("peer of another world: %v, want ErrArgument", err)
+	}
+}
+
+// mpiBatch: one FetchBatch over both owners reads every row right; once
+// owner 0's shards were freed and their name taken by another table
+// (maybe at the same addresses) while the reader still knew the old
+// window, a batch of the old table is ErrFreed, laid to owner 0's part —
+// never rows of the new table — and, owner 1's taken too, a batch of the
+// new table reads the new rows.
+func mpiBatch(t *testing.T, n *confNet, m *MPI) {
+	s := confSpread{name: "batch", id: 70, rb: 512, rows: [3]int64{40, 20, 10}}
+	n.publish(t, s)
+	globals := []int64{confBase + 61, confBase, confBase + 45, confBase + 65, confBase + 59, confBase + 1, confBase + 62}
+	read := func(id int64) (*confDst, int, error) {
+		dst := newConfDst(len(globals), s.rb, true)
+		parts := []FetchPart{{Addr: n.owners[0]}, {Addr: n.owners[1]}}
+		for i, g := range globals {
+			p := &parts[s.owner(g)]
+			p.Globals, p.Dst = append(p.Globals, g), append(p.Dst, dst.rows[i])
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		i, err := m.FetchBatch(ctx, s.name, id, parts)
+		return dst, i, err
+	}
+	dst, _, err := read(s.id)
+	if err != nil {
+		t.Fatalf("a batch over both owners: %v", err)
+	}
+	if err := dst.check(s.name, s.id, globals); err != nil {
+		t.Fatal(err)
+	}
+
+	// Owner 0's window described with the token of another table (as if
+	// its shard had left the window after the description): the token
+	// check fails for that owner alone, on both tries, and the batch is
+	// ErrFreed rather than rows.
+	other := confVar{Name: "batch-other", ID: 72, RowBytes: s.rb, Shards: []confShard{{0, 2}}}
+	n.mustCall(t, 0, opConfPublish, other, nil)
+	ow, err := m.opts.Describe(context.Background(), n.owners[0], other.Name, other.ID)
+	if err != nil || len(ow.Shards) != 1 {
+		t.Fatalf("the window of %q: %+v, %v", other.Name, ow, err)
+	}
+	describe := m.opts.Describe
+	m.opts.Describe = func(ctx context.Context, addr, name string, id int64) (wire.Window, error) {
+		w, err := describe(ctx, addr, name, id)
+		if addr == n.owners[0] && name == s.name {
+			w.Shards = slices.Clone(w.Shards)
+			for k := range w.Shards {
+				w.Shards[k].Token = ow.Shards[0].Token
+			}
+		}
+		return w, err
+	}
+	m.cache.forget(n.owners[0], s.name)
+	_, i, err := read(s.id)
+	m.opts.Describe = describe
+	m.cache.forget(n.owners[0], s.name)
+	wantErr(t, "a batch whose token check fails on one owner", err, base.ErrFreed)
+	if err != nil && i != 0 {
+		t.Errorf("the batch's error is laid to part %d, want 0 (the owner whose token did not hold): %v", i, err)
+	}
+
+	next := s
+	next.id = 71
+	var w confWithdrawn
+	n.mustCall(t, 0, opConfFree, confName{other.Name}, &w)
+	n.mustCall(t, 0, opConfFree, confName{s.name}, &w)
+	n.mustCall(t, 0, opConfPublish, next.parts()[0], nil)
+	_, i, err = read(s.id)
+	wantErr(t, "a batch of a table freed on one owner, its name taken again", err, base.ErrFreed)
+	if err != nil && i != 0 {
+		t.Errorf("the batch's error is laid to part %d, want 0 (the owner that freed): %v", i, err)
+	}
+	n.mustCall(t, 1, opConfFree, confName{s.name}, &w)
+	n.mustCall(t, 1, opConfPublish, next.parts()[1], nil)
+	if dst, _, err = read(next.id); err != nil {
+		t.Fatalf("a batch of the new table: %v", err)
+	}
+	if err := dst.check(next.name, next.id, globals); err != nil {
+		t.Fatal(err)
+	}
+	for k := range n.owners {
+		n.mustCall(t, k, opConfFree, confName{s.name}, &w)
 	}
 }
 

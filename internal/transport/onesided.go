@@ -31,6 +31,15 @@ type Exposure struct {
 // or in an MPI world of one rank, none is).
 func (e Exposure) Exposed() bool { return e.Token != 0 }
 
+// FetchPart is one node's part of a batch that reads several nodes' rows
+// of one variable at once (MPI.FetchBatch): rows Globals of node Addr's
+// shards into Dst.
+type FetchPart struct {
+	Addr    string
+	Globals []int64
+	Dst     [][]byte
+}
+
 // windowKey names a cached window: a node's agent and a variable.
 type windowKey struct{ addr, name string }
 
