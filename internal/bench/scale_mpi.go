@@ -20,7 +20,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/ddstore-go/ddstore"
@@ -59,8 +58,8 @@ type ScaleMPIPoint struct {
 	// RatioTo2: ReadRowsPerSec over that of K = 2 in the same run (0
 	// without K = 2).
 	RatioTo2 float64 `json:"ratio_to_2"`
-	// ReadCPUus: the reading process's CPU time (getrusage: user +
-	// system, every thread) per batch.
+	// ReadCPUus: the reading process's CPU time (procCPU: every
+	// thread's run time) per batch.
 	ReadCPUus float64 `json:"read_cpu_us"`
 	// OwnersCPUus and AgentsCPUus: the CPU time per batch, over the same
 	// reads, of the other ranks together (the owners, which wait outside
@@ -268,7 +267,8 @@ func scaleMPIRead(s *ddstore.Store, name string, j trainerJob, p *ScaleMPIPoint)
 	var owners int
 	ranks, agents := jobProcs(j.Namespace)
 	p.OwnerProcs, p.AgentProcs = len(ranks), len(agents)
-	cpu0, all0 := rusageCPU(), machineCPU()
+	self := os.Getpid()
+	cpu0, all0 := procCPU(self), machineCPU()
 	ranks0, agents0 := procsCPU(ranks), procsCPU(agents)
 	for range sj.Rounds {
 		start, rows := time.Now(), 0
@@ -291,7 +291,7 @@ func scaleMPIRead(s *ddstore.Store, name string, j trainerJob, p *ScaleMPIPoint)
 		}
 		p.ReadRounds = append(p.ReadRounds, float64(rows)/time.Since(start).Seconds())
 	}
-	cpu, all := rusageCPU()-cpu0, machineCPU()-all0
+	cpu, all := procCPU(self)-cpu0, machineCPU()-all0
 	p.OwnersCPUus = float64((procsCPU(ranks) - ranks0).Microseconds()) / float64(len(ds))
 	p.AgentsCPUus = float64((procsCPU(agents) - agents0).Microseconds()) / float64(len(ds))
 	p.Load = loadAvg()
@@ -312,16 +312,6 @@ func scaleMPIRead(s *ddstore.Store, name string, j trainerJob, p *ScaleMPIPoint)
 		return fmt.Errorf("%d of %d remote rows read by MPI gets: want all", prof.OneSided, prof.RemoteRows)
 	}
 	return nil
-}
-
-// rusageCPU is this process's CPU time so far, user and system, of every
-// thread.
-func rusageCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // WriteTable prints the report as one table, a row per job size.
