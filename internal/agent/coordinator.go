@@ -152,14 +152,9 @@ func (c *coordinator) publish(ctx context.Context, sh wire.Shard, timeout time.D
 // as a request of its own that nobody waits for (deliverLocked skips its
 // reply): the round's outcome, this request's, answers them all. They
 // need no deadline of their own: this request waits for their round, and
-// when it gives up the round fails (await), which ends theirs.
-func (c *coordinator) publishRound(ctx context.Context, sh wire.Shard, others []wire.Shard, tree bool, timeout time.Duration) (*wire.Table, string, error) {
-	return c.publishRoundFrom(ctx, sh, others, "", tree, timeout)
-}
-
-// publishRoundFrom is publishRound for a request that node from sent
-// ("": sh's node).
-func (c *coordinator) publishRoundFrom(ctx context.Context, sh wire.Shard, others []wire.Shard, from string, tree bool, timeout time.Duration) (*wire.Table, string, error) {
+// when it gives up the round fails (await), which ends theirs. from is
+// the node that sent the request when not sh's ("": sh's node).
+func (c *coordinator) publishRound(ctx context.Context, sh wire.Shard, others []wire.Shard, from string, tree bool, timeout time.Duration) (*wire.Table, string, error) {
 	r := c.await(ctx, timeout, &waiter{tree: tree, node: sh.Node, from: from}, func(now time.Time, req uint64) []coord.Reply {
 		replies := c.mu.core.Publish(now, req, sh, now.Add(timeout))
 		for _, o := range others {
@@ -632,7 +627,7 @@ func (a *Agent) coordinatorOp(ctx context.Context, op wire.Op, body []byte) (fun
 		if err != nil {
 			return nil, err
 		}
-		t, relay, err := c.publishRoundFrom(ctx, m.Shard, m.Others, m.From, m.Want == wire.RoundTable, a.roundTimeout(m.Shard))
+		t, relay, err := c.publishRound(ctx, m.Shard, m.Others, m.From, m.Want == wire.RoundTable, a.roundTimeout(m.Shard))
 		if err != nil {
 			return nil, err
 		}

@@ -224,7 +224,7 @@ func TestCoordinatorRelayTree(t *testing.T) {
 			node := fmt.Sprintf("n%d", i)
 			sh := shard("v", int64(2*i+l), 2*nodes, node)
 			go func() {
-				tb, relay, err := c.publishRound(context.Background(), sh, nil, l == 0, longWait)
+				tb, relay, err := c.publishRound(context.Background(), sh, nil, "", l == 0, longWait)
 				out <- result{node, l == 0, tb, relay, err}
 			}()
 		}
@@ -254,7 +254,7 @@ func TestCoordinatorRelayTree(t *testing.T) {
 	for i := range 3 {
 		go func() {
 			node := fmt.Sprintf("n%d", i)
-			tb, relay, err := c.publishRound(context.Background(), shard("w", int64(i), 3, node), nil, true, longWait)
+			tb, relay, err := c.publishRound(context.Background(), shard("w", int64(i), 3, node), nil, "", true, longWait)
 			out <- result{node, true, tb, relay, err}
 		}()
 	}
@@ -279,7 +279,7 @@ func TestCoordinatorRoundOthers(t *testing.T) {
 		}
 		go func() {
 			others := []wire.Shard{shard("v", first+1, 6, node), shard("v", first+2, 6, node)}
-			tb, _, err := c.publishRound(context.Background(), shard("v", first, 6, node), others, true, longWait)
+			tb, _, err := c.publishRound(context.Background(), shard("v", first, 6, node), others, "", true, longWait)
 			out <- pubResult{tb, err}
 		}()
 	}
@@ -306,13 +306,13 @@ func TestCoordinatorRoundOthers(t *testing.T) {
 
 	// Node b's rank 4 disagrees on the rows' disp: every rank fails.
 	go func() {
-		_, _, err := c.publishRound(context.Background(), shard("w", 0, 4, "a"), []wire.Shard{shard("w", 1, 4, "a")}, true, longWait)
+		_, _, err := c.publishRound(context.Background(), shard("w", 0, 4, "a"), []wire.Shard{shard("w", 1, 4, "a")}, "", true, longWait)
 		out <- pubResult{nil, err}
 	}()
 	waitRecorded(t, c, "w", 1, 2)
 	bad := shard("w", 3, 4, "b")
 	bad.Disp = 5
-	_, _, err := c.publishRound(context.Background(), shard("w", 2, 4, "b"), []wire.Shard{bad}, true, longWait)
+	_, _, err := c.publishRound(context.Background(), shard("w", 2, 4, "b"), []wire.Shard{bad}, "", true, longWait)
 	if !errors.Is(err, base.ErrGeometry) || !strings.Contains(err.Error(), "disp") {
 		t.Errorf("node b, whose request carried the bad shard: %v, want ErrGeometry naming the disp", err)
 	}
@@ -351,7 +351,7 @@ func BenchmarkCoordinatorRound(b *testing.B) {
 						others[l] = shard(name, first+1+int64(l), size, node)
 					}
 					go func() {
-						_, _, err := c.publishRound(context.Background(), shard(name, first, size, node), others, true, longWait)
+						_, _, err := c.publishRound(context.Background(), shard(name, first, size, node), others, "", true, longWait)
 						errs <- err
 					}()
 				}
