@@ -687,3 +687,26 @@ func TestJoinWatchFlag(t *testing.T) {
 		t.Fatalf("watch flag 2: err = %v, want ErrProtocol naming it", err)
 	}
 }
+
+// TestDecodeRoundRefuses: a Round whose flags promise what does not
+// follow, or follows empty, is a protocol error naming it.
+func TestDecodeRoundRefuses(t *testing.T) {
+	sh := Shard{Name: "features", Node: "n2", Rank: 6, Size: 8, Rows: 10, Disp: 3, ItemSize: 4}
+	for _, c := range []struct {
+		name string
+		make func(e *Encoder)
+		want string
+	}{
+		{"want out of range", func(e *Encoder) { e.U8(RoundTable + 1); sh.Encode(e) }, "wants 2"},
+		{"no other shards", func(e *Encoder) { e.U8(RoundTable | roundOthers); sh.Encode(e); e.U32(0) }, "0 other shards"},
+		{"an empty sending node", func(e *Encoder) { e.U8(RoundTable | roundFrom); sh.Encode(e); e.String("") }, "empty sending node"},
+		{"a sending node missing", func(e *Encoder) { e.U8(RoundTable | roundFrom); sh.Encode(e) }, "truncated"},
+	} {
+		var e Encoder
+		c.make(&e)
+		_, err := DecodeRound(e.Bytes())
+		if !errors.Is(err, base.ErrProtocol) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: err = %v, want ErrProtocol saying %q", c.name, err, c.want)
+		}
+	}
+}
